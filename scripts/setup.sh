@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# troupe's one-command set-up: installs the Debian packages troupe needs (only
+# those missing), configures and builds into build/, then runs what was asked.
+#
+#   bash scripts/setup.sh demo    # set up, build, run the demo
+#   bash scripts/setup.sh test    # set up, build, run every test
+#   bash scripts/setup.sh bench   # set up (with the peers), build, run benchmarks
+#   bash scripts/setup.sh build   # set up and build only
+#
+# Idempotent and non-interactive; with everything installed and built it only
+# checks and returns within seconds.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+action=${1:-build}
+case "$action" in
+  demo|test|bench|build) ;;
+  *) echo "usage: bash scripts/setup.sh demo|test|bench|build (got '$action')" >&2; exit 2 ;;
+esac
+
+# Packages to build and test troupe. CAF and UCX are the actor runtime's
+# (issue 3); they are installed now so the tree's dependencies stay in one place.
+packages=(
+  g++ cmake ninja-build pkg-config
+  libfmt-dev libopenblas-dev libcapnp-dev capnproto
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcaf-dev libucx-dev ucx-utils
+  clang libclang-rt-14-dev   # libFuzzer for the decoder fuzz test
+)
+# The peers the benchmarks run beside troupe in the same run.
+if [[ "$action" == bench ]]; then
+  packages+=(python3-torch python3-numpy openmpi-bin)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+jobs=$(nproc)
+if [[ ! -f build/build.ninja ]]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WERROR=ON >/dev/null
+fi
+cmake --build build -j "$jobs"
+
+# One compute thread per process, as in every figure in BASELINES.md.
+export OPENBLAS_NUM_THREADS=1
+
+case "$action" in
+  demo) exec build/examples/char_lm "${@:2}" ;;
+  test) exec ctest --test-dir build --output-on-failure -j "$jobs" --timeout 300 ;;
+  bench) exec bash bench/run_all.sh "${@:2}" ;;
+  build) ;;
+esac
