@@ -1,0 +1,16 @@
+#pragma once
+// All nn modules (namespace troupe::nn).
+#include "troupe/autograd/nn/causal_self_attention.hpp"
+#include "troupe/autograd/nn/conv2d.hpp"
+#include "troupe/autograd/nn/dropout.hpp"
+#include "troupe/autograd/nn/embedding.hpp"
+#include "troupe/autograd/nn/embedding_bag.hpp"
+#include "troupe/autograd/nn/gelu.hpp"
+#include "troupe/autograd/nn/gpt.hpp"
+#include "troupe/autograd/nn/layer_norm.hpp"
+#include "troupe/autograd/nn/linear.hpp"
+#include "troupe/autograd/nn/max_pool2d.hpp"
+#include "troupe/autograd/nn/module.hpp"
+#include "troupe/autograd/nn/relu.hpp"
+#include "troupe/autograd/nn/sequential.hpp"
+#include "troupe/autograd/nn/transformer_block.hpp"
