@@ -108,12 +108,18 @@ public:
   void zero_grad();
 
 protected:
+  /// Registers a child that already belongs to another parent (sequential
+  /// slices) without renaming its parameter variables.
+  void register_shared_module(std::string name, module_ptr child);
+  /// Sets this module's flag only (not its children's).
+  void set_training_flag(bool on) noexcept { training_ = on; }
+
   /// The layer's init rule for its own parameter `name` (a local name),
   /// drawing from `gen`. The default leaves the values unchanged.
   virtual void init_parameter(const std::string& name, tensor& data, generator& gen);
 
 private:
-  void register_module_impl(std::string name, module_ptr child);
+  void register_module_impl(std::string name, module_ptr child, bool rename = true);
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, named_variables& out) const;
   void collect_buffers(const std::string& prefix, named_tensors& out) const;

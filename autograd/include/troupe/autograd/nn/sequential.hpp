@@ -41,7 +41,7 @@ public:
   std::shared_ptr<sequential> slice(std::size_t begin, std::size_t end) const;
 
 private:
-  void append_named(std::string name, module_ptr layer);
+  void append_named(std::string name, module_ptr layer, bool shared);
 
   std::vector<module_ptr> layers_;
   std::vector<std::string> names_;

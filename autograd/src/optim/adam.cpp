@@ -1,0 +1,59 @@
+#include "troupe/autograd/optim/adam.hpp"
+
+#include <cmath>
+
+#include "kernels.hpp"
+#include "troupe/tensor/error.hpp"
+
+namespace troupe::optim {
+
+adam::adam(named_variables parameters, const adam_options& options) : adam(std::move(parameters), options, false) {}
+
+adam::adam(named_variables parameters, const adam_options& options, bool decoupled_weight_decay)
+  : optimizer(std::move(parameters)), options_(options), decoupled_(decoupled_weight_decay) {
+  require(options.lr >= 0.0, "adam: lr is {} but must be >= 0", options.lr);
+  require(options.beta1 >= 0.0 && options.beta1 < 1.0 && options.beta2 >= 0.0 && options.beta2 < 1.0,
+          "adam: betas ({}, {}) must be in [0, 1)", options.beta1, options.beta2);
+  require(options.eps >= 0.0, "adam: eps is {} but must be >= 0", options.eps);
+  require(options.weight_decay >= 0.0, "adam: weight_decay is {} but must be >= 0", options.weight_decay);
+}
+
+std::vector<std::string> adam::state_names() const {
+  return {"exp_avg", "exp_avg_sq"};
+}
+
+std::vector<std::string> adam::scalar_state_names() const {
+  return {"step"};
+}
+
+void adam::update(std::size_t, variable& parameter, const tensor& grad, std::vector<tensor>& state) {
+  const auto& o = options_;
+  tensor data = parameter.data();
+  if (state.empty()) {
+    state.push_back(tensor::zeros(data.shape(), data.type()));
+    state.push_back(tensor::zeros(data.shape(), data.type()));
+    state.push_back(tensor::scalar(0.0, dtype::int64));
+  }
+  auto& step = *state[2].data<std::int64_t>();
+  ++step;
+  const double t = static_cast<double>(step);
+  const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
+  const double l2 = decoupled_ ? 0.0 : o.weight_decay;
+  const double decay = decoupled_ ? 1.0 - o.lr * o.weight_decay : 1.0;
+
+  detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g, auto* m, auto* v) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    for (std::int64_t i = 0; i < n; ++i) {
+      double param = static_cast<double>(p[i]) * decay;
+      double gi = static_cast<double>(g[i]) + l2 * static_cast<double>(p[i]);
+      double mi = o.beta1 * m[i] + (1.0 - o.beta1) * gi;
+      double vi = o.beta2 * v[i] + (1.0 - o.beta2) * gi * gi;
+      m[i] = static_cast<T>(mi);
+      v[i] = static_cast<T>(vi);
+      p[i] = static_cast<T>(param - step_size * mi / (std::sqrt(vi) / bias_correction2_sqrt + o.eps));
+    }
+  }, grad, state[0], state[1]);
+}
+
+} // namespace troupe::optim
