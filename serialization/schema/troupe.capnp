@@ -1,0 +1,71 @@
+# Wire types of troupe's data plane and checkpoint files (DESIGN.md, "The two
+# planes"). These generated types stay private to serialization/: public
+# headers speak troupe types only.
+#
+# Compatibility: never renumber fields or enumerants; only append.
+@0xd2e1a4298eb0274c;
+
+$import "/capnp/c++.capnp".namespace("troupe::wire");
+
+enum DeviceKind {
+  cpu @0;
+  cuda @1;
+}
+
+# Describes one tensor payload. The payload itself never lives in this
+# message: it travels beside it (UCX iov, the bytes after the header frame,
+# or a checkpoint's payload region), so the receiver can validate the header
+# and allocate before touching any payload byte.
+struct TensorHeader {
+  # troupe::dtype wire value (tensor/dtype.hpp); unknown values are rejected.
+  dtype @0 :UInt8;
+  # Sizes in elements; each in [0, 2^40].
+  shape @1 :List(Int64);
+  # Strides in elements, one per dimension, each in [0, 2^40], relative to
+  # the first payload byte. Contiguous tensors carry row-major strides;
+  # transposed/broadcast views are sent as-is (no copy).
+  strides @2 :List(Int64);
+  # Bytes of payload; must equal the extent that shape and strides address:
+  # ((sum (shape[d]-1) * strides[d]) + 1) * sizeof(dtype), or 0 when empty.
+  byteCount @3 :UInt64;
+  # The device the sender's tensor lived on (informational: the receiver
+  # decides where the delivered tensor lives).
+  deviceKind @4 :DeviceKind;
+  deviceIndex @5 :Int32;
+}
+
+# A data-plane message: routing and schedule metadata plus one tensor.
+struct TrainingMessage {
+  enum Kind {
+    control @0;
+    forwardActivation @1;
+    backwardGradient @2;
+    gradientBucket @3;
+    parameters @4;
+  }
+  kind @0 :Kind;
+  step @1 :UInt64;
+  microBatch @2 :UInt32;
+  contextId @3 :UInt64;
+  destination @4 :Text;
+  tensor @5 :TensorHeader;
+}
+
+# The index of a checkpoint file (checkpoint_file.cpp narrates the layout).
+struct CheckpointEntry {
+  name @0 :Text;
+  tensor @1 :TensorHeader;
+  # Offset of this tensor's payload from the start of the payload region;
+  # a multiple of 64.
+  payloadOffset @2 :UInt64;
+}
+
+struct KeyValue {
+  key @0 :Text;
+  value @1 :Text;
+}
+
+struct CheckpointIndex {
+  entries @0 :List(CheckpointEntry);
+  metadata @1 :List(KeyValue);
+}
