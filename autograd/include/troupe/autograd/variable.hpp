@@ -73,6 +73,8 @@ public:
 
   /// Internal: a non-leaf produced by `fn` (output number `output_index`).
   static variable make_result(tensor data, std::shared_ptr<node> fn, std::uint32_t output_index = 0);
+  /// Internal: a handle to existing state (accumulators, hooks).
+  static variable from_impl(std::shared_ptr<variable_impl> impl) noexcept;
 
 private:
   std::shared_ptr<variable_impl> impl_;
