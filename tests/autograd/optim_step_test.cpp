@@ -1,0 +1,234 @@
+// Optimizer updates against the published formulas, evaluated in double
+// in the test; state_dict save/restore continues an uninterrupted run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "troupe/autograd/optim/all.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::optim {
+namespace {
+
+const std::vector<double> initial{0.5, -1.0, 2.0};
+
+/// The gradient fed at step t (1-based) for parameter values p: depends on
+/// both, so a wrong state or step count shows.
+std::vector<double> gradient_at(int t, const std::vector<double>& p) {
+  std::vector<double> g(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i)
+    g[i] = 2.0 * p[i] + 0.1 * t - 0.3 * static_cast<double>(i);
+  return g;
+}
+
+variable make_parameter(const std::vector<double>& values) {
+  return variable(tensor::from(values, {static_cast<std::int64_t>(values.size())}), true);
+}
+
+/// Runs `steps` steps of `opt` on `p`, feeding gradient_at(first_step + k).
+void run(optimizer& opt, variable& p, int first_step, int steps) {
+  for (int k = 0; k < steps; ++k) {
+    p.set_grad(tensor::from(gradient_at(first_step + k, p.data().to_vector<double>()), p.shape()));
+    opt.step();
+  }
+}
+
+void expect_values(const variable& p, const std::vector<double>& expected) {
+  auto got = p.data().to_vector<double>();
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], expected[i], 1e-12) << "element " << i;
+}
+
+/// torch.optim.SGD's documented algorithm, element by element.
+std::vector<double> reference_sgd(const sgd_options& o, int steps) {
+  auto p = initial;
+  std::vector<double> buf(p.size());
+  for (int t = 1; t <= steps; ++t) {
+    auto g = gradient_at(t, p);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      double d = g[i] + o.weight_decay * p[i];
+      if (o.momentum != 0.0) {
+        buf[i] = t == 1 ? d : o.momentum * buf[i] + (1.0 - o.dampening) * d;
+        d = o.nesterov ? d + o.momentum * buf[i] : buf[i];
+      }
+      p[i] -= o.lr * d;
+    }
+  }
+  return p;
+}
+
+/// torch.optim.Adam / AdamW's documented algorithm.
+std::vector<double> reference_adam(const adam_options& o, bool decoupled, int steps) {
+  auto p = initial;
+  std::vector<double> m(p.size()), v(p.size());
+  for (int t = 1; t <= steps; ++t) {
+    auto g = gradient_at(t, p);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (decoupled)
+        p[i] *= 1.0 - o.lr * o.weight_decay;
+      else
+        g[i] += o.weight_decay * p[i];
+      m[i] = o.beta1 * m[i] + (1.0 - o.beta1) * g[i];
+      v[i] = o.beta2 * v[i] + (1.0 - o.beta2) * g[i] * g[i];
+      double m_hat = m[i] / (1.0 - std::pow(o.beta1, t));
+      double v_hat = v[i] / (1.0 - std::pow(o.beta2, t));
+      p[i] -= o.lr * m_hat / (std::sqrt(v_hat) + o.eps);
+    }
+  }
+  return p;
+}
+
+TEST(OptimSgd, PlainStepIsLearningRateTimesGradient) {
+  auto p = make_parameter(initial);
+  sgd_options o{.lr = 0.1};
+  sgd opt({{"w", p}}, o);
+  run(opt, p, 1, 4);
+  expect_values(p, reference_sgd(o, 4));
+  EXPECT_EQ(opt.step_count(), 4);
+  EXPECT_EQ(opt.state_dict().size(), 1u); // only `step`
+}
+
+TEST(OptimSgd, MomentumWithDampeningAndWeightDecay) {
+  auto p = make_parameter(initial);
+  sgd_options o{.lr = 0.05, .momentum = 0.9, .dampening = 0.3, .weight_decay = 0.01};
+  sgd opt({{"w", p}}, o);
+  run(opt, p, 1, 5);
+  expect_values(p, reference_sgd(o, 5));
+}
+
+TEST(OptimSgd, NesterovWithWeightDecay) {
+  auto p = make_parameter(initial);
+  sgd_options o{.lr = 0.05, .momentum = 0.8, .weight_decay = 0.1, .nesterov = true};
+  sgd opt({{"w", p}}, o);
+  run(opt, p, 1, 5);
+  expect_values(p, reference_sgd(o, 5));
+  EXPECT_THROW(sgd({{"w", p}}, sgd_options{.lr = 0.1, .nesterov = true}), usage_error);
+}
+
+TEST(OptimAdam, MatchesTheBiasCorrectedUpdateWithL2) {
+  auto p = make_parameter(initial);
+  adam_options o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
+  adam opt({{"w", p}}, o);
+  run(opt, p, 1, 6);
+  expect_values(p, reference_adam(o, false, 6));
+}
+
+TEST(OptimAdamW, DecaysWeightsDecoupledFromTheGradient) {
+  auto p = make_parameter(initial);
+  adam_options o{.lr = 0.01, .weight_decay = 0.5};
+  adamw opt({{"w", p}}, o);
+  run(opt, p, 1, 6);
+  expect_values(p, reference_adam(o, true, 6));
+  // And it differs from Adam's L2 penalty.
+  auto q = make_parameter(initial);
+  adam l2({{"w", q}}, o);
+  run(l2, q, 1, 6);
+  EXPECT_GT(max_abs_diff(p.data(), q.data()), 1e-6);
+}
+
+TEST(OptimAdam, WorksOnFloat32Parameters) {
+  auto p = variable(tensor::from<float>({0.5f, -1.0f, 2.0f}, {3}), true);
+  adam_options o{.lr = 0.01};
+  adam opt({{"w", p}}, o);
+  run(opt, p, 1, 3);
+  auto expected = reference_adam(o, false, 3);
+  auto got = p.data().to_vector<double>();
+  for (std::size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(got[i], expected[i], 1e-5);
+}
+
+TEST(OptimStep, ParametersWithoutGradientAreSkipped) {
+  auto p = make_parameter(initial);
+  auto untouched = make_parameter(initial);
+  adam opt({{"a", p}, {"b", untouched}});
+  run(opt, p, 1, 2);
+  expect_values(untouched, initial);
+  auto state = opt.state_dict();
+  EXPECT_TRUE(find_tensor(state, "a.exp_avg").defined());
+  EXPECT_FALSE(find_tensor(state, "b.exp_avg").defined());
+  EXPECT_EQ(find_tensor(state, "a.step").item(), 2.0);
+  opt.zero_grad();
+  EXPECT_FALSE(p.grad().defined());
+}
+
+/// Runs 3 steps, saves, builds a fresh optimizer over a copy of the
+/// parameters, loads, runs 4 more: must equal 7 uninterrupted steps.
+void expect_resume_matches(const std::function<std::unique_ptr<optimizer>(variable&)>& make_optimizer) {
+  auto straight = make_parameter(initial);
+  auto uninterrupted = make_optimizer(straight);
+  run(*uninterrupted, straight, 1, 7);
+
+  auto first = make_parameter(initial);
+  auto before = make_optimizer(first);
+  run(*before, first, 1, 3);
+  auto saved = before->state_dict();
+
+  auto second = make_parameter(first.data().to_vector<double>());
+  auto after = make_optimizer(second);
+  auto loaded = after->load_state_dict(saved);
+  ASSERT_TRUE(loaded) << loaded.error().message();
+  EXPECT_EQ(after->step_count(), 3);
+  run(*after, second, 4, 4);
+  expect_values(second, straight.data().to_vector<double>());
+}
+
+TEST(OptimStateDict, SgdResumesExactly) {
+  expect_resume_matches([](variable& p) {
+    return std::make_unique<sgd>(named_variables{{"layer.weight", p}},
+                                 sgd_options{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  });
+  auto p = make_parameter(initial);
+  sgd opt({{"layer.weight", p}}, sgd_options{.lr = 0.1, .momentum = 0.5});
+  run(opt, p, 1, 1);
+  EXPECT_TRUE(find_tensor(opt.state_dict(), "layer.weight.momentum_buffer").defined());
+}
+
+TEST(OptimStateDict, AdamResumesExactly) {
+  expect_resume_matches([](variable& p) {
+    return std::make_unique<adamw>(named_variables{{"layer.weight", p}}, adam_options{.lr = 0.02});
+  });
+}
+
+TEST(OptimStateDict, BadStateIsAnErrorAndChangesNothing) {
+  auto p = make_parameter(initial);
+  adam opt({{"w", p}});
+  run(opt, p, 1, 2);
+  auto good = opt.state_dict();
+  auto expect_rejected = [&](const named_tensors& state, const std::string& key) {
+    auto loaded = opt.load_state_dict(state);
+    ASSERT_FALSE(loaded);
+    EXPECT_EQ(loaded.error().code(), errc::state_mismatch);
+    EXPECT_NE(loaded.error().message().find(key), std::string::npos) << loaded.error().message();
+    auto now = opt.state_dict();
+    ASSERT_EQ(now.size(), good.size());
+    for (std::size_t i = 0; i < now.size(); ++i)
+      EXPECT_EQ(max_abs_diff(now[i].second, good[i].second), 0.0) << now[i].first;
+  };
+
+  auto unknown = good;
+  unknown.emplace_back("v.exp_avg", tensor::zeros({3}, dtype::float64));
+  expect_rejected(unknown, "v.exp_avg");
+
+  auto wrong_shape = good;
+  for (auto& [key, value] : wrong_shape)
+    if (key == "w.exp_avg_sq")
+      value = tensor::zeros({4}, dtype::float64);
+  expect_rejected(wrong_shape, "w.exp_avg_sq");
+
+  auto incomplete = named_tensors{};
+  for (const auto& entry : good)
+    if (entry.first != "w.exp_avg")
+      incomplete.push_back(entry);
+  expect_rejected(incomplete, "w.exp_avg");
+
+  auto no_step = named_tensors{};
+  for (const auto& entry : good)
+    if (entry.first != "step")
+      no_step.push_back(entry);
+  expect_rejected(no_step, "step");
+}
+
+} // namespace
+} // namespace troupe::optim
