@@ -197,6 +197,9 @@ std::optional<dims> view_strides(const dims& old_shape, const dims& old_strides,
   dims new_strides(new_shape.size());
   if (numel == 0)
     return contiguous_strides(new_shape);
+  // A scalar has no strides to merge; any all-ones shape views it.
+  if (old_shape.empty())
+    return dims(new_shape.size(), 1);
   auto view_d = static_cast<std::int64_t>(new_shape.size()) - 1;
   std::int64_t chunk_base_stride = old_strides.empty() ? 1 : old_strides.back();
   std::int64_t tensor_numel = 1;

@@ -1,0 +1,167 @@
+#pragma once
+// The kernel table of one device kind (ggml's idea: a backend is a table of
+// functions). ops.cpp validates shapes, dtypes and devices, allocates the
+// results and then calls `backend_for(x.where()).<kernel>(...)`; kernels
+// trust their arguments. A CUDA backend registers itself with
+// `register_backend` and every op reaches it without a change to callers.
+//
+// Conventions shared by every kernel:
+// - operands are on this backend's device and have the dtypes the op
+//   checked (float32/float64 unless said otherwise; index tensors int64);
+// - inputs may be arbitrary strided views (including stride-0 broadcasts)
+//   unless a kernel says "contiguous"; outputs are written in place;
+// - kernels are single-threaded and deterministic: the same inputs and
+//   shapes give bitwise the same result (distributed runs compare against
+//   local ones).
+#include <cstdint>
+#include <string_view>
+
+#include "troupe/tensor/device.hpp"
+#include "troupe/tensor/fwd.hpp"
+#include "troupe/tensor/random.hpp"
+
+namespace troupe {
+
+/// Elementwise functions of one tensor; the `scalar` argument of
+/// `backend::unary` is the parameter of add_scalar, mul_scalar and pow.
+enum class unary_op : std::uint8_t {
+  neg, abs, add_scalar, mul_scalar, // also int64 and int32
+  pow, exp, log, tanh, sqrt, relu, gelu, sigmoid,
+};
+
+/// Elementwise functions of two tensors. The *_backward ops take
+/// (grad, saved) where saved is the input (relu, gelu) or the output
+/// (sigmoid, tanh) of the forward function.
+enum class binary_op : std::uint8_t {
+  add, sub, mul, // also int64 and int32
+  div, maximum, greater,
+  relu_backward, gelu_backward, sigmoid_backward, tanh_backward,
+};
+
+/// Row reductions.
+enum class reduce_op : std::uint8_t { sum, max };
+
+/// What `backend::fill_random` draws (see random.hpp for the streams).
+enum class random_distribution : std::uint8_t {
+  uniform, ///< in [a, b)
+  normal,  ///< mean a, standard deviation b (Box-Muller)
+  integer, ///< int64 in [a, b)
+  dropout, ///< 0 with probability a, else b (the keep scale)
+};
+
+/// Geometry of one 2-D convolution image, shared by im2col and col2im.
+struct conv_geometry {
+  std::int64_t channels = 0;
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+  std::int64_t kernel_h = 0;
+  std::int64_t kernel_w = 0;
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  std::int64_t out_h = 0;
+  std::int64_t out_w = 0;
+};
+
+/// The kernels of one device kind. Every function is documented with what
+/// it computes; shapes are those ops.cpp has already checked.
+class backend {
+public:
+  virtual ~backend();
+
+  /// "cpu", "cuda", ... for messages.
+  virtual std::string_view name() const = 0;
+
+  // -- elementwise -----------------------------------------------------------
+
+  /// out = op(a, scalar); a has out's shape (possibly broadcast). `out` may
+  /// be `a` itself (in-place ops).
+  virtual void unary(unary_op op, const tensor& a, double scalar, tensor& out) = 0;
+  /// out = op(a, b); a and b have out's shape (possibly broadcast).
+  virtual void binary(binary_op op, const tensor& a, const tensor& b, tensor& out) = 0;
+  /// a += alpha * b, b having a's shape (possibly broadcast).
+  virtual void axpy(tensor& a, const tensor& b, double alpha) = 0;
+  /// out = cond != 0 ? a : b; cond of any dtype, all of out's shape.
+  virtual void where(const tensor& cond, const tensor& a, const tensor& b, tensor& out) = 0;
+
+  // -- reductions (over the last dimension of a 2-D [rows, cols] view) ---------
+
+  /// values[r] = op over a[r, :]; for max, `indices` (int64, or undefined)
+  /// gets the first position of the maximum. The summation order depends
+  /// only on cols, never on the layout.
+  virtual void reduce_rows(reduce_op op, const tensor& a, tensor& values, tensor& indices) = 0;
+  /// Row-wise (log-)softmax of contiguous [rows, cols] into `out`.
+  virtual void softmax(const tensor& a, bool log, tensor& out) = 0;
+  /// dL/dx of row-wise (log-)softmax from dL/dy and y, all contiguous.
+  virtual void softmax_backward(const tensor& grad, const tensor& output, bool log,
+                                tensor& out) = 0;
+
+  // -- linear algebra ------------------------------------------------------------
+
+  /// out = alpha * a x b + beta * out for 2-D operands (beta == 0 ignores
+  /// out's contents, NaNs included).
+  virtual void gemm(const tensor& a, const tensor& b, tensor& out, double alpha,
+                    double beta) = 0;
+  /// out[i] = a[i] x b[i] for 3-D operands. The default loops gemm.
+  virtual void bmm(const tensor& a, const tensor& b, tensor& out);
+
+  // -- indexing (indices already validated) ----------------------------------------
+
+  /// out.select(dim, j) = a.select(dim, index[j]); index 1-D.
+  virtual void index_select(const tensor& a, std::int64_t dim, const tensor& index,
+                            tensor& out) = 0;
+  /// out[i] = a[i with i[dim] = index[i]]; out has index's shape.
+  virtual void gather(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) = 0;
+  /// out[i with i[dim] = index[i]] += src[i], for i over index's shape, in
+  /// row-major order of i.
+  virtual void scatter_add_(tensor& out, std::int64_t dim, const tensor& index,
+                            const tensor& src) = 0;
+  /// a.select(dim, index[j]) += src.select(dim, j), in order of j.
+  virtual void index_add_(tensor& a, std::int64_t dim, const tensor& index,
+                          const tensor& src) = 0;
+  /// Bags of weight rows (see ops.hpp); out [bags, d] is overwritten.
+  virtual void embedding_bag(const tensor& weight, const tensor& indices, const tensor& offsets,
+                             bool mean, tensor& out) = 0;
+  /// Accumulates the bag gradients into zeroed `grad_weight` [num, d].
+  virtual void embedding_bag_backward(const tensor& grad, const tensor& indices,
+                                      const tensor& offsets, bool mean,
+                                      tensor& grad_weight) = 0;
+
+  // -- convolution, pooling, normalisation ---------------------------------------------
+
+  /// cols [c * kh * kw, oh * ow] (contiguous) from one image [c, h, w].
+  virtual void im2col(const tensor& image, const conv_geometry& geometry, tensor& cols) = 0;
+  /// The adjoint of im2col: adds cols into the contiguous image [c, h, w].
+  virtual void col2im(const tensor& cols, const conv_geometry& geometry, tensor& image) = 0;
+  /// Max pooling of contiguous [n, c, h, w]; indices are flat in h * w.
+  virtual void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride,
+                          tensor& output, tensor& indices) = 0;
+  /// Adds grad at indices into zeroed contiguous grad_input [n, c, h, w].
+  virtual void max_pool2d_backward(const tensor& grad, const tensor& indices,
+                                   tensor& grad_input) = 0;
+  /// Layer norm of contiguous [rows, d]; weight/bias [d] may be undefined.
+  virtual void layer_norm(const tensor& input, const tensor& weight, const tensor& bias,
+                          double eps, tensor& output, tensor& mean, tensor& rstd) = 0;
+  /// Gradients of layer_norm (contiguous operands; weight may be undefined).
+  virtual void layer_norm_backward(const tensor& grad, const tensor& input, const tensor& mean,
+                                   const tensor& rstd, const tensor& weight,
+                                   tensor& grad_input, tensor& grad_weight,
+                                   tensor& grad_bias) = 0;
+
+  // -- random ------------------------------------------------------------------------
+
+  /// Fills contiguous `out` from the stream `gen` (element i uses Philox
+  /// counter gen.offset + i); the caller advances the generator.
+  virtual void fill_random(random_distribution what, const generator& gen, double a, double b,
+                           tensor& out) = 0;
+};
+
+/// The backend for `where`'s device kind; throws usage_error
+/// "<op>: no backend for device cuda:0 in this build" when none is
+/// registered.
+backend& backend_for(device where, const char* op = "backend_for");
+
+/// Installs the backend of a device kind (not owned; it must outlive every
+/// op). The CPU backend is always present; a CUDA build registers its own.
+void register_backend(device_kind kind, backend* implementation);
+
+} // namespace troupe

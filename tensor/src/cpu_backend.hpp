@@ -1,0 +1,80 @@
+#pragma once
+// Private: the CPU backend (OpenBLAS for GEMM, plain loops elsewhere). Its
+// kernels are split by concept over cpu_elementwise.cpp, cpu_reduce.cpp,
+// cpu_linalg.cpp, cpu_index.cpp, cpu_nn.cpp and cpu_random.cpp.
+#include "troupe/tensor/backend.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::detail {
+
+class cpu_backend final : public backend {
+public:
+  std::string_view name() const override { return "cpu"; }
+
+  void unary(unary_op op, const tensor& a, double scalar, tensor& out) override;
+  void binary(binary_op op, const tensor& a, const tensor& b, tensor& out) override;
+  void axpy(tensor& a, const tensor& b, double alpha) override;
+  void where(const tensor& cond, const tensor& a, const tensor& b, tensor& out) override;
+
+  void reduce_rows(reduce_op op, const tensor& a, tensor& values, tensor& indices) override;
+  void softmax(const tensor& a, bool log, tensor& out) override;
+  void softmax_backward(const tensor& grad, const tensor& output, bool log,
+                        tensor& out) override;
+
+  void gemm(const tensor& a, const tensor& b, tensor& out, double alpha, double beta) override;
+
+  void index_select(const tensor& a, std::int64_t dim, const tensor& index,
+                    tensor& out) override;
+  void gather(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override;
+  void scatter_add_(tensor& out, std::int64_t dim, const tensor& index,
+                    const tensor& src) override;
+  void index_add_(tensor& a, std::int64_t dim, const tensor& index, const tensor& src) override;
+  void embedding_bag(const tensor& weight, const tensor& indices, const tensor& offsets, bool mean,
+                     tensor& out) override;
+  void embedding_bag_backward(const tensor& grad, const tensor& indices, const tensor& offsets,
+                              bool mean, tensor& grad_weight) override;
+
+  void im2col(const tensor& image, const conv_geometry& geometry, tensor& cols) override;
+  void col2im(const tensor& cols, const conv_geometry& geometry, tensor& image) override;
+  void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride, tensor& output,
+                  tensor& indices) override;
+  void max_pool2d_backward(const tensor& grad, const tensor& indices,
+                           tensor& grad_input) override;
+  void layer_norm(const tensor& input, const tensor& weight, const tensor& bias, double eps,
+                  tensor& output, tensor& mean, tensor& rstd) override;
+  void layer_norm_backward(const tensor& grad, const tensor& input, const tensor& mean,
+                           const tensor& rstd, const tensor& weight, tensor& grad_input,
+                           tensor& grad_weight, tensor& grad_bias) override;
+
+  void fill_random(random_distribution what, const generator& gen, double a, double b,
+                   tensor& out) override;
+};
+
+/// Typed pointer to a tensor's storage base (element 0 of the storage, not
+/// of the view): for_each_row offsets are relative to it.
+template <class T> T* base_of(const tensor& t) {
+  return static_cast<T*>(t.memory()->data());
+}
+
+/// Sum of n elements `step` apart in eight fixed lanes combined in a fixed
+/// order: deterministic for a given n whatever the layout, more accurate
+/// than one running sum, and still vectorisable.
+template <class T> T row_sum(const T* x, std::int64_t n, std::int64_t step) {
+  T lane[8] = {};
+  std::int64_t i = 0;
+  if (step == 1) {
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j)
+        lane[j] += x[i + j];
+  } else {
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j)
+        lane[j] += x[(i + j) * step];
+  }
+  T total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; i < n; ++i)
+    total += x[i * step];
+  return total;
+}
+
+} // namespace troupe::detail

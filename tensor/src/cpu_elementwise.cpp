@@ -1,0 +1,188 @@
+// CPU elementwise kernels: a flat loop the compiler vectorises when every
+// operand is contiguous, and a row-wise strided loop (for_each_row) for
+// views and broadcasts.
+#include <cmath>
+#include <numbers>
+#include <type_traits>
+
+#include "cpu_backend.hpp"
+#include "dispatch.hpp"
+
+namespace troupe::detail {
+
+namespace {
+
+/// float32, float64, int64 and int32: the dtypes elementwise kernels know.
+template <class F> void dispatch_arithmetic(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32: return f(tag<float>{});
+    case dtype::float64: return f(tag<double>{});
+    case dtype::int64: return f(tag<std::int64_t>{});
+    case dtype::int32: return f(tag<std::int32_t>{});
+    default: break;
+  }
+  TROUPE_ASSERT(false, "cpu elementwise kernel called with dtype {}", t);
+}
+
+template <class T, class F> void map1(const tensor& a, tensor& out, F f) {
+  const T* x = base_of<T>(a);
+  T* y = base_of<T>(out);
+  if (a.is_contiguous() && out.is_contiguous()) {
+    x += a.offset();
+    y += out.offset();
+    const auto n = out.numel();
+    for (std::int64_t i = 0; i < n; ++i)
+      y[i] = f(x[i]);
+    return;
+  }
+  for_each_row<2>(out.shape(), {&out.strides(), &a.strides()}, {out.offset(), a.offset()},
+                  [&](auto off, std::int64_t n, auto step) {
+                    T* yr = y + off[0];
+                    const T* xr = x + off[1];
+                    for (std::int64_t i = 0; i < n; ++i)
+                      yr[i * step[0]] = f(xr[i * step[1]]);
+                  });
+}
+
+template <class T, class F> void map2(const tensor& a, const tensor& b, tensor& out, F f) {
+  const T* x = base_of<T>(a);
+  const T* z = base_of<T>(b);
+  T* y = base_of<T>(out);
+  if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous()) {
+    x += a.offset();
+    z += b.offset();
+    y += out.offset();
+    const auto n = out.numel();
+    for (std::int64_t i = 0; i < n; ++i)
+      y[i] = f(x[i], z[i]);
+    return;
+  }
+  for_each_row<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+                  {out.offset(), a.offset(), b.offset()},
+                  [&](auto off, std::int64_t n, auto step) {
+                    T* yr = y + off[0];
+                    const T* xr = x + off[1];
+                    const T* zr = z + off[2];
+                    if (step[0] == 1 && step[1] == 1 && step[2] == 1) {
+                      for (std::int64_t i = 0; i < n; ++i)
+                        yr[i] = f(xr[i], zr[i]);
+                    } else if (step[0] == 1 && step[1] == 1 && step[2] == 0) {
+                      // Row-vector broadcast (bias add), the common strided case.
+                      const T s = *zr;
+                      for (std::int64_t i = 0; i < n; ++i)
+                        yr[i] = f(xr[i], s);
+                    } else {
+                      for (std::int64_t i = 0; i < n; ++i)
+                        yr[i * step[0]] = f(xr[i * step[1]], zr[i * step[2]]);
+                    }
+                  });
+}
+
+template <class T> T gelu_of(T x) {
+  return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+}
+
+template <class T> T gelu_derivative(T x) {
+  // d/dx x * Phi(x) = Phi(x) + x * phi(x).
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+  const T pdf = std::exp(T(-0.5) * x * x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+  return cdf + x * pdf;
+}
+
+} // namespace
+
+void cpu_backend::unary(unary_op op, const tensor& a, double scalar, tensor& out) {
+  dispatch_arithmetic(out.type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T s = static_cast<T>(scalar);
+    switch (op) {
+      case unary_op::neg: return map1<T>(a, out, [](T x) { return T(-x); });
+      case unary_op::abs: return map1<T>(a, out, [](T x) { return x < T(0) ? T(-x) : x; });
+      case unary_op::add_scalar: return map1<T>(a, out, [s](T x) { return T(x + s); });
+      case unary_op::mul_scalar: return map1<T>(a, out, [s](T x) { return T(x * s); });
+      default: break;
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      switch (op) {
+        case unary_op::pow: return map1<T>(a, out, [s](T x) { return std::pow(x, s); });
+        case unary_op::exp: return map1<T>(a, out, [](T x) { return std::exp(x); });
+        case unary_op::log: return map1<T>(a, out, [](T x) { return std::log(x); });
+        case unary_op::tanh: return map1<T>(a, out, [](T x) { return std::tanh(x); });
+        case unary_op::sqrt: return map1<T>(a, out, [](T x) { return std::sqrt(x); });
+        case unary_op::relu: return map1<T>(a, out, [](T x) { return x > T(0) ? x : T(0); });
+        case unary_op::gelu: return map1<T>(a, out, [](T x) { return gelu_of(x); });
+        case unary_op::sigmoid:
+          return map1<T>(a, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
+        default: break;
+      }
+    }
+    TROUPE_ASSERT(false, "cpu unary: op {} not defined for {}", static_cast<int>(op), out.type());
+  });
+}
+
+void cpu_backend::binary(binary_op op, const tensor& a, const tensor& b, tensor& out) {
+  dispatch_arithmetic(out.type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    switch (op) {
+      case binary_op::add: return map2<T>(a, b, out, [](T x, T y) { return T(x + y); });
+      case binary_op::sub: return map2<T>(a, b, out, [](T x, T y) { return T(x - y); });
+      case binary_op::mul: return map2<T>(a, b, out, [](T x, T y) { return T(x * y); });
+      default: break;
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      switch (op) {
+        case binary_op::div: return map2<T>(a, b, out, [](T x, T y) { return x / y; });
+        case binary_op::maximum:
+          // NaN propagates, as in torch.maximum.
+          return map2<T>(a, b, out, [](T x, T y) { return (x > y || std::isnan(x)) ? x : y; });
+        case binary_op::greater:
+          return map2<T>(a, b, out, [](T x, T y) { return x > y ? T(1) : T(0); });
+        case binary_op::relu_backward:
+          return map2<T>(a, b, out, [](T g, T x) { return x > T(0) ? g : T(0); });
+        case binary_op::gelu_backward:
+          return map2<T>(a, b, out, [](T g, T x) { return g * gelu_derivative(x); });
+        case binary_op::sigmoid_backward:
+          return map2<T>(a, b, out, [](T g, T y) { return g * y * (T(1) - y); });
+        case binary_op::tanh_backward:
+          return map2<T>(a, b, out, [](T g, T y) { return g * (T(1) - y * y); });
+        default: break;
+      }
+    }
+    TROUPE_ASSERT(false, "cpu binary: op {} not defined for {}", static_cast<int>(op), out.type());
+  });
+}
+
+void cpu_backend::axpy(tensor& a, const tensor& b, double alpha) {
+  dispatch_arithmetic(a.type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T s = static_cast<T>(alpha);
+    if (alpha == 1.0)
+      map2<T>(a, b, a, [](T x, T y) { return T(x + y); });
+    else
+      map2<T>(a, b, a, [s](T x, T y) { return T(x + s * y); });
+  });
+}
+
+void cpu_backend::where(const tensor& cond, const tensor& a, const tensor& b, tensor& out) {
+  dispatch_arithmetic(out.type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_any(cond.type(), [&](auto cond_tag) {
+      using C = typename decltype(cond_tag)::type;
+      const C* c = base_of<C>(cond);
+      const T* x = base_of<T>(a);
+      const T* z = base_of<T>(b);
+      T* y = base_of<T>(out);
+      for_each_row<4>(out.shape(), {&out.strides(), &cond.strides(), &a.strides(), &b.strides()},
+                      {out.offset(), cond.offset(), a.offset(), b.offset()},
+                      [&](auto off, std::int64_t n, auto step) {
+                        for (std::int64_t i = 0; i < n; ++i) {
+                          const bool pick = convert<double>(c[off[1] + i * step[1]]) != 0.0;
+                          y[off[0] + i * step[0]] =
+                              pick ? x[off[2] + i * step[2]] : z[off[3] + i * step[3]];
+                        }
+                      });
+    });
+  });
+}
+
+} // namespace troupe::detail

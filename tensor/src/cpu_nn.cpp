@@ -1,0 +1,195 @@
+// CPU kernels for convolution (im2col/col2im; the GEMM is ops.cpp's), max
+// pooling and layer normalisation.
+#include <cmath>
+#include <limits>
+
+#include "cpu_backend.hpp"
+#include "dispatch.hpp"
+
+namespace troupe::detail {
+
+void cpu_backend::im2col(const tensor& image, const conv_geometry& g, tensor& cols) {
+  const auto s0 = image.strides()[0];
+  const auto s1 = image.strides()[1];
+  const auto s2 = image.strides()[2];
+  const auto plane = g.out_h * g.out_w;
+  dispatch_floating(image.type(), "im2col", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = base_of<T>(image) + image.offset();
+    T* y = cols.data<T>();
+    for (std::int64_t c = 0; c < g.channels; ++c)
+      for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
+        for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
+          T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+          for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
+            const auto iy = oy * g.stride - g.padding + ki;
+            T* out = row + oy * g.out_w;
+            if (iy < 0 || iy >= g.height) {
+              std::fill(out, out + g.out_w, T(0));
+              continue;
+            }
+            for (std::int64_t ox = 0; ox < g.out_w; ++ox) {
+              const auto ix = ox * g.stride - g.padding + kj;
+              out[ox] = (ix >= 0 && ix < g.width) ? x[c * s0 + iy * s1 + ix * s2] : T(0);
+            }
+          }
+        }
+  });
+}
+
+void cpu_backend::col2im(const tensor& cols, const conv_geometry& g, tensor& image) {
+  const auto plane = g.out_h * g.out_w;
+  dispatch_floating(image.type(), "col2im", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* y = cols.data<T>();
+    T* x = image.data<T>();
+    for (std::int64_t c = 0; c < g.channels; ++c)
+      for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
+        for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
+          const T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+          for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
+            const auto iy = oy * g.stride - g.padding + ki;
+            if (iy < 0 || iy >= g.height)
+              continue;
+            T* dst = x + (c * g.height + iy) * g.width;
+            for (std::int64_t ox = 0; ox < g.out_w; ++ox) {
+              const auto ix = ox * g.stride - g.padding + kj;
+              if (ix >= 0 && ix < g.width)
+                dst[ix] += row[oy * g.out_w + ox];
+            }
+          }
+        }
+  });
+}
+
+void cpu_backend::max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride,
+                             tensor& output, tensor& indices) {
+  const auto planes = input.size(0) * input.size(1);
+  const auto h = input.size(2);
+  const auto w = input.size(3);
+  const auto oh = output.size(2);
+  const auto ow = output.size(3);
+  dispatch_floating(input.type(), "max_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = input.data<T>();
+    T* y = output.data<T>();
+    auto* at = indices.data<std::int64_t>();
+    for (std::int64_t p = 0; p < planes; ++p) {
+      const T* in = x + p * h * w;
+      for (std::int64_t oy = 0; oy < oh; ++oy)
+        for (std::int64_t ox = 0; ox < ow; ++ox) {
+          // The first maximum in row-major window order wins; NaN is a maximum.
+          std::int64_t best_at = (oy * stride) * w + ox * stride;
+          T best = in[best_at];
+          for (std::int64_t ki = 0; ki < kernel; ++ki)
+            for (std::int64_t kj = 0; kj < kernel; ++kj) {
+              const auto pos = (oy * stride + ki) * w + ox * stride + kj;
+              const T v = in[pos];
+              if (!std::isnan(best) && (v > best || std::isnan(v))) {
+                best = v;
+                best_at = pos;
+              }
+            }
+          const auto o = (p * oh + oy) * ow + ox;
+          y[o] = best;
+          at[o] = best_at;
+        }
+    }
+  });
+}
+
+void cpu_backend::max_pool2d_backward(const tensor& grad, const tensor& indices,
+                                      tensor& grad_input) {
+  const auto planes = grad.size(0) * grad.size(1);
+  const auto out_plane = grad.size(2) * grad.size(3);
+  const auto in_plane = grad_input.size(2) * grad_input.size(3);
+  dispatch_floating(grad.type(), "max_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = grad.data<T>();
+    const auto* at = indices.data<std::int64_t>();
+    T* gi = grad_input.data<T>();
+    for (std::int64_t p = 0; p < planes; ++p)
+      for (std::int64_t o = 0; o < out_plane; ++o)
+        gi[p * in_plane + at[p * out_plane + o]] += g[p * out_plane + o];
+  });
+}
+
+void cpu_backend::layer_norm(const tensor& input, const tensor& weight, const tensor& bias,
+                             double eps, tensor& output, tensor& mean, tensor& rstd) {
+  const auto d = input.size(-1);
+  const auto rows = d == 0 ? 0 : input.numel() / d;
+  dispatch_floating(input.type(), "layer_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = input.data<T>();
+    const T* w = weight.defined() ? weight.data<T>() : nullptr;
+    const T* b = bias.defined() ? bias.data<T>() : nullptr;
+    T* y = output.data<T>();
+    T* mu = mean.data<T>();
+    T* rs = rstd.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * d;
+      T* yr = y + r * d;
+      // Two passes (mean, then squared deviations) rather than E[x^2] -
+      // E[x]^2, which cancels catastrophically for large means.
+      const T m = row_sum(xr, d, 1) / static_cast<T>(d);
+      for (std::int64_t j = 0; j < d; ++j)
+        yr[j] = (xr[j] - m) * (xr[j] - m);
+      const T var = row_sum(yr, d, 1) / static_cast<T>(d);
+      const T inv = T(1) / std::sqrt(var + static_cast<T>(eps));
+      mu[r] = m;
+      rs[r] = inv;
+      for (std::int64_t j = 0; j < d; ++j) {
+        T v = (xr[j] - m) * inv;
+        if (w != nullptr)
+          v *= w[j];
+        if (b != nullptr)
+          v += b[j];
+        yr[j] = v;
+      }
+    }
+  });
+}
+
+void cpu_backend::layer_norm_backward(const tensor& grad, const tensor& input, const tensor& mean,
+                                      const tensor& rstd, const tensor& weight, tensor& grad_input,
+                                      tensor& grad_weight, tensor& grad_bias) {
+  const auto d = input.size(-1);
+  const auto rows = d == 0 ? 0 : input.numel() / d;
+  dispatch_floating(input.type(), "layer_norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = grad.data<T>();
+    const T* x = input.data<T>();
+    const T* mu = mean.data<T>();
+    const T* rs = rstd.data<T>();
+    const T* w = weight.defined() ? weight.data<T>() : nullptr;
+    T* gx = grad_input.data<T>();
+    T* gw = grad_weight.data<T>();
+    T* gb = grad_bias.data<T>();
+    std::fill(gw, gw + d, T(0));
+    std::fill(gb, gb + d, T(0));
+    std::vector<T> gxhat(static_cast<std::size_t>(d));
+    std::vector<T> product(static_cast<std::size_t>(d));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* gr = g + r * d;
+      const T* xr = x + r * d;
+      T* dr = gx + r * d;
+      // With xhat = (x - mean) * rstd and gxhat = grad * weight:
+      // dx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
+      for (std::int64_t j = 0; j < d; ++j) {
+        const T xhat = (xr[j] - mu[r]) * rs[r];
+        gxhat[j] = w != nullptr ? gr[j] * w[j] : gr[j];
+        product[j] = gxhat[j] * xhat;
+        gw[j] += gr[j] * xhat;
+        gb[j] += gr[j];
+      }
+      const T mean_g = row_sum(gxhat.data(), d, 1) / static_cast<T>(d);
+      const T mean_gx = row_sum(product.data(), d, 1) / static_cast<T>(d);
+      for (std::int64_t j = 0; j < d; ++j) {
+        const T xhat = (xr[j] - mu[r]) * rs[r];
+        dr[j] = rs[r] * (gxhat[j] - mean_g - xhat * mean_gx);
+      }
+    }
+  });
+}
+
+} // namespace troupe::detail

@@ -1,0 +1,121 @@
+// CPU row reductions and softmax. Sums go through row_sum (cpu_backend.hpp),
+// whose order depends only on the row length.
+#include <cmath>
+
+#include "cpu_backend.hpp"
+#include "dispatch.hpp"
+
+namespace troupe::detail {
+
+namespace {
+
+template <class T> bool is_nan(T x) {
+  return x != x; // NOLINT: true only for floating NaN
+}
+
+template <class F> void dispatch_summable(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32: return f(tag<float>{});
+    case dtype::float64: return f(tag<double>{});
+    case dtype::int64: return f(tag<std::int64_t>{});
+    case dtype::int32: return f(tag<std::int32_t>{});
+    default: break;
+  }
+  TROUPE_ASSERT(false, "cpu reduce kernel called with dtype {}", t);
+}
+
+} // namespace
+
+void cpu_backend::reduce_rows(reduce_op op, const tensor& a, tensor& values, tensor& indices) {
+  const auto rows = a.size(0);
+  const auto cols = a.size(1);
+  const auto row_stride = a.strides()[0];
+  const auto col_stride = a.strides()[1];
+  dispatch_summable(a.type(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = base_of<T>(a) + a.offset();
+    T* v = values.data<T>();
+    std::int64_t* at = indices.defined() ? indices.data<std::int64_t>() : nullptr;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * row_stride;
+      if (op == reduce_op::sum) {
+        v[r] = row_sum(row, cols, col_stride);
+        continue;
+      }
+      // max: the first maximum wins; a NaN counts as the maximum (torch).
+      T best = row[0];
+      std::int64_t best_at = 0;
+      for (std::int64_t j = 1; j < cols && !is_nan(best); ++j) {
+        const T y = row[j * col_stride];
+        if (y > best || is_nan(y)) {
+          best = y;
+          best_at = j;
+        }
+      }
+      v[r] = best;
+      if (at != nullptr)
+        at[r] = best_at;
+    }
+  });
+}
+
+void cpu_backend::softmax(const tensor& a, bool log, tensor& out) {
+  const auto rows = a.size(0);
+  const auto cols = a.size(1);
+  dispatch_floating(a.type(), "softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = a.data<T>();
+    T* y = out.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      T top = xr[0];
+      for (std::int64_t j = 1; j < cols; ++j)
+        top = std::max(top, xr[j]);
+      for (std::int64_t j = 0; j < cols; ++j)
+        yr[j] = std::exp(xr[j] - top);
+      const T total = row_sum(yr, cols, 1);
+      if (log) {
+        const T shift = top + std::log(total);
+        for (std::int64_t j = 0; j < cols; ++j)
+          yr[j] = xr[j] - shift;
+      } else {
+        const T inv = T(1) / total;
+        for (std::int64_t j = 0; j < cols; ++j)
+          yr[j] *= inv;
+      }
+    }
+  });
+}
+
+void cpu_backend::softmax_backward(const tensor& grad, const tensor& output, bool log,
+                                   tensor& out) {
+  const auto rows = grad.size(0);
+  const auto cols = grad.size(1);
+  dispatch_floating(grad.type(), "softmax_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = grad.data<T>();
+    const T* y = output.data<T>();
+    T* dx = out.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* gr = g + r * cols;
+      const T* yr = y + r * cols;
+      T* dr = dx + r * cols;
+      if (log) {
+        // y = log softmax(x): dx = g - softmax(x) * sum(g).
+        const T total = row_sum(gr, cols, 1);
+        for (std::int64_t j = 0; j < cols; ++j)
+          dr[j] = gr[j] - std::exp(yr[j]) * total;
+      } else {
+        // y = softmax(x): dx = y * (g - <g, y>).
+        for (std::int64_t j = 0; j < cols; ++j)
+          dr[j] = gr[j] * yr[j];
+        const T dot = row_sum(dr, cols, 1);
+        for (std::int64_t j = 0; j < cols; ++j)
+          dr[j] = yr[j] * (gr[j] - dot);
+      }
+    }
+  });
+}
+
+} // namespace troupe::detail

@@ -1,0 +1,174 @@
+// Reductions and softmax. Every reduction is brought to one shape, a
+// [rows, cols] view whose rows are reduced (reduced dimensions permuted
+// last), so the backend needs a single row kernel.
+#include <algorithm>
+
+#include "ops_common.hpp"
+
+namespace troupe {
+
+using namespace detail;
+
+namespace {
+
+struct row_layout {
+  tensor rows;       // [rows, cols] view (or copy) of the input
+  dims result_shape; // the op's output shape
+};
+
+/// Permutes `reduce` (normalised, distinct) to the back and flattens.
+row_layout to_rows(const tensor& a, const dims& reduce, bool keepdim) {
+  dims order;
+  dims kept_shape;
+  dims result_shape;
+  std::int64_t rows = 1;
+  std::int64_t cols = 1;
+  for (std::int64_t d = 0; d < a.rank(); ++d) {
+    const bool reduced = std::find(reduce.begin(), reduce.end(), d) != reduce.end();
+    if (!reduced) {
+      order.push_back(d);
+      rows *= a.shape()[d];
+      result_shape.push_back(a.shape()[d]);
+    } else if (keepdim) {
+      result_shape.push_back(1);
+    }
+  }
+  for (auto d : reduce) {
+    order.push_back(d);
+    cols *= a.shape()[d];
+  }
+  return {a.permute(order).reshape({rows, cols}), std::move(result_shape)};
+}
+
+dims normalize_dims(const char* op, const dims& requested, const tensor& a) {
+  dims out;
+  if (requested.empty()) {
+    for (std::int64_t d = 0; d < a.rank(); ++d)
+      out.push_back(d);
+    return out;
+  }
+  for (auto d : requested) {
+    auto n = normalize_dim(d, a.rank(), op);
+    require(std::find(out.begin(), out.end(), n) == out.end(),
+            "{}: dimension {} repeated in {}", op, d, requested);
+    out.push_back(n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+tensor sum_impl(const char* op, const tensor& a, const dims& dims_to_reduce, bool keepdim) {
+  auto reduce = normalize_dims(op, dims_to_reduce, a);
+  auto& kernels = backend_for(a.where(), op);
+  auto layout = to_rows(a, reduce, keepdim);
+  auto values = tensor::empty({layout.rows.size(0)}, a.type(), a.where());
+  tensor no_indices;
+  kernels.reduce_rows(reduce_op::sum, layout.rows, values, no_indices);
+  return values.view(layout.result_shape);
+}
+
+tensor softmax_impl(const char* op, const tensor& a, std::int64_t dim, bool log) {
+  require_defined(op, a, "input");
+  require_floating(op, a);
+  auto d = normalize_dim(dim, std::max<std::int64_t>(a.rank(), 1), op);
+  auto& kernels = backend_for(a.where(), op);
+  if (a.rank() == 0) // a scalar is its own single-element row
+    return softmax_impl(op, a.reshape({1}), 0, log).reshape({});
+  auto x = a.transpose(d, -1).contiguous();
+  auto out = tensor::empty(x.shape(), a.type(), a.where());
+  const auto cols = x.size(-1);
+  if (x.numel() > 0) {
+    auto out_rows = out.view({-1, cols});
+    kernels.softmax(x.view({-1, cols}), log, out_rows);
+  }
+  return out.transpose(d, -1).contiguous();
+}
+
+tensor softmax_backward_impl(const char* op, const tensor& grad, const tensor& output,
+                             std::int64_t dim, bool log) {
+  require_defined(op, grad, "grad");
+  require_defined(op, output, "output");
+  require_same_device(op, grad, output);
+  require_same_dtype(op, grad, output);
+  require_floating(op, grad);
+  require(grad.shape() == output.shape(), "{}: grad shape {} differs from output shape {}", op,
+          grad.shape(), output.shape());
+  if (grad.rank() == 0)
+    return softmax_backward_impl(op, grad.reshape({1}), output.reshape({1}), 0, log).reshape({});
+  auto d = normalize_dim(dim, grad.rank(), op);
+  auto& kernels = backend_for(grad.where(), op);
+  auto g = grad.transpose(d, -1).contiguous();
+  auto y = output.transpose(d, -1).contiguous();
+  auto out = tensor::empty(g.shape(), g.type(), g.where());
+  const auto cols = g.size(-1);
+  if (g.numel() > 0) {
+    auto out_rows = out.view({-1, cols});
+    kernels.softmax_backward(g.view({-1, cols}), y.view({-1, cols}), log, out_rows);
+  }
+  return out.transpose(d, -1).contiguous();
+}
+
+} // namespace
+
+tensor sum(const tensor& a, const dims& dims_to_reduce, bool keepdim) {
+  require_defined("sum", a, "input");
+  require_arithmetic("sum", a);
+  return sum_impl("sum", a, dims_to_reduce, keepdim);
+}
+
+tensor mean(const tensor& a, const dims& dims_to_reduce, bool keepdim) {
+  require_defined("mean", a, "input");
+  require_floating("mean", a);
+  auto total = sum_impl("mean", a, dims_to_reduce, keepdim);
+  const auto count = total.numel() == 0 ? 0 : a.numel() / total.numel();
+  backend_for(a.where(), "mean").unary(unary_op::mul_scalar, total, 1.0 / static_cast<double>(count),
+                                       total);
+  return total;
+}
+
+max_result max(const tensor& a, std::int64_t dim, bool keepdim) {
+  require_defined("max", a, "input");
+  require_arithmetic("max", a);
+  if (a.rank() == 0) {
+    normalize_dim(dim, 1, "max");
+    return {a.clone(), tensor::zeros({}, dtype::int64, a.where())};
+  }
+  auto d = normalize_dim(dim, a.rank(), "max");
+  require(a.shape()[d] > 0, "max: dimension {} of {} is empty", d, a.shape());
+  auto& kernels = backend_for(a.where(), "max");
+  auto layout = to_rows(a, {d}, keepdim);
+  auto values = tensor::empty({layout.rows.size(0)}, a.type(), a.where());
+  auto indices = tensor::empty({layout.rows.size(0)}, dtype::int64, a.where());
+  kernels.reduce_rows(reduce_op::max, layout.rows, values, indices);
+  return {values.view(layout.result_shape), indices.view(layout.result_shape)};
+}
+
+tensor argmax(const tensor& a, std::int64_t dim, bool keepdim) {
+  return max(a, dim, keepdim).indices;
+}
+
+tensor max_all(const tensor& a) {
+  require_defined("max_all", a, "input");
+  require_arithmetic("max_all", a);
+  require(a.numel() > 0, "max_all: tensor of shape {} is empty", a.shape());
+  auto& kernels = backend_for(a.where(), "max_all");
+  auto values = tensor::empty({1}, a.type(), a.where());
+  tensor no_indices;
+  kernels.reduce_rows(reduce_op::max, a.reshape({1, a.numel()}), values, no_indices);
+  return values.view({});
+}
+
+tensor softmax(const tensor& a, std::int64_t dim) {
+  return softmax_impl("softmax", a, dim, false);
+}
+tensor log_softmax(const tensor& a, std::int64_t dim) {
+  return softmax_impl("log_softmax", a, dim, true);
+}
+tensor softmax_backward(const tensor& grad, const tensor& output, std::int64_t dim) {
+  return softmax_backward_impl("softmax_backward", grad, output, dim, false);
+}
+tensor log_softmax_backward(const tensor& grad, const tensor& output, std::int64_t dim) {
+  return softmax_backward_impl("log_softmax_backward", grad, output, dim, true);
+}
+
+} // namespace troupe
