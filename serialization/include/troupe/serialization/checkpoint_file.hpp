@@ -10,7 +10,9 @@
 //   index     a Cap'n Proto CheckpointIndex frame: per tensor its name, its
 //             TensorHeader (validated by the data-plane decoder) and the
 //             offset of its payload in the payload region (64-byte aligned)
-//   payloads  dense row-major tensor bytes, zero padding between them
+//   padding   zeros up to a multiple of 64 bytes
+//   payloads  dense row-major tensor bytes, each at a 64-byte aligned offset,
+//             zero padding between them
 //   trailer   CRC32C of every byte before it (u32), then "TEND"
 //
 // Writes go to `path.tmp`, are fsync'd and renamed over `path`, so a crash
