@@ -1,0 +1,192 @@
+// Elementwise ops against float64 references computed here, on contiguous,
+// strided and broadcast operands.
+#include <cmath>
+#include <numbers>
+
+#include "test_util.hpp"
+#include "troupe/tensor/backend.hpp"
+
+namespace troupe {
+namespace {
+
+using test::expect_close;
+using test::make;
+using test::sample;
+using test::values;
+using testing::HasSubstr;
+
+std::vector<double> map(const tensor& x, double (*f)(double)) {
+  auto v = values(x);
+  for (auto& e : v)
+    e = f(e);
+  return v;
+}
+
+double gelu_reference(double x) {
+  return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2));
+}
+
+TEST(Elementwise, UnaryMathMatchesTheFloat64Reference) {
+  for (auto type : {dtype::float64, dtype::float32}) {
+    const double tol = type == dtype::float32 ? 1e-6 : 1e-14;
+    auto x = sample({3, 5}, 1, type);
+    auto positive = add(abs(x), 0.5);
+    expect_close(exp(x), map(x, [](double v) { return std::exp(v); }), tol);
+    expect_close(log(positive), map(positive, [](double v) { return std::log(v); }), tol);
+    expect_close(tanh(x), map(x, [](double v) { return std::tanh(v); }), tol);
+    expect_close(sqrt(positive), map(positive, [](double v) { return std::sqrt(v); }), tol);
+    expect_close(pow(positive, 1.5), map(positive, [](double v) { return std::pow(v, 1.5); }), tol);
+    expect_close(abs(x), map(x, [](double v) { return std::abs(v); }), tol);
+    expect_close(relu(x), map(x, [](double v) { return v > 0 ? v : 0.0; }), tol);
+    expect_close(gelu(x), map(x, gelu_reference), tol);
+    expect_close(sigmoid(x), map(x, [](double v) { return 1 / (1 + std::exp(-v)); }), tol);
+    expect_close(neg(x), map(x, [](double v) { return -v; }), tol);
+    expect_close(mul(x, 2.5), map(x, [](double v) { return 2.5 * v; }), tol);
+    EXPECT_EQ(exp(x).type(), type);
+  }
+}
+
+TEST(Elementwise, GeluIsExactNotTheTanhApproximation) {
+  // At x = 1 the erf form gives 0.841344746..., the tanh form 0.841191990...
+  EXPECT_NEAR(gelu(make({1.0}, {1})).item(), 0.8413447460685429, 1e-15);
+}
+
+TEST(Elementwise, BinaryOpsBroadcastLikeNumPy) {
+  auto a = sample({2, 3, 4}, 2);
+  auto b = sample({3, 1}, 3);
+  auto av = values(a);
+  auto bv = values(b);
+  std::vector<double> sum_ref, sub_ref, mul_ref, div_ref, max_ref, gt_ref;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) {
+        double x = av[(i * 3 + j) * 4 + k];
+        double y = bv[j];
+        sum_ref.push_back(x + y);
+        sub_ref.push_back(x - y);
+        mul_ref.push_back(x * y);
+        div_ref.push_back(x / y);
+        max_ref.push_back(std::max(x, y));
+        gt_ref.push_back(x > y ? 1.0 : 0.0);
+      }
+  EXPECT_EQ(add(a, b).shape(), (dims{2, 3, 4}));
+  expect_close(a + b, sum_ref, 1e-15);
+  expect_close(a - b, sub_ref, 1e-15);
+  expect_close(a * b, mul_ref, 1e-15);
+  expect_close(a / b, div_ref, 1e-15);
+  expect_close(maximum(a, b), max_ref, 0);
+  expect_close(greater(a, b), gt_ref, 0);
+  // Broadcasting is symmetric.
+  expect_close(b + a, sum_ref, 1e-15);
+}
+
+TEST(Elementwise, StridedAndTransposedOperandsAreReadThroughTheirStrides) {
+  auto base = sample({4, 6}, 4);
+  auto t = base.t();                   // [6, 4], strides [1, 6]
+  auto s = base.slice(1, 0, 6, 2);     // [4, 3], strides [6, 2]
+  auto tc = t.contiguous();
+  auto sc = s.contiguous();
+  EXPECT_EQ(values(exp(t)), values(exp(tc)));
+  EXPECT_EQ(values(add(s, s)), values(add(sc, sc)));
+  EXPECT_EQ(values(mul(t, tc)), values(mul(tc, tc)));
+}
+
+TEST(Elementwise, IntegerArithmeticForAddSubMul) {
+  auto a = tensor::from<std::int64_t>({1, 2, 3}, {3});
+  auto b = tensor::from<std::int64_t>({10, 20, 30}, {3});
+  EXPECT_EQ((a + b).to_vector<std::int64_t>(), (std::vector<std::int64_t>{11, 22, 33}));
+  EXPECT_EQ((b - a).to_vector<std::int64_t>(), (std::vector<std::int64_t>{9, 18, 27}));
+  EXPECT_EQ((a * b).to_vector<std::int64_t>(), (std::vector<std::int64_t>{10, 40, 90}));
+  auto c = tensor::from<std::int32_t>({1, -2}, {2});
+  EXPECT_EQ((c + c).to_vector<std::int32_t>(), (std::vector<std::int32_t>{2, -4}));
+  EXPECT_THAT(test::usage_error_of([&] { (void)exp(a); }), HasSubstr("exp: expected float32"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)div(a, b); }), HasSubstr("div"));
+}
+
+TEST(Elementwise, MixedDtypesAreAUsageErrorNamingBoth) {
+  auto a = tensor::zeros({2}, dtype::float32);
+  auto b = tensor::zeros({2}, dtype::float64);
+  auto message = test::usage_error_of([&] { (void)add(a, b); });
+  EXPECT_THAT(message, HasSubstr("add"));
+  EXPECT_THAT(message, HasSubstr("float32"));
+  EXPECT_THAT(message, HasSubstr("float64"));
+}
+
+TEST(Elementwise, IncompatibleShapesNameTheOpAndShapes) {
+  auto message = test::usage_error_of([] { (void)mul(tensor::zeros({2, 3}), tensor::zeros({4})); });
+  EXPECT_THAT(message, HasSubstr("mul"));
+  EXPECT_THAT(message, HasSubstr("[2, 3]"));
+  EXPECT_THAT(message, HasSubstr("[4]"));
+  EXPECT_EQ(broadcast_shapes({5, 1, 3}, {4, 1}), (dims{5, 4, 3}));
+}
+
+TEST(Elementwise, InPlaceAddAndScaleWriteThroughViews) {
+  auto a = sample({3, 4}, 5);
+  auto before = values(a);
+  auto row = sample({4}, 6);
+  add_(a, row, -0.5);
+  auto rv = values(row);
+  std::vector<double> expected;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j)
+      expected.push_back(before[i * 4 + j] - 0.5 * rv[j]);
+  expect_close(a, expected, 1e-15);
+
+  auto column = a.select(1, 2); // strided view into a
+  mul_(column, 2.0);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_DOUBLE_EQ(a.at({i, 2}), 2.0 * expected[i * 4 + 2]);
+  EXPECT_THAT(test::usage_error_of([&] { add_(row, a); }), HasSubstr("add_"));
+}
+
+TEST(Elementwise, WhereSelectsAndBroadcasts) {
+  auto cond = tensor::from<std::uint8_t>({1, 0, 1}, {3});
+  auto a = make({1, 2, 3, 4, 5, 6}, {2, 3});
+  auto b = make({-1}, {1});
+  expect_close(where(cond, a, b), std::vector<double>{1, -1, 3, 4, -1, 6}, 0);
+}
+
+TEST(Elementwise, FusedBackwardsMatchFiniteDifferences) {
+  auto x = sample({7}, 7);
+  auto g = sample({7}, 8);
+  auto check = [&](tensor (*forward)(const tensor&), const tensor& fused) {
+    auto numeric = test::numeric_gradient(
+        [&](const tensor& v) { return test::weighted_sum(forward(v), g); }, x);
+    expect_close(fused, numeric, 1e-7);
+  };
+  check(relu, relu_backward(g, x));
+  check(gelu, gelu_backward(g, x));
+  check(sigmoid, sigmoid_backward(g, sigmoid(x)));
+  check(tanh, tanh_backward(g, tanh(x)));
+}
+
+TEST(Elementwise, SumToReversesBroadcasting) {
+  auto g = sample({2, 3, 4}, 9);
+  auto reduced = sum_to(g, {3, 1});
+  EXPECT_EQ(reduced.shape(), (dims{3, 1}));
+  auto gv = values(g);
+  for (int j = 0; j < 3; ++j) {
+    double total = 0;
+    for (int i = 0; i < 2; ++i)
+      for (int k = 0; k < 4; ++k)
+        total += gv[(i * 3 + j) * 4 + k];
+    EXPECT_NEAR(reduced.at({j, 0}), total, 1e-14);
+  }
+  EXPECT_EQ(sum_to(g, {2, 3, 4}).shape(), (dims{2, 3, 4}));
+}
+
+TEST(Backend, OpsOnADeviceWithoutBackendSayWhichOpAndDevice) {
+  // Host memory labelled cuda:0 stands in for device memory: the lookup
+  // fails before any kernel touches it.
+  std::vector<float> host(4, 1.0f);
+  auto memory = storage::wrap(host.data(), host.size() * sizeof(float), device::cuda(0), {});
+  auto t = tensor::from_storage(memory, {4}, {1}, 0, dtype::float32);
+  EXPECT_EQ(test::usage_error_of([&] { (void)add(t, t); }),
+            "add: no backend for device cuda:0 in this build");
+  EXPECT_THAT(test::usage_error_of([&] { (void)matmul(t.view({2, 2}), t.view({2, 2})); }),
+              HasSubstr("matmul: no backend for device cuda:0"));
+  EXPECT_EQ(backend_for(device::cpu()).name(), "cpu");
+}
+
+} // namespace
+} // namespace troupe

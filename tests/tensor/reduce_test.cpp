@@ -1,0 +1,127 @@
+// Reductions and softmax against float64 references.
+#include <cmath>
+
+#include "test_util.hpp"
+
+namespace troupe {
+namespace {
+
+using test::expect_close;
+using test::make;
+using test::sample;
+using test::values;
+using testing::HasSubstr;
+
+TEST(Reduce, SumOverEachDimensionSetMatchesNestedLoops) {
+  auto a = sample({2, 3, 4}, 1);
+  auto v = values(a);
+  auto at = [&](int i, int j, int k) { return v[(i * 3 + j) * 4 + k]; };
+  double total = 0;
+  for (auto x : v)
+    total += x;
+  EXPECT_NEAR(sum(a).item(), total, 1e-13);
+  EXPECT_EQ(sum(a).rank(), 0);
+
+  std::vector<double> over1;
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 4; ++k) {
+      double s = 0;
+      for (int j = 0; j < 3; ++j)
+        s += at(i, j, k);
+      over1.push_back(s);
+    }
+  EXPECT_EQ(sum(a, {1}).shape(), (dims{2, 4}));
+  expect_close(sum(a, {1}), over1, 1e-14);
+  EXPECT_EQ(sum(a, {-2}, true).shape(), (dims{2, 1, 4}));
+  expect_close(sum(a, {1}, true), over1, 1e-14);
+
+  std::vector<double> over02;
+  for (int j = 0; j < 3; ++j) {
+    double s = 0;
+    for (int i = 0; i < 2; ++i)
+      for (int k = 0; k < 4; ++k)
+        s += at(i, j, k);
+    over02.push_back(s);
+  }
+  expect_close(sum(a, {2, 0}), over02, 1e-14);
+  expect_close(mean(a, {0, 2}), std::vector<double>{over02[0] / 8, over02[1] / 8, over02[2] / 8},
+               1e-14);
+  EXPECT_NEAR(mean(a).item(), total / 24, 1e-14);
+  EXPECT_THAT(test::usage_error_of([&] { (void)sum(a, {1, 1}); }), HasSubstr("sum"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)sum(a, {3}); }), HasSubstr("sum"));
+}
+
+TEST(Reduce, SumIsBitwiseIndependentOfTheLayout) {
+  auto a = sample({37, 53}, 2, dtype::float32);
+  auto transposed = a.t().contiguous().t(); // same values, column-major
+  EXPECT_EQ(values(sum(a, {1})), values(sum(transposed, {1})));
+  EXPECT_EQ(values(sum(a, {0})), values(sum(transposed, {0})));
+  EXPECT_EQ(sum(a).item(), sum(transposed).item());
+}
+
+TEST(Reduce, Float32SumsStayAccurate) {
+  auto a = tensor::full({100000}, 0.1, dtype::float32);
+  EXPECT_NEAR(sum(a).item(), 10000.0, 0.05);
+}
+
+TEST(Reduce, MaxAndArgmaxPickTheFirstMaximum) {
+  auto a = make({1, 5, 5, 2, -1, 0, 9, 9}, {2, 4});
+  auto [value, index] = max(a, 1);
+  expect_close(value, std::vector<double>{5, 9}, 0);
+  EXPECT_EQ(index.type(), dtype::int64);
+  EXPECT_EQ(index.to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(argmax(a, 0).to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 0, 1, 1}));
+  EXPECT_EQ(max(a, 0, true).values.shape(), (dims{1, 4}));
+  EXPECT_EQ(max_all(a).item(), 9.0);
+  EXPECT_EQ(max_all(a).rank(), 0);
+  EXPECT_THAT(test::usage_error_of([] { (void)max(tensor::zeros({2, 0}), 1); }),
+              HasSubstr("max: dimension 1 of [2, 0] is empty"));
+}
+
+std::vector<double> softmax_reference(const tensor& x, bool log) {
+  // Rows along the last dimension of a 2-D tensor.
+  auto v = values(x);
+  const auto rows = x.size(0);
+  const auto cols = x.size(1);
+  std::vector<double> out(v.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double top = -INFINITY;
+    for (std::int64_t j = 0; j < cols; ++j)
+      top = std::max(top, v[r * cols + j]);
+    double total = 0;
+    for (std::int64_t j = 0; j < cols; ++j)
+      total += std::exp(v[r * cols + j] - top);
+    for (std::int64_t j = 0; j < cols; ++j)
+      out[r * cols + j] = log ? v[r * cols + j] - top - std::log(total)
+                              : std::exp(v[r * cols + j] - top) / total;
+  }
+  return out;
+}
+
+TEST(Reduce, SoftmaxAndLogSoftmaxMatchTheReferenceAlongAnyDim) {
+  auto x = mul(sample({3, 5}, 3), 10.0);
+  expect_close(softmax(x, 1), softmax_reference(x, false), 1e-14);
+  expect_close(log_softmax(x, -1), softmax_reference(x, true), 1e-14);
+  // Along dim 0: the reference on the transpose, transposed back.
+  auto along0 = softmax(x, 0);
+  expect_close(along0.t().contiguous(), softmax_reference(x.t(), false), 1e-14);
+  auto f32 = softmax(x.to(dtype::float32), 1);
+  EXPECT_EQ(f32.type(), dtype::float32);
+  expect_close(f32, softmax_reference(x, false), 1e-6);
+}
+
+TEST(Reduce, SoftmaxBackwardsMatchFiniteDifferences) {
+  auto x = sample({2, 4}, 4);
+  auto g = sample({2, 4}, 5);
+  for (std::int64_t dim : {0, 1}) {
+    auto numeric = test::numeric_gradient(
+        [&](const tensor& v) { return test::weighted_sum(softmax(v, dim), g); }, x);
+    expect_close(softmax_backward(g, softmax(x, dim), dim), numeric, 1e-7);
+    auto numeric_log = test::numeric_gradient(
+        [&](const tensor& v) { return test::weighted_sum(log_softmax(v, dim), g); }, x);
+    expect_close(log_softmax_backward(g, log_softmax(x, dim), dim), numeric_log, 1e-7);
+  }
+}
+
+} // namespace
+} // namespace troupe
