@@ -1,0 +1,218 @@
+// Convolution, pooling, layer norm and embedding bags against direct
+// float64 loops, with gradients checked by finite differences.
+#include <cmath>
+
+#include "test_util.hpp"
+
+namespace troupe {
+namespace {
+
+using test::expect_close;
+using test::make;
+using test::sample;
+using test::values;
+using testing::HasSubstr;
+
+/// Direct nested-loop convolution (NCHW, zero padding).
+std::vector<double> direct_conv(const tensor& x, const tensor& w, const tensor& b,
+                                std::int64_t stride, std::int64_t pad) {
+  const auto n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  const auto o = w.size(0), kh = w.size(2), kw = w.size(3);
+  const auto oh = (h + 2 * pad - kh) / stride + 1;
+  const auto ow = (wd + 2 * pad - kw) / stride + 1;
+  std::vector<double> out;
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t f = 0; f < o; ++f)
+      for (std::int64_t y = 0; y < oh; ++y)
+        for (std::int64_t z = 0; z < ow; ++z) {
+          double s = b.defined() ? b.at({f}) : 0.0;
+          for (std::int64_t ch = 0; ch < c; ++ch)
+            for (std::int64_t p = 0; p < kh; ++p)
+              for (std::int64_t q = 0; q < kw; ++q) {
+                auto iy = y * stride - pad + p;
+                auto ix = z * stride - pad + q;
+                if (iy >= 0 && iy < h && ix >= 0 && ix < wd)
+                  s += x.at({i, ch, iy, ix}) * w.at({f, ch, p, q});
+              }
+          out.push_back(s);
+        }
+  return out;
+}
+
+TEST(Conv2d, MatchesTheDirectConvolutionForStridesAndPadding) {
+  auto x = sample({2, 3, 7, 6}, 1);
+  auto w = sample({4, 3, 3, 2}, 2);
+  auto b = sample({4}, 3);
+  for (std::int64_t stride : {1, 2})
+    for (std::int64_t pad : {0, 1, 2}) {
+      auto y = conv2d(x, w, b, {stride, pad});
+      const auto oh = (7 + 2 * pad - 3) / stride + 1;
+      const auto ow = (6 + 2 * pad - 2) / stride + 1;
+      EXPECT_EQ(y.shape(), (dims{2, 4, oh, ow}));
+      expect_close(y, direct_conv(x, w, b, stride, pad), 1e-13);
+    }
+  expect_close(conv2d(x, w, tensor{}), direct_conv(x, w, tensor{}, 1, 0), 1e-13);
+  auto f32 = conv2d(x.to(dtype::float32), w.to(dtype::float32), b.to(dtype::float32), {2, 1});
+  expect_close(f32, direct_conv(x, w, b, 2, 1), 1e-5);
+}
+
+TEST(Conv2d, BackwardMatchesFiniteDifferences) {
+  auto x = sample({2, 2, 5, 4}, 4);
+  auto w = sample({3, 2, 3, 3}, 5);
+  auto b = sample({3}, 6);
+  conv2d_options options{2, 1};
+  auto g = sample(conv2d(x, w, b, options).shape(), 7);
+  auto grads = conv2d_backward(g, x, w, true, options);
+  expect_close(grads.input,
+               test::numeric_gradient(
+                   [&](const tensor& v) { return test::weighted_sum(conv2d(v, w, b, options), g); }, x),
+               1e-7);
+  expect_close(grads.weight,
+               test::numeric_gradient(
+                   [&](const tensor& v) { return test::weighted_sum(conv2d(x, v, b, options), g); }, w),
+               1e-7);
+  expect_close(grads.bias,
+               test::numeric_gradient(
+                   [&](const tensor& v) { return test::weighted_sum(conv2d(x, w, v, options), g); }, b),
+               1e-7);
+  EXPECT_FALSE(conv2d_backward(g, x, w, false, options).bias.defined());
+}
+
+TEST(Conv2d, ChannelMismatchNamesTheOpAndShapes) {
+  auto message = test::usage_error_of(
+      [] { (void)conv2d(tensor::zeros({1, 3, 5, 5}), tensor::zeros({2, 4, 3, 3}), tensor{}); });
+  EXPECT_THAT(message, HasSubstr("conv2d"));
+  EXPECT_THAT(message, HasSubstr("[1, 3, 5, 5]"));
+  EXPECT_THAT(message, HasSubstr("[2, 4, 3, 3]"));
+}
+
+TEST(MaxPool2d, OutputsWindowMaximaAndFlatPlaneIndices) {
+  auto x = make({1, 2, 3, 4,   //
+                 5, 6, 7, 8,   //
+                 9, 1, 2, 3,   //
+                 4, 5, 6, 20}, //
+                {1, 1, 4, 4});
+  auto [out, indices] = max_pool2d(x);
+  expect_close(out, std::vector<double>{6, 8, 9, 20}, 0);
+  EXPECT_EQ(indices.to_vector<std::int64_t>(), (std::vector<std::int64_t>{5, 7, 8, 15}));
+  auto overlapping = max_pool2d(x, {3, 1});
+  expect_close(overlapping.output, std::vector<double>{9, 8, 9, 20}, 0);
+
+  auto g = make({1, 2, 3, 4}, {1, 1, 2, 2});
+  auto gi = max_pool2d_backward(g, indices, x.shape());
+  std::vector<double> expected(16, 0.0);
+  expected[5] = 1;
+  expected[7] = 2;
+  expected[8] = 3;
+  expected[15] = 4;
+  expect_close(gi, expected, 0);
+}
+
+TEST(MaxPool2d, BackwardMatchesFiniteDifferencesOnEachPlane) {
+  auto x = sample({2, 3, 6, 5}, 8);
+  auto g = sample(max_pool2d(x, {2, 2}).output.shape(), 9);
+  auto result = max_pool2d(x, {2, 2});
+  expect_close(max_pool2d_backward(g, result.indices, x.shape()),
+               test::numeric_gradient(
+                   [&](const tensor& v) { return test::weighted_sum(max_pool2d(v, {2, 2}).output, g); },
+                   x),
+               1e-7);
+}
+
+TEST(LayerNorm, NormalisesTheLastDimension) {
+  auto x = sample({3, 2, 5}, 10);
+  auto w = sample({5}, 11);
+  auto b = sample({5}, 12);
+  auto r = layer_norm(x, w, b, 1e-5);
+  EXPECT_EQ(r.mean.shape(), (dims{3, 2}));
+  auto xv = values(x), wv = values(w), bv = values(b);
+  std::vector<double> expected;
+  for (int row = 0; row < 6; ++row) {
+    double m = 0, v = 0;
+    for (int j = 0; j < 5; ++j)
+      m += xv[row * 5 + j] / 5;
+    for (int j = 0; j < 5; ++j)
+      v += (xv[row * 5 + j] - m) * (xv[row * 5 + j] - m) / 5;
+    EXPECT_NEAR(values(r.mean)[row], m, 1e-14);
+    EXPECT_NEAR(values(r.rstd)[row], 1 / std::sqrt(v + 1e-5), 1e-12);
+    for (int j = 0; j < 5; ++j)
+      expected.push_back((xv[row * 5 + j] - m) / std::sqrt(v + 1e-5) * wv[j] + bv[j]);
+  }
+  expect_close(r.output, expected, 1e-12);
+}
+
+TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
+  auto x = sample({4, 6}, 13);
+  auto w = sample({6}, 14);
+  auto b = sample({6}, 15);
+  auto g = sample({4, 6}, 16);
+  auto saved = layer_norm(x, w, b);
+  auto grads = layer_norm_backward(g, x, saved, w);
+  auto loss = [&](const tensor& xv, const tensor& wv, const tensor& bv) {
+    return test::weighted_sum(layer_norm(xv, wv, bv).output, g);
+  };
+  expect_close(grads.input,
+               test::numeric_gradient([&](const tensor& v) { return loss(v, w, b); }, x), 1e-6);
+  expect_close(grads.weight,
+               test::numeric_gradient([&](const tensor& v) { return loss(x, v, b); }, w), 1e-6);
+  expect_close(grads.bias,
+               test::numeric_gradient([&](const tensor& v) { return loss(x, w, v); }, b), 1e-6);
+  // Without an affine weight the input gradient is that of plain normalisation.
+  auto plain = layer_norm_backward(g, x, layer_norm(x, tensor{}, tensor{}), tensor{});
+  expect_close(plain.input,
+               test::numeric_gradient(
+                   [&](const tensor& v) { return loss(v, tensor{}, tensor{}); }, x),
+               1e-6);
+}
+
+TEST(EmbeddingBag, SumsAndMeansBagsWithAnEmptyBag) {
+  auto weight = make({1, 2, 10, 20, 100, 200}, {3, 2});
+  auto indices = tensor::from<std::int64_t>({0, 2, 1, 2, 2}, {5});
+  auto offsets = tensor::from<std::int64_t>({0, 2, 2}, {3}); // bag 1 is empty
+  expect_close(embedding_bag(weight, indices, offsets, bag_mode::sum),
+               std::vector<double>{101, 202, 0, 0, 210, 420}, 0);
+  expect_close(embedding_bag(weight, indices, offsets, bag_mode::mean),
+               std::vector<double>{50.5, 101, 0, 0, 70, 140}, 1e-15);
+}
+
+TEST(EmbeddingBag, BackwardMatchesFiniteDifferences) {
+  auto weight = sample({4, 3}, 17);
+  auto indices = tensor::from<std::int64_t>({3, 0, 3, 1, 2, 2}, {6});
+  auto offsets = tensor::from<std::int64_t>({0, 3, 3, 4}, {4});
+  for (auto mode : {bag_mode::sum, bag_mode::mean}) {
+    auto g = sample({4, 3}, 18);
+    auto numeric = test::numeric_gradient(
+        [&](const tensor& v) { return test::weighted_sum(embedding_bag(v, indices, offsets, mode), g); },
+        weight);
+    expect_close(embedding_bag_backward(g, indices, offsets, mode, 4), numeric, 1e-7);
+  }
+}
+
+TEST(EmbeddingBag, RejectsBadOffsetsAndIndices) {
+  auto weight = tensor::zeros({3, 2});
+  auto idx = tensor::from<std::int64_t>({0, 1, 2}, {3});
+  auto off = [](std::vector<std::int64_t> v) {
+    return tensor::from(v, {static_cast<std::int64_t>(v.size())});
+  };
+  EXPECT_THAT(test::usage_error_of(
+                  [&] { (void)embedding_bag(weight, idx, off({1, 2}), bag_mode::sum); }),
+              HasSubstr("embedding_bag: offsets must start at 0"));
+  EXPECT_THAT(test::usage_error_of(
+                  [&] { (void)embedding_bag(weight, idx, off({0, 2, 1}), bag_mode::sum); }),
+              HasSubstr("decrease"));
+  EXPECT_THAT(test::usage_error_of(
+                  [&] { (void)embedding_bag(weight, idx, off({0, 4}), bag_mode::sum); }),
+              HasSubstr("exceeds"));
+  EXPECT_THAT(test::usage_error_of([&] {
+                (void)embedding_bag(weight, tensor::from<std::int64_t>({0, 3}, {2}), off({0}),
+                                    bag_mode::sum);
+              }),
+              HasSubstr("embedding_bag: index 3"));
+  EXPECT_THAT(test::usage_error_of([&] {
+                (void)embedding_bag(weight, idx, tensor::from<std::int32_t>({0}, {1}), bag_mode::sum);
+              }),
+              HasSubstr("offsets must be int64"));
+}
+
+} // namespace
+} // namespace troupe
