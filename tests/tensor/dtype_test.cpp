@@ -1,0 +1,62 @@
+// bfloat16 rounding and conversions between every pair of dtypes.
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "test_util.hpp"
+
+namespace troupe {
+namespace {
+
+std::uint16_t bits_of(float value) {
+  return bfloat16(value).bits;
+}
+
+TEST(Bfloat16, RoundsToNearestTiesToEven) {
+  EXPECT_EQ(bits_of(1.0f), 0x3f80);
+  // 1 + 2^-8 lies exactly between 0x3f80 and 0x3f81: the even one wins.
+  EXPECT_EQ(bits_of(std::bit_cast<float>(0x3f808000u)), 0x3f80);
+  // 0x3f818000 lies between 0x3f81 (odd) and 0x3f82 (even).
+  EXPECT_EQ(bits_of(std::bit_cast<float>(0x3f818000u)), 0x3f82);
+  // Just above and below the halfway point.
+  EXPECT_EQ(bits_of(std::bit_cast<float>(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(bits_of(std::bit_cast<float>(0x3f807fffu)), 0x3f80);
+  EXPECT_EQ(bits_of(-2.0f), 0xc000);
+  EXPECT_EQ(bits_of(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(static_cast<float>(bfloat16(NAN))));
+  EXPECT_EQ(static_cast<float>(bfloat16(3.140625f)), 3.140625f); // exactly representable
+}
+
+TEST(Dtype, ConversionsBetweenAllDtypesKeepSmallIntegers) {
+  const std::vector<dtype> all{dtype::float32, dtype::float64, dtype::int64,
+                               dtype::int32,   dtype::uint8,   dtype::bfloat16};
+  auto source = test::make({0, 1, 2, 7, 100, 255}, {2, 3});
+  for (auto from : all)
+    for (auto to : all) {
+      auto converted = source.to(from).to(to);
+      EXPECT_EQ(converted.type(), to);
+      EXPECT_EQ(converted.shape(), source.shape());
+      EXPECT_EQ(test::values(converted), test::values(source))
+          << "from " << name_of(from) << " to " << name_of(to);
+    }
+}
+
+TEST(Dtype, FloatToIntegerTruncatesAndBfloat16Rounds) {
+  auto f = test::make({1.75, -1.75, 257.0}, {3});
+  EXPECT_EQ(f.to(dtype::int64).to_vector<std::int64_t>(), (std::vector<std::int64_t>{1, -1, 257}));
+  // 257 needs 9 significant bits; bfloat16 has 8, and the tie goes to even.
+  EXPECT_EQ(f.to(dtype::bfloat16).to_vector<double>(), (std::vector<double>{1.75, -1.75, 256.0}));
+  EXPECT_EQ(size_of(dtype::bfloat16), 2u);
+  EXPECT_EQ(dtype_from_wire(6), std::nullopt);
+  EXPECT_EQ(dtype_from_wire(5), dtype::bfloat16);
+}
+
+TEST(Dtype, FloatingOpsRejectStorageOnlyDtypes) {
+  auto b = tensor::zeros({2}, dtype::bfloat16);
+  EXPECT_THAT(test::usage_error_of([&] { (void)exp(b); }),
+              testing::HasSubstr("exp: expected float32 or float64, got bfloat16"));
+  EXPECT_EQ(test::values(exp(b.to(dtype::float32))), (std::vector<double>{1.0, 1.0}));
+}
+
+} // namespace
+} // namespace troupe
