@@ -16,6 +16,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+if [[ ! -x "$seeds_tool" ]]; then
+  echo "error: $seeds_tool is missing; build the serialization.fuzz_seeds target first" >&2
+  exit 1
+fi
 cxx=${TROUPE_FUZZ_CXX:-clang++}
 mkdir -p "$work_dir"
 if ! command -v "$cxx" >/dev/null 2>&1; then

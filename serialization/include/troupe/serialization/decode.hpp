@@ -82,7 +82,8 @@ expected<decoded_message> decode_flat(std::span<const std::byte> frame,
                                       std::shared_ptr<const void> owner,
                                       const decode_options& options = {});
 
-/// decode_flat() over a whole storage block; the tensor shares `frame`.
+/// decode_flat() over a whole storage block (a pooled receive buffer); the
+/// tensor views a window of `frame` and keeps it alive.
 expected<decoded_message> decode_flat(std::shared_ptr<storage> frame,
                                       const decode_options& options = {});
 
