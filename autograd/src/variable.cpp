@@ -23,6 +23,31 @@ const std::shared_ptr<variable_impl>& checked(const std::shared_ptr<variable_imp
 
 node::node() : sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
+node::~node() {
+  // Dropping the last handle to a graph would otherwise recurse once per
+  // node along the chain (a long unrolled loop overflows the stack). The
+  // outermost destructor drains a worklist that nested ones only append to.
+  // A raw pointer, so no thread_local with a destructor is involved.
+  thread_local std::vector<std::shared_ptr<node>>* deferred = nullptr;
+  if (deferred != nullptr) {
+    for (auto& e : next_edges_)
+      if (e.fn)
+        deferred->push_back(std::move(e.fn));
+    return;
+  }
+  std::vector<std::shared_ptr<node>> worklist;
+  for (auto& e : next_edges_)
+    if (e.fn)
+      worklist.push_back(std::move(e.fn));
+  deferred = &worklist;
+  while (!worklist.empty()) {
+    auto next = std::move(worklist.back());
+    worklist.pop_back();
+    next.reset(); // may run ~node, which appends to the worklist
+  }
+  deferred = nullptr;
+}
+
 variable::variable(tensor data, bool requires_grad) : impl_(std::make_shared<variable_impl>()) {
   require(data.defined(), "variable: cannot wrap an undefined tensor");
   require(!requires_grad || is_floating(data.type()),

@@ -238,3 +238,20 @@ TEST(Node, SequenceNumbersIncreaseAndAccumulatorsRunFirst) {
 
 } // namespace
 } // namespace troupe::autograd
+
+namespace troupe::autograd {
+namespace {
+
+TEST(Backward, LongChainsRunAndFreeWithoutDeepRecursion) {
+  variable x(tensor::ones({1}, dtype::float64), true);
+  {
+    auto y = x;
+    for (int i = 0; i < 100000; ++i)
+      y = y * 1.0;
+    backward(sum(y));
+  } // the whole chain is released here
+  EXPECT_EQ(x.grad().item(), 1.0);
+}
+
+} // namespace
+} // namespace troupe::autograd

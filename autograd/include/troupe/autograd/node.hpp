@@ -37,7 +37,8 @@ public:
 
   node();
   explicit node(std::uint64_t sequence_nr) noexcept : sequence_nr_(sequence_nr) {}
-  virtual ~node() = default;
+  /// Releases long chains of predecessors iteratively, not recursively.
+  virtual ~node();
   node(const node&) = delete;
   node& operator=(const node&) = delete;
 
