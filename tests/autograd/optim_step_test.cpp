@@ -29,7 +29,7 @@ variable make_parameter(const std::vector<double>& values) {
 /// Runs `steps` steps of `opt` on `p`, feeding gradient_at(first_step + k).
 void run(optimizer& opt, variable& p, int first_step, int steps) {
   for (int k = 0; k < steps; ++k) {
-    p.set_grad(tensor::from(gradient_at(first_step + k, p.data().to_vector<double>()), p.shape()));
+    p.set_grad(tensor::from(gradient_at(first_step + k, p.data().to_vector<double>()), p.shape()).to(p.type()));
     opt.step();
   }
 }

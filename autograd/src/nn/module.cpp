@@ -29,7 +29,7 @@ variable& module::register_parameter(std::string name, variable parameter) {
   require(parameter.defined(), "register_parameter: '{}' is undefined", name);
   require(parameter.is_leaf(), "register_parameter: '{}' is not a leaf variable", name);
   parameter.set_requires_grad(true);
-  parameter.set_name(name);
+  parameter.set_name(join_name(prefix(), name));
   parameters_.emplace_back(std::move(name), std::move(parameter));
   return parameters_.back().second;
 }
@@ -51,10 +51,32 @@ void module::register_module_impl(std::string name, module_ptr child, bool renam
   require(child.get() != this, "register_module: '{}' is the module itself", name);
   // Variables carry their name under the newest parent; assembled bottom-up,
   // that is the FQN in the whole model.
-  if (rename)
-    for (auto& [fqn, parameter] : child->named_parameters())
-      parameter.set_name(join_name(name, fqn));
+  // A module that already has a parent is shared (weight tying, a second
+  // container over existing layers): it keeps its first parent and names.
+  if (rename && child->parent_ == nullptr) {
+    child->parent_ = this;
+    child->name_in_parent_ = name;
+    child->rename_parameters(join_name(prefix(), name));
+  }
   children_.emplace_back(std::move(name), std::move(child));
+}
+
+module::~module() {
+  for (auto& [name, child] : children_)
+    if (child->parent_ == this)
+      child->parent_ = nullptr;
+}
+
+std::string module::prefix() const {
+  std::string out;
+  for (const module* m = this; m->parent_ != nullptr; m = m->parent_)
+    out = out.empty() ? m->name_in_parent_ : m->name_in_parent_ + "." + out;
+  return out;
+}
+
+void module::rename_parameters(const std::string& prefix) {
+  for (auto& [fqn, parameter] : named_parameters())
+    parameter.set_name(join_name(prefix, fqn));
 }
 
 void module::collect_parameters(const std::string& prefix, named_variables& out) const {

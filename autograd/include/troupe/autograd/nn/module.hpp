@@ -28,10 +28,13 @@ using named_variables = std::vector<std::pair<std::string, variable>>;
 /// ("weight", "0", "attn"); `named_parameters()` joins them into fully
 /// qualified names ("layers.3.weight") relative to the module it is called
 /// on: own parameters first, then each child's, depth first, in registration
-/// order (as torch.nn.Module). `register_module` also sets each parameter
-/// variable's `name()` to its name under the new parent, so once a model is
-/// assembled bottom-up the variables carry their FQN in the whole model;
-/// `named_parameters()` on the root is the authority.
+/// order (as torch.nn.Module). Each parameter variable's `name()` is kept
+/// equal to its FQN from the root of the tree it is registered in (set by
+/// register_parameter and register_module, whether the model is assembled
+/// bottom-up or top-down), so traces and error messages name it as the
+/// whole model's state_dict does. The first parent a module is registered
+/// in owns its names; registering it in another container (a sequential
+/// slice, weight tying) shares it without renaming.
 ///
 /// Initialisation. `reset_parameters(seed)` gives the parameter called
 /// `fqn` (relative to the module it is called on) the values of the layer's
@@ -41,7 +44,7 @@ using named_variables = std::vector<std::pair<std::string, variable>>;
 class module {
 public:
   module() = default;
-  virtual ~module() = default;
+  virtual ~module();
   module(const module&) = delete;
   module& operator=(const module&) = delete;
 
@@ -126,6 +129,13 @@ private:
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, module*>>& out);
   void reset_with_prefix(std::uint64_t seed, const std::string& prefix);
 
+  /// This module's FQN prefix from the root (walks the parent chain).
+  std::string prefix() const;
+  void rename_parameters(const std::string& prefix);
+
+  /// The owning parent (non-owning pointer, cleared when the parent dies).
+  module* parent_ = nullptr;
+  std::string name_in_parent_;
   named_variables parameters_;
   named_tensors buffers_;
   std::vector<std::pair<std::string, module_ptr>> children_;
