@@ -34,7 +34,7 @@ void cpu_backend::fill_random(random_distribution what, const generator& gen, do
     for (std::uint64_t i = 0; i < n; ++i) {
       const auto w = philox_at(seed, start + i);
       const auto bits = (static_cast<std::uint64_t>(w[0]) << 32) | w[1];
-      // Modulo bias is below 2^-32 for ranges under 2^32: negligible here.
+      // Modulo bias is at most range / 2^64 (ranges are capped at 2^54).
       y[i] = low + static_cast<std::int64_t>(bits % range);
     }
     return;
