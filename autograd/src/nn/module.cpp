@@ -146,14 +146,17 @@ std::int64_t module::parameter_count() const {
 named_tensors module::state_dict() const {
   // Per module, parameters before buffers; modules depth first.
   named_tensors out;
-  auto modules = const_cast<module*>(this)->named_modules();
-  for (const auto& [prefix, m] : modules) {
-    for (const auto& [name, parameter] : m->parameters_)
-      out.emplace_back(join_name(prefix, name), parameter.data());
-    for (const auto& [name, buffer] : m->buffers_)
-      out.emplace_back(join_name(prefix, name), buffer);
-  }
+  collect_state("", out);
   return out;
+}
+
+void module::collect_state(const std::string& prefix, named_tensors& out) const {
+  for (const auto& [name, parameter] : parameters_)
+    out.emplace_back(join_name(prefix, name), parameter.data());
+  for (const auto& [name, buffer] : buffers_)
+    out.emplace_back(join_name(prefix, name), buffer);
+  for (const auto& [name, child] : children_)
+    child->collect_state(join_name(prefix, name), out);
 }
 
 expected<void> module::load_state_dict(const named_tensors& state, bool strict) {

@@ -15,6 +15,9 @@ optimizer::optimizer(named_variables parameters) : parameters_(std::move(paramet
     require(parameter.type() == dtype::float32 || parameter.type() == dtype::float64,
             "optimizer: parameter '{}' is {} but must be float32 or float64", name, parameter.type());
     require(parameter.data().is_contiguous(), "optimizer: parameter '{}' is not contiguous", name);
+    require(parameter.data().where().kind == device_kind::cpu,
+            "optimizer: parameter '{}' is on {} but the optimizers update CPU memory", name,
+            parameter.data().where());
     for (std::size_t j = 0; j < i; ++j)
       require(parameters_[j].first != name, "optimizer: parameter name '{}' appears twice", name);
   }
@@ -30,6 +33,9 @@ void optimizer::step() {
       continue;
     require(grad.shape() == parameter.shape(), "optimizer: gradient of '{}' is {} but the parameter is {}", name,
             grad.shape(), parameter.shape());
+    // set_data may have swapped the storage since construction.
+    require(parameter.data().is_contiguous() && parameter.data().where().kind == device_kind::cpu,
+            "optimizer: parameter '{}' is no longer a contiguous CPU tensor", name);
     update(i, parameter, grad.to(parameter.type()).contiguous(), state_[i]);
   }
   ++step_count_;

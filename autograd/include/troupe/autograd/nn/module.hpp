@@ -126,6 +126,7 @@ private:
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, named_variables& out) const;
   void collect_buffers(const std::string& prefix, named_tensors& out) const;
+  void collect_state(const std::string& prefix, named_tensors& out) const;
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, module*>>& out);
   void reset_with_prefix(std::uint64_t seed, const std::string& prefix);
 
