@@ -1,0 +1,108 @@
+#pragma once
+// Benchmark output shared by every program in bench/: a readable table in
+// the nccl-tests manner and, with --json, one JSON object per line:
+//   {"bench":..., "case":..., "metric":..., "value":..., "unit":...,
+//    "baseline":..., "baseline_value":..., "ratio":..., ...}
+// `baseline*` appear only where a peer or physical limit was measured in the
+// same run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace troupe::bench {
+
+/// One measured figure, optionally beside the peer's figure from the same run.
+struct row {
+  std::string case_name;
+  std::string metric;
+  double value = 0;
+  std::string unit;
+  std::string baseline;                  ///< peer or limit name, empty if none
+  std::optional<double> baseline_value;  ///< same metric and unit as value
+  std::string note;                      ///< correctness column or remark
+};
+
+/// Collects rows and prints them at the end (table or JSON lines).
+class report {
+public:
+  report(std::string bench, int argc, char** argv) : bench_(std::move(bench)) {
+    for (int i = 1; i < argc; ++i)
+      if (std::string_view(argv[i]) == "--json")
+        json_ = true;
+  }
+
+  bool json() const noexcept { return json_; }
+  void add(row r) { rows_.push_back(std::move(r)); }
+
+  /// Prints progress or context lines (to stderr in JSON mode so stdout stays
+  /// machine-readable).
+  template <class... Ts> void note(fmt::format_string<Ts...> format, Ts&&... args) const {
+    auto text = fmt::format(format, std::forward<Ts>(args)...);
+    std::fputs(("# " + text + "\n").c_str(), json_ ? stderr : stdout);
+  }
+
+  void print() const {
+    if (json_) {
+      for (const auto& r : rows_) {
+        auto line = fmt::format(R"({{"bench":"{}","case":"{}","metric":"{}","value":{:.6g},"unit":"{}")",
+                                bench_, r.case_name, r.metric, r.value, r.unit);
+        if (r.baseline_value) {
+          line += fmt::format(R"(,"baseline":"{}","baseline_value":{:.6g},"ratio":{:.4g})", r.baseline,
+                              *r.baseline_value, r.value / *r.baseline_value);
+        }
+        if (!r.note.empty())
+          line += fmt::format(R"(,"note":"{}")", r.note);
+        fmt::print("{}}}\n", line);
+      }
+      return;
+    }
+    fmt::print("# {}\n", bench_);
+    fmt::print("{:<34} {:<16} {:>12} {:<10} {:<22} {:>12} {:>7}  {}\n", "case", "metric", "value", "unit",
+               "baseline", "baseline", "ratio", "note");
+    for (const auto& r : rows_) {
+      auto base = r.baseline_value ? fmt::format("{:>12.4g}", *r.baseline_value) : fmt::format("{:>12}", "-");
+      auto ratio = r.baseline_value ? fmt::format("{:>7.2f}", r.value / *r.baseline_value) : fmt::format("{:>7}", "-");
+      fmt::print("{:<34} {:<16} {:>12.4g} {:<10} {:<22} {} {}  {}\n", r.case_name, r.metric, r.value, r.unit,
+                 r.baseline.empty() ? "-" : r.baseline, base, ratio, r.note);
+    }
+  }
+
+private:
+  std::string bench_;
+  bool json_ = false;
+  std::vector<row> rows_;
+};
+
+/// Median of samples (by copy).
+inline double median(std::vector<double> xs) {
+  if (xs.empty())
+    return 0;
+  std::sort(xs.begin(), xs.end());
+  auto n = xs.size();
+  return n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
+}
+
+/// Seconds since an arbitrary epoch, monotonic.
+inline double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+/// Command-line value of `--name=value`, or `fallback`.
+inline std::string option(int argc, char** argv, std::string_view name, std::string fallback) {
+  auto prefix = fmt::format("--{}=", name);
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg(argv[i]);
+    if (arg.starts_with(prefix))
+      return std::string(arg.substr(prefix.size()));
+  }
+  return fallback;
+}
+
+} // namespace troupe::bench

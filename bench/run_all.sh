@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs every benchmark of bench/ one after the other (never two at once: two
+# cores, and two benchmarks would measure each other). Extra arguments (for
+# example --json) are passed to each.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export OPENBLAS_NUM_THREADS=1
+for b in gemm codec mlp_step; do
+  build/bench/$b "$@"
+  echo
+done
