@@ -182,9 +182,13 @@ std::vector<tensor> accumulate_grad::apply(std::vector<tensor> grad_outputs) {
           "backward: gradient {} for leaf{} does not match its data {}", g, 
           leaf_->name.empty() ? "" : " " + leaf_->name, leaf_->data);
   if (!leaf_->grad.defined()) {
-    // A fresh copy: the incoming tensor may alias a graph buffer or a user's
-    // tensor, and the optimizer updates grad() in place.
-    leaf_->grad = g.clone();
+    // The optimizer updates grad() in place, so grad() must not alias a graph
+    // buffer or a caller's tensor. When this handle is the only owner of a
+    // dense buffer (a fresh GEMM result, typically) it is adopted as is —
+    // as PyTorch does — which saves copying every weight gradient once a step.
+    bool sole_owner = g.memory().use_count() == 1 && g.is_contiguous() && g.offset() == 0 &&
+                      g.nbytes() == g.memory()->bytes();
+    leaf_->grad = sole_owner ? std::move(g) : g.clone();
   } else {
     add_(leaf_->grad, g);
   }

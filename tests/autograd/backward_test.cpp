@@ -255,3 +255,16 @@ TEST(Backward, LongChainsRunAndFreeWithoutDeepRecursion) {
 
 } // namespace
 } // namespace troupe::autograd
+
+TEST(BackwardGradientOwnership, CallersGradientIsCopiedNotAliased) {
+  // The optimizer updates grad() in place, so a gradient the caller still
+  // holds must not become the leaf's grad.
+  troupe::autograd::variable leaf(troupe::tensor::ones({4, 4}), true);
+  auto given = troupe::tensor::full({4, 4}, 2.0);
+  std::vector<troupe::autograd::variable> roots{leaf};
+  std::vector<troupe::tensor> grads{given};
+  troupe::autograd::backward(roots, grads);
+  ASSERT_TRUE(leaf.grad().defined());
+  EXPECT_NE(leaf.grad().raw_data(), given.raw_data());
+  EXPECT_DOUBLE_EQ(leaf.grad().at({1, 2}), 2.0);
+}

@@ -24,11 +24,20 @@ std::vector<std::string> sgd::state_names() const {
 void sgd::update(std::size_t, variable& parameter, const tensor& grad, std::vector<tensor>& state) {
   const auto& o = options_;
   tensor data = parameter.data();
+  // Arithmetic in the parameter's own type with the hyper-parameters hoisted
+  // into locals, as torch.optim.SGD does: the loop vectorises and the update
+  // stays memory-bound.
   if (o.momentum == 0.0) {
     detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        double d = static_cast<double>(g[i]) + o.weight_decay * static_cast<double>(p[i]);
-        p[i] = static_cast<std::remove_pointer_t<decltype(p)>>(p[i] - o.lr * d);
+      using T = std::remove_pointer_t<decltype(p)>;
+      const T lr = static_cast<T>(o.lr);
+      const T decay = static_cast<T>(o.weight_decay);
+      if (decay == T(0)) {
+        for (std::int64_t i = 0; i < n; ++i)
+          p[i] -= lr * g[i];
+      } else {
+        for (std::int64_t i = 0; i < n; ++i)
+          p[i] -= lr * (g[i] + decay * p[i]);
       }
     }, grad);
     return;
@@ -38,12 +47,16 @@ void sgd::update(std::size_t, variable& parameter, const tensor& grad, std::vect
     state.push_back(tensor::zeros(data.shape(), data.type()));
   detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g, auto* buf) {
     using T = std::remove_pointer_t<decltype(p)>;
+    const T lr = static_cast<T>(o.lr);
+    const T decay = static_cast<T>(o.weight_decay);
+    const T momentum = static_cast<T>(o.momentum);
+    const T keep = static_cast<T>(1.0 - o.dampening);
+    const bool nesterov = o.nesterov;
     for (std::int64_t i = 0; i < n; ++i) {
-      double d = static_cast<double>(g[i]) + o.weight_decay * static_cast<double>(p[i]);
-      double b = first ? d : o.momentum * buf[i] + (1.0 - o.dampening) * d;
-      buf[i] = static_cast<T>(b);
-      d = o.nesterov ? d + o.momentum * b : b;
-      p[i] = static_cast<T>(p[i] - o.lr * d);
+      T d = g[i] + decay * p[i];
+      T b = first ? d : momentum * buf[i] + keep * d;
+      buf[i] = b;
+      p[i] -= lr * (nesterov ? d + momentum * b : b);
     }
   }, grad, state[0]);
 }

@@ -1,0 +1,118 @@
+#include "troupe/tensor/host_allocator.hpp"
+
+#include <cstdlib>
+#include <new>
+#include <string>
+
+namespace troupe {
+
+namespace {
+
+std::size_t limit_from_environment() {
+  constexpr std::size_t default_limit = std::size_t{1} << 30;
+  const char* text = std::getenv("TROUPE_HOST_CACHE_MB");
+  if (text == nullptr || *text == '\0')
+    return default_limit;
+  char* end = nullptr;
+  auto mb = std::strtoull(text, &end, 10);
+  // A malformed value keeps the default rather than disabling the cache
+  // by accident; 0 is a valid request to disable it.
+  if (end == text || *end != '\0' || mb > (std::size_t{1} << 24))
+    return default_limit;
+  return static_cast<std::size_t>(mb) << 20;
+}
+
+} // namespace
+
+host_allocator& host_allocator::instance() {
+  // Leaked on purpose: tensors in static objects may be freed after main.
+  static auto* allocator = new host_allocator(limit_from_environment());
+  return *allocator;
+}
+
+host_allocator::host_allocator(std::size_t limit) : limit_(limit) {}
+
+host_allocator::~host_allocator() {
+  release_cached();
+}
+
+std::size_t host_allocator::block_size(std::size_t bytes) noexcept {
+  // Small blocks: a multiple of the alignment (aligned_alloc's rule). Large
+  // ones: a multiple of 4 KiB, so sizes that differ by a few bytes share a
+  // free list.
+  constexpr std::size_t page = 4096;
+  if (bytes < min_cached_bytes)
+    return bytes == 0 ? alignment : (bytes + alignment - 1) / alignment * alignment;
+  return (bytes + page - 1) / page * page;
+}
+
+void* host_allocator::allocate(std::size_t bytes) {
+  auto size = block_size(bytes);
+  if (size >= min_cached_bytes) {
+    std::lock_guard guard(mutex_);
+    auto it = free_blocks_.find(size);
+    if (it != free_blocks_.end() && !it->second.empty()) {
+      void* block = it->second.back();
+      it->second.pop_back();
+      cached_ -= size;
+      return block;
+    }
+  }
+  void* block = std::aligned_alloc(alignment, size);
+  if (block == nullptr) {
+    // Memory may be sitting in the cache under other sizes: give it back
+    // and try once more before failing.
+    release_cached();
+    block = std::aligned_alloc(alignment, size);
+    if (block == nullptr)
+      throw std::bad_alloc();
+  }
+  return block;
+}
+
+void host_allocator::deallocate(void* data, std::size_t bytes) noexcept {
+  auto size = block_size(bytes);
+  if (size >= min_cached_bytes) {
+    std::lock_guard guard(mutex_);
+    if (cached_ + size <= limit_) {
+      try {
+        free_blocks_[size].push_back(data);
+        cached_ += size;
+        return;
+      } catch (...) {
+        // No memory for the bookkeeping: free the block instead.
+      }
+    }
+  }
+  std::free(data);
+}
+
+std::size_t host_allocator::cached_bytes() const {
+  std::lock_guard guard(mutex_);
+  return cached_;
+}
+
+void host_allocator::set_limit(std::size_t bytes) {
+  std::lock_guard guard(mutex_);
+  limit_ = bytes;
+  trim_to(limit_);
+}
+
+void host_allocator::release_cached() {
+  std::lock_guard guard(mutex_);
+  trim_to(0);
+}
+
+void host_allocator::trim_to(std::size_t bytes) {
+  for (auto it = free_blocks_.begin(); it != free_blocks_.end() && cached_ > bytes;) {
+    auto& blocks = it->second;
+    while (!blocks.empty() && cached_ > bytes) {
+      std::free(blocks.back());
+      blocks.pop_back();
+      cached_ -= it->first;
+    }
+    it = blocks.empty() ? free_blocks_.erase(it) : std::next(it);
+  }
+}
+
+} // namespace troupe
