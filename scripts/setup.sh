@@ -19,13 +19,13 @@ case "$action" in
   *) echo "usage: bash scripts/setup.sh demo|test|bench|build (got '$action')" >&2; exit 2 ;;
 esac
 
-# Packages to build and test troupe. CAF and UCX are the actor runtime's
-# (issue 3); they are installed now so the tree's dependencies stay in one place.
+# Packages to build and test troupe.
 packages=(
   g++ cmake ninja-build pkg-config
   libfmt-dev libopenblas-dev libcapnp-dev capnproto
   libgtest-dev libgmock-dev libbenchmark-dev
   libcaf-dev libucx-dev ucx-utils
+  libssl-dev openssl          # TLS between nodes (CAF OpenSSL module)
   clang libclang-rt-14-dev   # libFuzzer for the decoder fuzz test
 )
 # The peers the benchmarks run beside troupe in the same run.
