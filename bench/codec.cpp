@@ -14,22 +14,6 @@
 
 using namespace troupe;
 
-namespace {
-
-template <class F> double time_per_call(F&& fn) {
-  fn();
-  long calls = 0;
-  auto start = bench::now_seconds();
-  double elapsed = 0;
-  do {
-    fn();
-    ++calls;
-    elapsed = bench::now_seconds() - start;
-  } while (elapsed < 0.2);
-  return elapsed / static_cast<double>(calls);
-}
-
-} // namespace
 
 int main(int argc, char** argv) {
   bench::report out("codec", argc, argv);
@@ -46,13 +30,13 @@ int main(int argc, char** argv) {
     std::vector<double> codec, copy;
     auto scratch = storage::allocate(value.nbytes());
     for (int r = 0; r < rounds; ++r) {
-      codec.push_back(time_per_call([&] {
+      codec.push_back(bench::time_per_call([&] {
         auto message = encode(meta, value);
         aliases &= message.payload().data() == static_cast<const std::byte*>(value.raw_data());
         auto decoded = decode(message.header_bytes(), received);
         aliases &= decoded.has_value() && decoded->value.raw_data() == received->data();
       }));
-      copy.push_back(time_per_call([&] { std::memcpy(scratch->data(), value.raw_data(), value.nbytes()); }));
+      copy.push_back(bench::time_per_call([&] { std::memcpy(scratch->data(), value.raw_data(), value.nbytes()); }));
     }
     auto check = decode(encode(meta, value).header_bytes(), received);
     bool equal = check && check->meta == meta && allclose(check->value, value, 0, 0);

@@ -18,20 +18,6 @@ struct shape_case {
   bool transpose_b; // B given as a transposed view, as Linear's weight is
 };
 
-// Seconds per call of `fn`, timed over enough calls to fill ~0.2 s.
-template <class F> double time_per_call(F&& fn) {
-  fn();
-  int calls = 0;
-  auto start = bench::now_seconds();
-  double elapsed = 0;
-  do {
-    fn();
-    ++calls;
-    elapsed = bench::now_seconds() - start;
-  } while (elapsed < 0.2);
-  return elapsed / calls;
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
@@ -52,8 +38,8 @@ int main(int argc, char** argv) {
     std::vector<double> ours, theirs;
     tensor result;
     for (int r = 0; r < rounds; ++r) {
-      ours.push_back(time_per_call([&] { result = matmul(a, b); }));
-      theirs.push_back(time_per_call([&] {
+      ours.push_back(bench::time_per_call([&] { result = matmul(a, b); }));
+      theirs.push_back(bench::time_per_call([&] {
         if (c.transpose_b) {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(c.m), int(c.n), int(c.k), 1.0f,
                       a.data<float>(), int(c.k), b_rows.data<float>(),

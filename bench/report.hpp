@@ -94,6 +94,21 @@ inline double now_seconds() {
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
 }
 
+/// Seconds per call of `fn`: one warm-up call, then as many calls as fill
+/// `seconds` of wall time.
+template <class F> double time_per_call(F&& fn, double seconds = 0.2) {
+  fn();
+  long calls = 0;
+  auto start = now_seconds();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = now_seconds() - start;
+  } while (elapsed < seconds);
+  return elapsed / static_cast<double>(calls);
+}
+
 /// Command-line value of `--name=value`, or `fallback`.
 inline std::string option(int argc, char** argv, std::string_view name, std::string fallback) {
   auto prefix = fmt::format("--{}=", name);

@@ -12,18 +12,6 @@ namespace troupe::detail {
 
 namespace {
 
-/// float32, float64, int64 and int32: the dtypes elementwise kernels know.
-template <class F> void dispatch_arithmetic(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32: return f(tag<float>{});
-    case dtype::float64: return f(tag<double>{});
-    case dtype::int64: return f(tag<std::int64_t>{});
-    case dtype::int32: return f(tag<std::int32_t>{});
-    default: break;
-  }
-  TROUPE_ASSERT(false, "cpu elementwise kernel called with dtype {}", t);
-}
-
 template <class T, class F> void map1(const tensor& a, tensor& out, F f) {
   const T* x = base_of<T>(a);
   T* y = base_of<T>(out);
@@ -92,7 +80,7 @@ template <class T> T gelu_derivative(T x) {
 } // namespace
 
 void cpu_backend::unary(unary_op op, const tensor& a, double scalar, tensor& out) {
-  dispatch_arithmetic(out.type(), [&](auto tag) {
+  dispatch_arithmetic(out.type(), "cpu elementwise", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T s = static_cast<T>(scalar);
     switch (op) {
@@ -121,7 +109,7 @@ void cpu_backend::unary(unary_op op, const tensor& a, double scalar, tensor& out
 }
 
 void cpu_backend::binary(binary_op op, const tensor& a, const tensor& b, tensor& out) {
-  dispatch_arithmetic(out.type(), [&](auto tag) {
+  dispatch_arithmetic(out.type(), "cpu elementwise", [&](auto tag) {
     using T = typename decltype(tag)::type;
     switch (op) {
       case binary_op::add: return map2<T>(a, b, out, [](T x, T y) { return T(x + y); });
@@ -153,7 +141,7 @@ void cpu_backend::binary(binary_op op, const tensor& a, const tensor& b, tensor&
 }
 
 void cpu_backend::axpy(tensor& a, const tensor& b, double alpha) {
-  dispatch_arithmetic(a.type(), [&](auto tag) {
+  dispatch_arithmetic(a.type(), "cpu elementwise", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T s = static_cast<T>(alpha);
     if (alpha == 1.0)
@@ -164,7 +152,7 @@ void cpu_backend::axpy(tensor& a, const tensor& b, double alpha) {
 }
 
 void cpu_backend::where(const tensor& cond, const tensor& a, const tensor& b, tensor& out) {
-  dispatch_arithmetic(out.type(), [&](auto tag) {
+  dispatch_arithmetic(out.type(), "cpu elementwise", [&](auto tag) {
     using T = typename decltype(tag)::type;
     dispatch_any(cond.type(), [&](auto cond_tag) {
       using C = typename decltype(cond_tag)::type;

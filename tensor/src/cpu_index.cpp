@@ -8,17 +8,6 @@ namespace troupe::detail {
 
 namespace {
 
-template <class F> void dispatch_accumulable(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32: return f(tag<float>{});
-    case dtype::float64: return f(tag<double>{});
-    case dtype::int64: return f(tag<std::int64_t>{});
-    case dtype::int32: return f(tag<std::int32_t>{});
-    default: break;
-  }
-  TROUPE_ASSERT(false, "cpu index kernel called with dtype {}", t);
-}
-
 /// Strides of `t` with `dim` zeroed: the indexed dimension's position comes
 /// from the index values instead of from the iteration.
 dims without_dim(const tensor& t, std::int64_t dim) {
@@ -68,7 +57,7 @@ void cpu_backend::scatter_add_(tensor& out, std::int64_t dim, const tensor& inde
   const auto out_strides = without_dim(out, dim);
   const auto dim_stride = out.strides()[dim];
   const auto* at = base_of<std::int64_t>(index);
-  dispatch_accumulable(out.type(), [&](auto tag) {
+  dispatch_arithmetic(out.type(), "cpu index", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* s = base_of<T>(src);
     T* y = base_of<T>(out);

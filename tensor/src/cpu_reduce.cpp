@@ -13,17 +13,6 @@ template <class T> bool is_nan(T x) {
   return x != x; // NOLINT: true only for floating NaN
 }
 
-template <class F> void dispatch_summable(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32: return f(tag<float>{});
-    case dtype::float64: return f(tag<double>{});
-    case dtype::int64: return f(tag<std::int64_t>{});
-    case dtype::int32: return f(tag<std::int32_t>{});
-    default: break;
-  }
-  TROUPE_ASSERT(false, "cpu reduce kernel called with dtype {}", t);
-}
-
 } // namespace
 
 void cpu_backend::reduce_rows(reduce_op op, const tensor& a, tensor& values, tensor& indices) {
@@ -31,7 +20,7 @@ void cpu_backend::reduce_rows(reduce_op op, const tensor& a, tensor& values, ten
   const auto cols = a.size(1);
   const auto row_stride = a.strides()[0];
   const auto col_stride = a.strides()[1];
-  dispatch_summable(a.type(), [&](auto tag) {
+  dispatch_arithmetic(a.type(), "cpu reduce", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = base_of<T>(a) + a.offset();
     T* v = values.data<T>();

@@ -36,6 +36,20 @@ template <class F> decltype(auto) dispatch_floating(dtype t, const char* op, F&&
   throw usage_error(fmt::format("{}: expected float32 or float64, got {}", op, t));
 }
 
+/// Calls f(tag<T>{}) for float32, float64, int64 and int32 — the dtypes the
+/// arithmetic, reduction and index kernels implement. Ops check dtypes first,
+/// so anything else reaching a kernel is a bug in troupe (names `kernel`).
+template <class F> void dispatch_arithmetic(dtype t, const char* kernel, F&& f) {
+  switch (t) {
+    case dtype::float32: return f(tag<float>{});
+    case dtype::float64: return f(tag<double>{});
+    case dtype::int64: return f(tag<std::int64_t>{});
+    case dtype::int32: return f(tag<std::int32_t>{});
+    default: break;
+  }
+  TROUPE_ASSERT(false, "{} kernel called with dtype {}", kernel, t);
+}
+
 /// Converts between element types, with bfloat16 going through float.
 template <class To, class From> inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>)
