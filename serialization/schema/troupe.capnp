@@ -49,6 +49,11 @@ struct TrainingMessage {
   contextId @3 :UInt64;
   destination @4 :Text;
   tensor @5 :TensorHeader;
+  # The job's token (DESIGN.md, "Encryption"): the data plane drops frames
+  # whose token is not its own job's. 0 outside the data plane.
+  token @6 :UInt64;
+  # Links a send record to its receive record in a trace; 0 when untraced.
+  flowId @7 :UInt64;
 }
 
 # The index of a checkpoint file (checkpoint_file.cpp narrates the layout).

@@ -52,6 +52,8 @@ expected<message_header> decode_header(std::span<const std::byte> header,
         out.meta.context_id = root.getContextId();
         auto destination = root.getDestination();
         out.meta.destination.assign(destination.cStr(), destination.size());
+        out.meta.token = root.getToken();
+        out.meta.flow_id = root.getFlowId();
         if (!root.hasTensor())
           return make_error(errc::malformed_message, "message has no tensor header");
         auto layout = detail::read_tensor_header(

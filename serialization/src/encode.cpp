@@ -58,6 +58,8 @@ encoded_message encode(const message_meta& meta, const tensor& value) {
   root.setMicroBatch(meta.micro_batch);
   root.setContextId(meta.context_id);
   root.setDestination(capnp::Text::Reader(meta.destination.data(), meta.destination.size()));
+  root.setToken(meta.token);
+  root.setFlowId(meta.flow_id);
   detail::write_tensor_header(root.initTensor(), layout);
   out.header_words_ = detail::flatten(builder);
   return out;

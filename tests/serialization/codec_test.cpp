@@ -16,7 +16,8 @@ using namespace troupe;
 namespace {
 
 message_meta sample_meta() {
-  return {message_kind::backward_gradient, 42, 7, 0xfeedbeefcafeull, "stage-3/reducer"};
+  return {message_kind::backward_gradient, 42, 7, 0xfeedbeefcafeull, "stage-3/reducer",
+          0x5eed'1234'abcdull, 99};
 }
 
 /// A tensor whose bytes are 0, 1, 2, ... (any dtype), so round trips compare bytes.

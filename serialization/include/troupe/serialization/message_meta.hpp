@@ -42,6 +42,12 @@ struct message_meta {
   std::uint64_t context_id = 0;
   /// Name of the destination actor on the receiving node.
   std::string destination;
+  /// The job's token; the data plane fills it in on send and checks it on
+  /// receive before anything else (0 outside the data plane).
+  std::uint64_t token = 0;
+  /// Links the send and receive records of this message in a trace (0 when
+  /// untraced).
+  std::uint64_t flow_id = 0;
 
   friend bool operator==(const message_meta&, const message_meta&) = default;
 };
