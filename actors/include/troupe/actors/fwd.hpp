@@ -1,0 +1,15 @@
+#pragma once
+// Forward declarations of the actor runtime's public types.
+
+namespace troupe::actors {
+
+class device_map;
+class node;
+struct node_options;
+struct peer_lost;
+struct place;
+struct rendezvous;
+struct tensor_message;
+struct tls_options;
+
+} // namespace troupe::actors

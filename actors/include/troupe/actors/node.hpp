@@ -1,0 +1,117 @@
+#pragma once
+// A troupe node: one process's CAF actor system (io middleman, the OpenSSL
+// manager when TLS is on, troupe's message types), joined to the job's
+// coordinator, with a node agent that spawns actors by factory name and
+// reports lost peers.
+//
+//   auto opts = node_options::from(argc, argv);       // flags + environment
+//   if (!opts) { fmt::print(stderr, "{}\n", opts.error().message()); return 2; }
+//   auto n = node::start(*opts);                      // joins, or fails clearly
+//   n->register_factory("stage", make_stage);         // on every node
+//   auto stage = n->spawn_remote(*place::parse("worker1/cpu/stage0"), "stage", caf::make_message(4));
+//
+// Threads: the node's methods block the calling thread (they use a scoped
+// actor with the node's request timeout) and must not be called from inside
+// an actor; actors talk to `agent()` and `registry()` directly with the
+// protocols in registry.hpp and below.
+//
+// Agent protocol:
+//   (spawn_here, place, factory, args) -> actor   spawn on this node and register
+//   (spawn_at, place, factory, args)   -> actor   spawn on place's node (forwards)
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/expected.hpp>
+#include <caf/message.hpp>
+
+#include "troupe/actors/node_options.hpp"
+#include "troupe/actors/peer_monitor.hpp"
+#include "troupe/actors/place.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::actors {
+
+/// Makes an actor for a place from the arguments a remote caller sent. Spawn
+/// compute actors `detached` so heavy work never blocks CAF's scheduler.
+using actor_factory =
+  std::function<caf::expected<caf::actor>(caf::actor_system&, const place&, const caf::message&)>;
+
+class node {
+public:
+  /// Validates the options (TLS files first), starts the actor system, and
+  /// joins: rank 0 spawns the registry and listens on the coordinator port;
+  /// the others connect to it, retrying until `join_timeout`, and register.
+  /// Errors name the node, the coordinator and the cause.
+  static troupe::expected<std::unique_ptr<node>> start(node_options options);
+
+  ~node();
+  node(const node&) = delete;
+  node& operator=(const node&) = delete;
+
+  /// Leaves the job (no loss is reported for an orderly stop), stops the
+  /// actors this node spawned, the agent and the registry, and shuts the
+  /// actor system down. Idempotent; the destructor calls it. Actors you
+  /// spawned yourself must be stopped before.
+  void stop();
+
+  caf::actor_system& system() { return *system_; }
+  const node_options& options() const { return options_; }
+  const std::string& name() const { return options_.name; }
+  std::uint32_t rank() const { return options_.rank; }
+  /// The port this node listens on (the coordinator port on rank 0).
+  std::uint16_t port() const { return port_; }
+  caf::actor registry() const { return registry_; }
+  caf::actor agent() const { return agent_; }
+
+  /// Makes `factory` available under `name` for spawns on this node.
+  /// Register the same factories on every node.
+  void register_factory(std::string name, actor_factory factory);
+
+  /// Calls `handler` for every peer lost from now on.
+  void on_peer_lost(peer_lost_handler handler);
+
+  /// Registers `handle` under `where` (its full place string).
+  troupe::expected<void> register_actor(const place& where, const caf::actor& handle);
+  troupe::expected<void> unregister_actor(const place& where);
+
+  /// Resolves a place string through the registry.
+  troupe::expected<caf::actor> lookup(const place& where);
+
+  /// Spawns `factory` on `where.node` with `args`, registers the actor under
+  /// `where` and returns it.
+  troupe::expected<caf::actor> spawn_remote(const place& where, const std::string& factory,
+                                            caf::message args = {});
+
+  /// Waits until `count` nodes have joined (at most `timeout`).
+  troupe::expected<void> wait_for_nodes(std::uint32_t count, std::chrono::milliseconds timeout);
+
+  /// The names of the nodes that joined, sorted.
+  troupe::expected<std::vector<std::string>> nodes();
+
+  /// Where a tensor sent from `from` lands at `to`: the sending node's
+  /// device map for the receiving node (identity if none).
+  troupe::expected<troupe::device> landing_device(const place& from, const place& to);
+
+  /// Shared between the node and its agent (internal).
+  struct state;
+
+private:
+  node(node_options options);
+  troupe::expected<void> join();
+
+  node_options options_;
+  std::unique_ptr<caf::actor_system_config> config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<state> state_;
+  caf::actor registry_;
+  caf::actor agent_;
+  std::uint16_t port_ = 0;
+  bool stopped_ = false;
+};
+
+} // namespace troupe::actors

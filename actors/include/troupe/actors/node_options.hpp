@@ -1,0 +1,82 @@
+#pragma once
+// Everything a node needs to start, from (lowest to highest precedence)
+// defaults, an optional config file, the environment and the command line.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/device_map.hpp"
+#include "troupe/actors/rendezvous.hpp"
+#include "troupe/actors/tls.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::actors {
+
+/// CAF scheduler settings. Measured on the 2-core development machine,
+/// median small-message round trip between two processes on loopback (see
+/// node.cpp for the numbers): the sharing policy is the default.
+struct scheduler_options {
+  std::string policy = "sharing"; ///< "sharing" or "stealing"
+  std::uint32_t max_threads = 0;  ///< 0: CAF's default, max(cores, 4)
+  std::uint32_t middleman_workers = 0; ///< 0: CAF's default
+};
+
+struct node_options {
+  /// This node's name (`worker1`); default `worker<rank>`.
+  std::string name;
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 1;
+  /// The coordinator (rank 0). Rank 0 listens on its port; with port 0 it
+  /// picks a free one (node::port() tells which).
+  endpoint coordinator{"127.0.0.1", 0};
+  /// The port a non-coordinator node listens on (0: pick a free one).
+  std::uint16_t port = 0;
+  /// The address to listen on; empty: all interfaces.
+  std::string listen_address;
+
+  /// BASP heartbeats, on every node. A peer silent for `heartbeat_timeout`
+  /// is declared lost; the timeout must exceed the time to drain the largest
+  /// send queue (500 ms gave false disconnects under 64 MiB transfers).
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  /// How long a non-coordinator keeps trying to reach the coordinator.
+  std::chrono::milliseconds join_timeout{30000};
+  /// The bound on every request the node makes for you (lookup, spawn).
+  std::chrono::milliseconds request_timeout{10000};
+
+  tls_options tls;
+  scheduler_options scheduler;
+  /// Per destination node: where tensors from this node's devices land.
+  std::map<std::string, device_map> device_maps;
+
+  bool is_coordinator() const { return rank == 0; }
+
+  /// Checks the combination (rank < world size, timeouts ordered, a
+  /// coordinator port for ranks > 0, ...).
+  troupe::expected<void> validate() const;
+
+  /// Builds options from the command line and environment. Recognised
+  /// flags are `--troupe.<key>=<value>` and `--troupe.<key> <value>`; other
+  /// arguments belong to the program and are ignored. Keys: name, rank,
+  /// world-size, coordinator (host:port), port, listen-address,
+  /// heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout
+  /// (durations: 500ms, 5s, 1.5s, 2m; a bare number is milliseconds),
+  /// tls.certificate, tls.key, tls.ca, tls.passphrase, scheduler.policy,
+  /// scheduler.max-threads, middleman.workers, device-map.<node>
+  /// (`cpu->cpu,cuda:0->cuda:1`) and config (a file of `key = value` lines
+  /// with the same keys; also TROUPE_CONFIG). Every bad value is an
+  /// invalid_argument error naming the flag, variable or file line.
+  static troupe::expected<node_options> from(int argc, const char* const* argv,
+                                             const environment& env = current_environment());
+
+  /// Applies one `key`/`value`; `source` names it in errors.
+  troupe::expected<void> set(std::string_view key, std::string_view value, std::string_view source);
+};
+
+/// Parses `500ms`, `5s`, `1.5s`, `2m` or a bare number of milliseconds.
+troupe::expected<std::chrono::milliseconds> parse_duration(std::string_view text,
+                                                           std::string_view what);
+
+} // namespace troupe::actors

@@ -1,0 +1,28 @@
+#pragma once
+// Mutual TLS between nodes through CAF's OpenSSL module. CAF silently falls
+// back to anonymous TLS when no key is configured, and a wrong passphrase
+// throws inside the module and hangs the client (API-NOTES.md), so troupe
+// checks the files itself before the module starts and refuses to run with
+// anything less than certificate + key + CA.
+#include <string>
+
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::actors {
+
+struct tls_options {
+  std::string certificate; ///< PEM certificate (chain) of this node
+  std::string key;         ///< PEM private key of that certificate
+  std::string ca_file;     ///< PEM CA that signs every node's certificate
+  std::string passphrase;  ///< for an encrypted key; empty if not encrypted
+
+  /// True when any TLS file is configured (TLS is then required in full).
+  bool requested() const { return !certificate.empty() || !key.empty() || !ca_file.empty(); }
+};
+
+/// Checks that certificate, key and CA are all set and readable, that the key
+/// decrypts with the passphrase and matches the certificate, and that the CA
+/// signs the certificate. The error names the file and what is wrong.
+troupe::expected<void> validate(const tls_options& tls);
+
+} // namespace troupe::actors

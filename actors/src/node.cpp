@@ -1,0 +1,381 @@
+#include "troupe/actors/node.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
+
+#include "troupe/actors/error_category.hpp"
+#include "troupe/actors/message_types.hpp"
+#include "troupe/actors/registry.hpp"
+
+// Scheduler defaults, measured on the 2-core development machine: median
+// round trip of a small request/response between two node processes over
+// loopback (see the report of issue 3 for the method):
+//   policy=stealing (CAF default)                     ~  see below
+//   policy=sharing                                    ~  see below
+// The sharing policy wins because CAF's work-stealing workers sleep when idle
+// and every hop pays their wake-up; see node_options.hpp.
+
+namespace troupe::actors {
+
+using namespace std::chrono_literals;
+
+struct node::state {
+  std::mutex mutex;
+  std::map<std::string, actor_factory> factories;
+  std::vector<peer_lost_handler> handlers;
+  std::vector<caf::actor> spawned;
+  std::string node_name;
+  std::string coordinator_name;
+  caf::actor registry;
+  std::chrono::milliseconds request_timeout{10000};
+
+  void report(const peer_lost& event) {
+    std::vector<peer_lost_handler> copy;
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      copy = handlers;
+    }
+    for (auto& handler : copy)
+      handler(event);
+  }
+};
+
+namespace {
+
+troupe::error to_troupe_error(caf::actor_system& system, const caf::error& err, std::string_view what) {
+  if (err.category() == error_category) {
+    auto& context = err.context();
+    auto text = context.match_elements<std::string>() ? context.get_as<std::string>(0) : system.render(err);
+    return troupe::error(static_cast<errc>(err.code()), fmt::format("{}: {}", what, text));
+  }
+  if (err == caf::sec::request_timeout)
+    return make_error(errc::io_error, "{}: no reply in time (request timed out)", what);
+  return make_error(errc::io_error, "{}: {}", what, system.render(err));
+}
+
+// One blocking request with a finite timeout; the reply must be an R.
+template <class R, class... Ts>
+troupe::expected<R> ask(caf::actor_system& system, const caf::actor& destination, std::chrono::milliseconds timeout,
+                        std::string_view what, Ts&&... xs) {
+  if (!destination)
+    return make_error(errc::invalid_argument, "{}: no actor to ask", what);
+  caf::scoped_actor self{system};
+  std::optional<troupe::expected<R>> result;
+  self->request(destination, timeout, std::forward<Ts>(xs)...)
+    .receive([&](R& value) { result.emplace(std::move(value)); },
+             [&](caf::error& err) { result.emplace(to_troupe_error(system, err, what)); });
+  return std::move(*result);
+}
+
+caf::expected<caf::actor> call_factory(caf::actor_system& system, const actor_factory& factory, const place& where,
+                                       const caf::message& args) {
+  try {
+    auto handle = factory(system, where, args);
+    if (handle && !*handle)
+      return make_caf_error(errc::invalid_argument, "factory for " + where.to_string() + " returned no actor");
+    return handle;
+  } catch (const std::exception& e) {
+    // Never let a factory's exception escape the agent's handler.
+    return make_caf_error(errc::invalid_argument, "factory for " + where.to_string() + " threw: " + e.what());
+  }
+}
+
+caf::result<caf::actor> spawn_here(caf::event_based_actor* self, const std::shared_ptr<node::state>& st,
+                                   const std::string& text, const std::string& factory_name,
+                                   const caf::message& args) {
+  auto where = place::parse_named(text);
+  if (!where)
+    return to_caf_error(where.error());
+  if (where->node != st->node_name)
+    return make_caf_error(errc::invalid_argument,
+                          "node " + st->node_name + " was asked to spawn " + text + ", which is on another node");
+  actor_factory factory;
+  {
+    std::lock_guard<std::mutex> guard(st->mutex);
+    auto i = st->factories.find(factory_name);
+    if (i == st->factories.end())
+      return make_caf_error(errc::invalid_argument,
+                            "node " + st->node_name + " has no factory named \"" + factory_name + "\"");
+    factory = i->second;
+  }
+  auto handle = call_factory(self->system(), factory, *where, args);
+  if (!handle)
+    return std::move(handle.error());
+  {
+    std::lock_guard<std::mutex> guard(st->mutex);
+    st->spawned.push_back(*handle);
+  }
+  auto promise = self->make_response_promise();
+  auto spawned = *handle;
+  self->request(st->registry, st->request_timeout, reg_name_atom_v, text, spawned)
+    .then([promise, spawned](caf::ok_atom) mutable { promise.deliver(spawned); },
+          [promise, spawned](caf::error& err) mutable {
+            caf::anon_send_exit(spawned, caf::exit_reason::user_shutdown);
+            promise.deliver(std::move(err));
+          });
+  return promise;
+}
+
+// The node agent: spawns actors by factory name, forwards spawns for other
+// nodes, and turns loss reports into peer_lost callbacks.
+caf::behavior node_agent(caf::event_based_actor* self, std::shared_ptr<node::state> st) {
+  self->monitor(st->registry);
+  self->set_down_handler([self, st](caf::down_msg& msg) {
+    if (msg.source == st->registry.address())
+      st->report(peer_lost{st->coordinator_name, {}, self->system().render(msg.reason)});
+  });
+  return {
+    [self, st](spawn_here_atom, const std::string& text, const std::string& factory_name,
+               const caf::message& args) { return spawn_here(self, st, text, factory_name, args); },
+    [self, st](spawn_at_atom, const std::string& text, const std::string& factory_name,
+               const caf::message& args) -> caf::result<caf::actor> {
+      auto where = place::parse_named(text);
+      if (!where)
+        return to_caf_error(where.error());
+      if (where->node == st->node_name)
+        return spawn_here(self, st, text, factory_name, args);
+      auto promise = self->make_response_promise();
+      self->request(st->registry, st->request_timeout, lookup_node_atom_v, where->node)
+        .then(
+          [self, st, promise, text, factory_name, args](const caf::actor& remote_agent) mutable {
+            self->request(remote_agent, st->request_timeout, spawn_here_atom_v, text, factory_name, args)
+              .then([promise](const caf::actor& spawned) mutable { promise.deliver(spawned); },
+                    [promise](caf::error& err) mutable { promise.deliver(std::move(err)); });
+          },
+          [promise](caf::error& err) mutable { promise.deliver(std::move(err)); });
+      return promise;
+    },
+    [st](node_lost_atom, const std::string& name, const std::vector<std::string>& actors,
+         const std::string& reason) { st->report(peer_lost{name, actors, reason}); },
+    [](joined_atom, const std::string&) {
+      // Nothing to do yet; joins are visible through the registry.
+    },
+  };
+}
+
+std::string seconds(std::chrono::milliseconds duration) {
+  return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000.0);
+}
+
+} // namespace
+
+node::node(node_options options) : options_(std::move(options)), state_(std::make_shared<state>()) {
+  state_->node_name = options_.name;
+  state_->request_timeout = options_.request_timeout;
+}
+
+node::~node() {
+  stop();
+}
+
+troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
+  if (auto ok = options.validate(); !ok)
+    return make_error(errc::invalid_argument, "node {}: {}", options.name, ok.error().message());
+  const bool tls = options.tls.requested();
+  // TLS files are checked before CAF's module sees them: it would fall back
+  // to anonymous TLS or hang on a bad key (API-NOTES.md).
+  if (tls)
+    if (auto ok = validate(options.tls); !ok)
+      return troupe::error(ok.error().code(), fmt::format("node {}: {}", options.name, ok.error().message()));
+  std::unique_ptr<node> self(new node(std::move(options)));
+  auto& opts = self->options_;
+  auto config = std::make_unique<caf::actor_system_config>();
+  config->load<caf::io::middleman>();
+  if (tls) {
+    config->load<caf::openssl::manager>();
+    config->set("openssl.certificate", opts.tls.certificate);
+    config->set("openssl.key", opts.tls.key);
+    config->set("openssl.cafile", opts.tls.ca_file);
+    if (!opts.tls.passphrase.empty())
+      config->set("openssl.passphrase", opts.tls.passphrase);
+  }
+  add_message_types(*config);
+  config->set("scheduler.policy", caf::atom_from_string(opts.scheduler.policy));
+  if (opts.scheduler.max_threads > 0)
+    config->set("scheduler.max-threads", static_cast<std::size_t>(opts.scheduler.max_threads));
+  if (opts.scheduler.middleman_workers > 0)
+    config->set("middleman.workers", static_cast<std::size_t>(opts.scheduler.middleman_workers));
+  // Heartbeats on every node: configured on one side only, idle peers are
+  // declared dead (API-NOTES.md).
+  config->set("middleman.heartbeat-interval", caf::timespan{opts.heartbeat_interval});
+  config->set("middleman.connection-timeout", caf::timespan{opts.heartbeat_timeout});
+  self->config_ = std::move(config);
+  self->system_ = std::make_unique<caf::actor_system>(*self->config_);
+  if (auto ok = self->join(); !ok) {
+    self->stop();
+    return ok.error();
+  }
+  return self;
+}
+
+troupe::expected<void> node::join() {
+  auto& sys = *system_;
+  const bool tls = options_.tls.requested();
+  const char* address = options_.listen_address.empty() ? nullptr : options_.listen_address.c_str();
+  auto listen = [&](const caf::actor& whom, std::uint16_t port) -> troupe::expected<std::uint16_t> {
+    auto result = tls ? caf::openssl::publish(whom, port, address, true) : sys.middleman().publish(whom, port, address, true);
+    if (!result)
+      return make_error(errc::io_error, "node {} could not listen on port {}: {}", options_.name, port,
+                        sys.render(result.error()));
+    return *result;
+  };
+  std::map<std::string, std::string> maps;
+  for (auto& [destination, map] : options_.device_maps)
+    maps[destination] = map.to_string();
+
+  if (options_.is_coordinator()) {
+    registry_ = spawn_registry(sys, options_.name);
+    auto port = listen(registry_, options_.coordinator.port);
+    if (!port)
+      return port.error();
+    port_ = *port;
+    state_->coordinator_name = options_.name;
+  } else {
+    // Connect through a request with a deadline, never remote_actor(): that
+    // blocks forever on a stopped peer. A refused connection is retried
+    // (the launcher starts every rank at once) until the join timeout.
+    auto coordinator = options_.coordinator;
+    auto manager = tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+    auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
+    std::string last_error = "no attempt";
+    for (;;) {
+      auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (remaining <= 0ms)
+        break;
+      caf::scoped_actor self{sys};
+      self->request(manager, remaining, caf::connect_atom::value, coordinator.host, coordinator.port)
+        .receive(
+          [&](caf::node_id&, caf::strong_actor_ptr& registry, std::set<std::string>&) {
+            if (registry)
+              registry_ = caf::actor_cast<caf::actor>(std::move(registry));
+            else
+              last_error = "nothing is published on that port";
+          },
+          [&](caf::error& err) { last_error = sys.render(err); });
+      if (registry_ || std::chrono::steady_clock::now() + 100ms >= deadline)
+        break;
+      std::this_thread::sleep_for(100ms);
+    }
+    if (!registry_)
+      return make_error(errc::io_error, "node {} could not join coordinator {} within {}: {}", options_.name,
+                        coordinator.to_string(), seconds(options_.join_timeout), last_error);
+  }
+  state_->registry = registry_;
+  agent_ = sys.spawn(node_agent, state_);
+  if (!options_.is_coordinator()) {
+    auto port = listen(agent_, options_.port);
+    if (!port)
+      return port.error();
+    port_ = *port;
+  }
+  auto what = fmt::format("node {} could not register with coordinator {}", options_.name,
+                          options_.coordinator.to_string());
+  auto joined = ask<std::string>(sys, registry_, options_.request_timeout, what, reg_node_atom_v, options_.name,
+                                  agent_, maps);
+  if (!joined)
+    return joined.error();
+  state_->coordinator_name = *joined;
+  return {};
+}
+
+void node::stop() {
+  if (stopped_)
+    return;
+  stopped_ = true;
+  if (!system_)
+    return;
+  // Leave first, so the others do not report this orderly stop as a loss.
+  if (registry_ && agent_)
+    (void)ask<caf::ok_atom>(*system_, registry_, std::min(options_.request_timeout, std::chrono::milliseconds{2000}),
+                            "leave", leave_atom_v, options_.name);
+  std::vector<caf::actor> spawned;
+  {
+    std::lock_guard<std::mutex> guard(state_->mutex);
+    spawned.swap(state_->spawned);
+    state_->handlers.clear();
+  }
+  for (auto& handle : spawned)
+    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+  spawned.clear();
+  if (agent_)
+    caf::anon_send_exit(agent_, caf::exit_reason::user_shutdown);
+  if (registry_ && options_.is_coordinator())
+    caf::anon_send_exit(registry_, caf::exit_reason::user_shutdown);
+  agent_ = nullptr;
+  registry_ = nullptr;
+  state_->registry = nullptr;
+  // The actor system's destructor waits for the actors stopped above.
+  system_.reset();
+  config_.reset();
+}
+
+void node::register_factory(std::string name, actor_factory factory) {
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  state_->factories[std::move(name)] = std::move(factory);
+}
+
+void node::on_peer_lost(peer_lost_handler handler) {
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  state_->handlers.push_back(std::move(handler));
+}
+
+troupe::expected<void> node::register_actor(const place& where, const caf::actor& handle) {
+  auto ok = ask<caf::ok_atom>(*system_, registry_, options_.request_timeout, "register " + where.to_string(),
+                              reg_name_atom_v, where.to_string(), handle);
+  if (!ok)
+    return ok.error();
+  return {};
+}
+
+troupe::expected<void> node::unregister_actor(const place& where) {
+  auto ok = ask<caf::ok_atom>(*system_, registry_, options_.request_timeout, "unregister " + where.to_string(),
+                              unreg_name_atom_v, where.to_string());
+  if (!ok)
+    return ok.error();
+  return {};
+}
+
+troupe::expected<caf::actor> node::lookup(const place& where) {
+  return ask<caf::actor>(*system_, registry_, options_.request_timeout, "look up " + where.to_string(),
+                         lookup_name_atom_v, where.to_string());
+}
+
+troupe::expected<caf::actor> node::spawn_remote(const place& where, const std::string& factory, caf::message args) {
+  // The agent needs two request timeouts at most (lookup, then the spawn).
+  return ask<caf::actor>(*system_, agent_, 2 * options_.request_timeout,
+                         fmt::format("spawn {} with factory \"{}\"", where.to_string(), factory), spawn_at_atom_v,
+                         where.to_string(), factory, std::move(args));
+}
+
+troupe::expected<void> node::wait_for_nodes(std::uint32_t count, std::chrono::milliseconds timeout) {
+  auto ok = ask<caf::ok_atom>(*system_, registry_, timeout, fmt::format("wait for {} nodes", count),
+                              await_nodes_atom_v, count);
+  if (!ok)
+    return ok.error();
+  return {};
+}
+
+troupe::expected<std::vector<std::string>> node::nodes() {
+  return ask<std::vector<std::string>>(*system_, registry_, options_.request_timeout, "list nodes",
+                                       list_nodes_atom_v);
+}
+
+troupe::expected<troupe::device> node::landing_device(const place& from, const place& to) {
+  auto text = ask<std::string>(*system_, registry_, options_.request_timeout,
+                               fmt::format("device map {} -> {}", from.node, to.node), device_map_atom_v, from.node,
+                               to.node);
+  if (!text)
+    return text.error();
+  auto map = device_map::parse(*text);
+  if (!map)
+    return map.error();
+  return map->map(from.device);
+}
+
+} // namespace troupe::actors
