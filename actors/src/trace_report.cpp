@@ -755,9 +755,11 @@ std::string render_svg(std::span<const trace_file> files, const svg_options& opt
         return;
       double h = run_span ? row_h * 0.3 : row_h - 6;
       out += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" "
-                         "fill=\"{}\"{}/>\n",
+                         "fill=\"{}\"{}{}/>\n",
                          run_x1, ry + 3, std::max(0.5, run_x2 - run_x1), h, colour(run_kind),
-                         run_span ? " fill-opacity=\"0.5\"" : "");
+                         run_span ? " fill-opacity=\"0.5\"" : "",
+                         // a hairline edge keeps back-to-back spans of one kind apart
+                         run_x2 - run_x1 > 3 ? " stroke=\"white\" stroke-width=\"0.6\"" : "");
       run_x1 = -1;
     };
     for (const auto* s : slices_of[i]) {
