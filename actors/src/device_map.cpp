@@ -7,6 +7,8 @@ troupe::expected<device_map> device_map::parse(std::string_view text) {
   while (!text.empty()) {
     auto comma = text.find(',');
     auto entry = text.substr(0, comma);
+    if (entry.empty() || (comma != std::string_view::npos && comma + 1 == text.size()))
+      return make_error(errc::invalid_argument, "device map has an empty entry (expected e.g. cpu->cpu,cuda:0->cuda:1)");
     text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
     auto arrow = entry.find("->");
     if (arrow == std::string_view::npos)

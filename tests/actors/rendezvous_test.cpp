@@ -1,0 +1,152 @@
+// Node options from the environment (launcher, Slurm, Open MPI), the command
+// line and a config file, and the error for every bad value.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "troupe/actors/node_options.hpp"
+#include "troupe/actors/rendezvous.hpp"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::actors;
+
+namespace {
+
+troupe::expected<node_options> from(std::vector<std::string> args, environment env = {}) {
+  std::vector<const char*> argv{"program"};
+  for (auto& arg : args)
+    argv.push_back(arg.c_str());
+  return node_options::from(static_cast<int>(argv.size()), argv.data(), env);
+}
+
+std::string error_of(std::vector<std::string> args, environment env = {}) {
+  auto options = from(std::move(args), std::move(env));
+  return options ? "(no error)" : options.error().message();
+}
+
+} // namespace
+
+TEST(Rendezvous, LauncherVariables) {
+  auto options = from({}, {{"TROUPE_COORDINATOR", "10.0.0.1:4242"},
+                           {"TROUPE_RANK", "2"},
+                           {"TROUPE_WORLD_SIZE", "4"},
+                           {"TROUPE_NODE_NAME", "gpu-box.3"}});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->rank, 2u);
+  EXPECT_EQ(options->world_size, 4u);
+  EXPECT_EQ(options->coordinator, (endpoint{"10.0.0.1", 4242}));
+  EXPECT_EQ(options->name, "gpu-box.3");
+  EXPECT_FALSE(options->is_coordinator());
+}
+
+TEST(Rendezvous, SlurmAndOpenMpiVariablesAndDefaultName) {
+  auto slurm = from({}, {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"TROUPE_COORDINATOR", "head:1"}});
+  ASSERT_TRUE(slurm) << slurm.error().message();
+  EXPECT_EQ(slurm->rank, 3u);
+  EXPECT_EQ(slurm->world_size, 8u);
+  EXPECT_EQ(slurm->name, "worker3");
+  auto mpi = from({}, {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"TROUPE_COORDINATOR", "[::1]:9"}});
+  ASSERT_TRUE(mpi) << mpi.error().message();
+  EXPECT_EQ(mpi->rank, 1u);
+  EXPECT_EQ(mpi->coordinator, (endpoint{"::1", 9}));
+  // The launcher's variables win over the batch system's.
+  auto both = from({}, {{"TROUPE_RANK", "0"}, {"TROUPE_WORLD_SIZE", "1"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "9"}});
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->world_size, 1u);
+  auto alone = from({});
+  ASSERT_TRUE(alone);
+  EXPECT_TRUE(alone->is_coordinator());
+  EXPECT_EQ(alone->name, "worker0");
+}
+
+TEST(Rendezvous, BadVariablesNameTheVariableAndValue) {
+  EXPECT_EQ(error_of({}, {{"TROUPE_RANK", "two"}}), "TROUPE_RANK=\"two\" is not a non-negative integer");
+  EXPECT_EQ(error_of({}, {{"SLURM_PROCID", "-1"}}), "SLURM_PROCID=\"-1\" is not a non-negative integer");
+  EXPECT_EQ(error_of({}, {{"OMPI_COMM_WORLD_SIZE", "0"}}),
+            "OMPI_COMM_WORLD_SIZE=\"0\": the world size must be at least 1");
+  EXPECT_EQ(error_of({}, {{"TROUPE_RANK", "4"}, {"TROUPE_WORLD_SIZE", "4"}}), "TROUPE_RANK=4 is not below TROUPE_WORLD_SIZE=4");
+  EXPECT_EQ(error_of({}, {{"TROUPE_COORDINATOR", "localhost"}}), "TROUPE_COORDINATOR=\"localhost\" is not host:port (no ':')");
+  EXPECT_EQ(error_of({}, {{"TROUPE_COORDINATOR", "localhost:70000"}}),
+            "TROUPE_COORDINATOR=\"localhost:70000\": port \"70000\" is not in [0, 65535]");
+  EXPECT_NE(error_of({}, {{"TROUPE_NODE_NAME", "a/b"}}).find("TROUPE_NODE_NAME"), std::string::npos);
+  EXPECT_EQ(error_of({}, {{"TROUPE_RANK", "1"}, {"TROUPE_WORLD_SIZE", "2"}}),
+            "node worker1 (rank 1) needs the coordinator's address: set TROUPE_COORDINATOR=host:port or "
+            "--troupe.coordinator=host:port");
+}
+
+TEST(NodeOptions, FlagsOverrideTheEnvironment) {
+  auto options = from({"--troupe.rank=1", "--troupe.world-size", "3", "--troupe.name=stage-box", "--other-flag",
+                       "--troupe.heartbeat-interval=250ms", "--troupe.heartbeat-timeout=2.5s",
+                       "--troupe.join-timeout=1m", "--troupe.scheduler.policy=stealing",
+                       "--troupe.device-map.worker2=cuda:0->cuda:1", "positional"},
+                      {{"TROUPE_RANK", "0"}, {"TROUPE_WORLD_SIZE", "1"}, {"TROUPE_COORDINATOR", "127.0.0.1:5000"}});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->rank, 1u);
+  EXPECT_EQ(options->world_size, 3u);
+  EXPECT_EQ(options->name, "stage-box");
+  EXPECT_EQ(options->heartbeat_interval, 250ms);
+  EXPECT_EQ(options->heartbeat_timeout, 2500ms);
+  EXPECT_EQ(options->join_timeout, 60s);
+  EXPECT_EQ(options->scheduler.policy, "stealing");
+  EXPECT_EQ(options->device_maps.at("worker2").map(troupe::device::cuda(0)), troupe::device::cuda(1));
+}
+
+TEST(NodeOptions, DefaultsAreSafe) {
+  node_options options;
+  EXPECT_EQ(options.scheduler.policy, "sharing");
+  EXPECT_GE(options.heartbeat_timeout, 5 * options.heartbeat_interval);
+  EXPECT_GE(options.heartbeat_timeout, 2s) << "500 ms gave false disconnects under big transfers";
+}
+
+TEST(NodeOptions, BadFlagsNameTheFlagAndValue) {
+  EXPECT_EQ(error_of({"--troupe.rank=x"}), "--troupe.rank=\"x\" is not a non-negative integer");
+  EXPECT_EQ(error_of({"--troupe.port=99999"}), "--troupe.port=\"99999\" is not in [0, 65535]");
+  EXPECT_EQ(error_of({"--troupe.heartbeat-interval=fast"}),
+            "--troupe.heartbeat-interval=\"fast\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m; a bare number is "
+            "milliseconds)");
+  EXPECT_EQ(error_of({"--troupe.join-timeout=0"}), "--troupe.join-timeout=\"0\" must be positive");
+  EXPECT_EQ(error_of({"--troupe.scheduler.policy=fifo"}), "--troupe.scheduler.policy=\"fifo\" must be sharing or stealing");
+  EXPECT_NE(error_of({"--troupe.colour=red"}).find("unknown option \"colour\""), std::string::npos);
+  EXPECT_EQ(error_of({"--troupe.rank"}), "--troupe.rank needs a value (--troupe.rank=VALUE or --troupe.rank VALUE)");
+  EXPECT_EQ(error_of({"--troupe.heartbeat-interval=2s", "--troupe.heartbeat-timeout=1s"}),
+            "heartbeat-timeout (1000 ms) must exceed heartbeat-interval (2000 ms)");
+  EXPECT_NE(error_of({"--troupe.device-map.worker1=cpu=>cuda:0"}).find("--troupe.device-map.worker1"),
+            std::string::npos);
+  EXPECT_EQ(error_of({"--troupe.rank=3", "--troupe.world-size=2"}), "rank 3 is not below the world size 2");
+  // Arguments after "--" belong to the program.
+  EXPECT_TRUE(from({"--", "--troupe.rank=x"}));
+}
+
+TEST(NodeOptions, ConfigFileHasTheLowestPrecedence) {
+  auto path = std::string(::testing::TempDir()) + "troupe_node_options_test.conf";
+  {
+    std::ofstream out(path);
+    out << "# a node config\nworld-size = 4\nrank = 2\ntroupe.coordinator = 10.1.1.1:7000\n"
+           "request-timeout = 3s\n\n";
+  }
+  auto options = from({"--troupe.config=" + path, "--troupe.rank=3"});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->rank, 3u);
+  EXPECT_EQ(options->world_size, 4u);
+  EXPECT_EQ(options->request_timeout, 3s);
+  auto by_env = from({}, {{"TROUPE_CONFIG", path}, {"TROUPE_RANK", "1"}, {"TROUPE_WORLD_SIZE", "4"}});
+  ASSERT_TRUE(by_env);
+  EXPECT_EQ(by_env->rank, 1u);
+  {
+    std::ofstream out(path);
+    out << "world-size = 4\nrank: 2\n";
+  }
+  EXPECT_EQ(error_of({"--troupe.config=" + path}), path + ":2: \"rank: 2\" is not key = value");
+  {
+    std::ofstream out(path);
+    out << "heartbeat-timeout = soon\n";
+  }
+  EXPECT_EQ(error_of({"--troupe.config=" + path}),
+            path + ":1: heartbeat-timeout=\"soon\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m; a bare number is "
+                   "milliseconds)");
+  std::remove(path.c_str());
+  EXPECT_EQ(error_of({"--troupe.config=/nonexistent/troupe.conf"}),
+            "config file \"/nonexistent/troupe.conf\" cannot be read");
+}
