@@ -1,0 +1,61 @@
+#pragma once
+// What troupe-launch runs: from a rank count, an optional hosts file and the
+// program, one command per rank with the rendezvous variables set
+// (rendezvous.hpp). Local ranks run the program directly with the variables
+// in their environment; ranks on other hosts run
+// `ssh -o BatchMode=yes HOST -- 'cd DIR && env VARS program args'`.
+// Kept apart from the process handling (actors/tools/launch.cpp) so tests
+// can check the command lines without starting anything.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "troupe/actors/rendezvous.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::actors {
+
+/// One line of a hosts file: `host [slots=N]`.
+struct host_slots {
+  std::string host;
+  std::uint32_t slots = 1;
+  friend bool operator==(const host_slots&, const host_slots&) = default;
+};
+
+/// Parses a hosts file's text (`#` starts a comment); `file` names it in
+/// errors ("hosts:3: ...").
+troupe::expected<std::vector<host_slots>> parse_hosts(std::string_view text, std::string_view file);
+
+/// localhost, 127.x.y.z, ::1 and this machine's host name.
+bool is_local_host(std::string_view host);
+
+struct launch_request {
+  std::uint32_t ranks = 1;
+  std::vector<host_slots> hosts;     ///< empty: every rank on this host
+  std::uint16_t port = 0;            ///< the coordinator's port
+  std::vector<std::string> program;  ///< program and arguments
+  std::string working_directory;     ///< where remote ranks cd to
+};
+
+/// How to start one rank.
+struct rank_command {
+  std::uint32_t rank = 0;
+  std::string node_name;
+  std::string host;
+  bool remote = false;
+  std::vector<std::string> env;  ///< VAR=value, added to the launcher's environment
+  std::vector<std::string> argv; ///< what to exec
+};
+
+/// One command per rank; rank 0 is the coordinator. Ranks fill the hosts'
+/// slots in order. Errors: no program, zero ranks, more ranks than slots.
+troupe::expected<std::vector<rank_command>> plan_launch(const launch_request& request);
+
+/// Quotes `text` for a POSIX shell (unchanged when it is safe as is).
+std::string shell_quote(std::string_view text);
+
+/// The argv as one shell-quoted line (for dry runs and logs).
+std::string shell_line(const std::vector<std::string>& argv);
+
+} // namespace troupe::actors

@@ -1,0 +1,208 @@
+// troupe-launch: the command lines it plans (hosts file, ssh quoting; never
+// run here), and the real tool on this host: environment, prefixed output,
+// stopping everything when a rank fails or on SIGINT, bad arguments.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "process_support.hpp"
+#include "troupe/actors/launcher.hpp"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::actors;
+using troupe::test::child_process;
+
+namespace {
+
+const std::string launcher = std::string(TROUPE_BINARY_DIR) + "/bin/troupe-launch";
+
+child_process launch(std::vector<std::string> args) {
+  return child_process::start(launcher, args,
+                              {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=", "TROUPE_NODE_NAME="});
+}
+
+// A scratch directory removed at the end of the test.
+struct scratch_dir {
+  std::filesystem::path path;
+  scratch_dir() {
+    path = std::filesystem::temp_directory_path() / ("troupe_launcher_test_" + std::to_string(getpid()));
+    std::filesystem::create_directories(path);
+  }
+  ~scratch_dir() { std::filesystem::remove_all(path); }
+};
+
+// The pids the ranks wrote, all of which must have exited.
+void expect_all_gone(const std::filesystem::path& dir, int ranks) {
+  for (int rank = 0; rank < ranks; ++rank) {
+    std::ifstream in(dir / ("pid." + std::to_string(rank)));
+    pid_t pid = 0;
+    if (!(in >> pid))
+      continue; // the rank was stopped before it wrote its pid
+    EXPECT_TRUE(kill(pid, 0) != 0 && errno == ESRCH) << "rank " << rank << " (pid " << pid << ") is still running";
+    if (kill(pid, 0) == 0)
+      kill(pid, SIGKILL);
+  }
+}
+
+} // namespace
+
+TEST(LaunchPlan, LocalRanksGetTheRendezvousVariables) {
+  launch_request request;
+  request.ranks = 3;
+  request.port = 4242;
+  request.program = {"./train", "--epochs", "2"};
+  auto plan = plan_launch(request);
+  ASSERT_TRUE(plan) << plan.error().message();
+  ASSERT_EQ(plan->size(), 3u);
+  auto& rank2 = (*plan)[2];
+  EXPECT_FALSE(rank2.remote);
+  EXPECT_EQ(rank2.node_name, "worker2");
+  EXPECT_EQ(rank2.env, (std::vector<std::string>{"TROUPE_COORDINATOR=127.0.0.1:4242", "TROUPE_RANK=2",
+                                                 "TROUPE_WORLD_SIZE=3", "TROUPE_NODE_NAME=worker2"}));
+  EXPECT_EQ(rank2.argv, request.program);
+}
+
+TEST(LaunchPlan, RemoteRanksRunOverSshWithQuotedCommands) {
+  auto hosts = parse_hosts("# cluster\ngpu-a slots=2\n\ngpu-b   # one slot\nlocalhost slots=4\n", "hosts");
+  ASSERT_TRUE(hosts) << hosts.error().message();
+  EXPECT_EQ(*hosts, (std::vector<host_slots>{{"gpu-a", 2}, {"gpu-b", 1}, {"localhost", 4}}));
+  launch_request request;
+  request.ranks = 4;
+  request.port = 7000;
+  request.hosts = *hosts;
+  request.working_directory = "/home/me/my job";
+  request.program = {"./train", "a b", "it's"};
+  auto plan = plan_launch(request);
+  ASSERT_TRUE(plan) << plan.error().message();
+  auto& rank1 = (*plan)[1];
+  EXPECT_TRUE(rank1.remote);
+  EXPECT_EQ(rank1.node_name, "gpu-a-1");
+  EXPECT_EQ(rank1.argv,
+            (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "gpu-a", "--",
+                                      "cd '/home/me/my job' && env TROUPE_COORDINATOR=gpu-a:7000 TROUPE_RANK=1 "
+                                      "TROUPE_WORLD_SIZE=4 TROUPE_NODE_NAME=gpu-a-1 ./train 'a b' 'it'\\''s'"}));
+  EXPECT_EQ((*plan)[2].node_name, "gpu-b");
+  // A localhost slot runs directly, without ssh.
+  EXPECT_FALSE((*plan)[3].remote);
+  EXPECT_EQ((*plan)[3].argv, request.program);
+  EXPECT_EQ((*plan)[3].node_name, "localhost");
+}
+
+TEST(LaunchPlan, BadRequestsAndHostsFilesAreClearErrors) {
+  EXPECT_EQ(parse_hosts("a slots=0\n", "h").error().message(), "h:1: slots=\"0\" is not a positive integer");
+  EXPECT_EQ(parse_hosts("a\nb cores=2\n", "h").error().message(), "h:2: \"b cores=2\" is not `host [slots=N]`");
+  EXPECT_EQ(parse_hosts("# nothing\n", "h").error().message(), "h: no hosts listed");
+  launch_request request;
+  request.ranks = 3;
+  request.hosts = {{"a", 2}};
+  request.program = {"x"};
+  EXPECT_EQ(plan_launch(request).error().message(), "3 ranks requested but the hosts file has only 2 slots");
+  request.program.clear();
+  EXPECT_EQ(plan_launch(request).error().message(), "no program to launch (put it after --)");
+  EXPECT_EQ(shell_quote("plain/path-1.x"), "plain/path-1.x");
+  EXPECT_EQ(shell_quote(""), "''");
+  EXPECT_EQ(shell_quote("$HOME; rm"), "'$HOME; rm'");
+}
+
+TEST(Launcher, EveryRankGetsItsVariablesAndPrefixedOutput) {
+  auto run = launch({"-n", "3", "--port", "4999", "--", "/bin/sh", "-c",
+                     "echo \"env $TROUPE_RANK $TROUPE_WORLD_SIZE $TROUPE_NODE_NAME $TROUPE_COORDINATOR\"; "
+                     "echo to-stderr >&2; printf 'no newline'"});
+  auto status = run.exited(20s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run.output();
+  auto& out = run.output();
+  for (int rank = 0; rank < 3; ++rank) {
+    auto r = std::to_string(rank);
+    EXPECT_NE(out.find("[" + r + "] env " + r + " 3 worker" + r + " 127.0.0.1:4999\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("[" + r + "] to-stderr\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("[" + r + "] no newline\n"), std::string::npos) << out;
+  }
+}
+
+TEST(Launcher, OneFailingRankStopsTheOthersAndIsNamed) {
+  scratch_dir dir;
+  auto start = std::chrono::steady_clock::now();
+  auto run = launch({"-n", "3", "--grace", "2", "--", "/bin/sh", "-c",
+                     "echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; "
+                     "if [ $TROUPE_RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30"});
+  auto status = run.exited(20s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_LT(test::seconds_since(start), 10.0);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
+  EXPECT_NE(run.output().find("troupe-launch: failed: rank 1 (worker1) exited with status 3"), std::string::npos)
+    << run.output();
+  expect_all_gone(dir.path, 3);
+}
+
+TEST(Launcher, AKilledRankIsReportedWithItsSignal) {
+  auto run = launch({"-n", "2", "--grace", "1", "--", "/bin/sh", "-c",
+                     "if [ $TROUPE_RANK = 0 ]; then kill -9 $$; fi; exec sleep 30"});
+  auto status = run.exited(20s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGKILL) << run.output();
+  EXPECT_NE(run.output().find("rank 0 (worker0) was killed by signal 9"), std::string::npos) << run.output();
+}
+
+TEST(Launcher, SigintStopsEverything) {
+  scratch_dir dir;
+  // Rank 1 ignores SIGTERM: the launcher must escalate to SIGKILL.
+  auto run = launch({"-n", "2", "--grace", "0.5", "--", "/bin/sh", "-c",
+                     "echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; "
+                     "if [ $TROUPE_RANK = 1 ]; then trap '' TERM; fi; echo up; while true; do sleep 0.1; done"});
+  ASSERT_TRUE(run.wait_for("[0] up", 10s)) << run.output();
+  ASSERT_TRUE(run.wait_for("[1] up", 10s)) << run.output();
+  run.signal(SIGINT);
+  auto status = run.exited(10s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGINT) << run.output();
+  EXPECT_NE(run.output().find("interrupted by Interrupt"), std::string::npos) << run.output();
+  expect_all_gone(dir.path, 2);
+}
+
+TEST(Launcher, TimeoutStopsTheJob) {
+  auto run = launch({"-n", "2", "--timeout", "0.5", "--grace", "0.5", "--", "sleep", "30"});
+  auto status = run.exited(10s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 124) << run.output();
+}
+
+TEST(Launcher, BadArgumentsExitWithStatusTwo) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+    {{"--", "true"}, "-n N is required"},
+    {{"-n", "zero", "--", "true"}, "-n=\"zero\" is not a positive integer"},
+    {{"-n", "2"}, "no program to launch"},
+    {{"-n", "2", "--port", "70000", "--", "true"}, "--port=\"70000\" is not in [0, 65535]"},
+    {{"-n", "2", "--timeout", "-1", "--", "true"}, "--timeout=\"-1\" is not a positive number of seconds"},
+    {{"-n", "2", "--hosts", "/nonexistent", "--", "true"}, "hosts file \"/nonexistent\" cannot be read"},
+    {{"-n", "2", "--frobnicate", "--", "true"}, "unknown argument \"--frobnicate\""},
+  };
+  for (auto& [args, says] : cases) {
+    auto run = launch(args);
+    auto status = run.exited(10s);
+    ASSERT_TRUE(status);
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << run.output();
+    EXPECT_NE(run.output().find(says), std::string::npos) << run.output();
+  }
+}
+
+TEST(Launcher, DryRunPrintsSshCommandsWithoutRunningThem) {
+  scratch_dir dir;
+  auto hosts = dir.path / "hosts";
+  std::ofstream(hosts) << "127.0.0.1\nfar-away-host slots=2\n";
+  auto run = launch({"-n", "3", "--hosts", hosts.string(), "--port", "5000", "--dry-run", "--", "./train", "x y"});
+  auto status = run.exited(10s);
+  ASSERT_TRUE(status);
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run.output();
+  auto& out = run.output();
+  EXPECT_NE(out.find("rank 0 on 127.0.0.1: env TROUPE_COORDINATOR="), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 2 on far-away-host: ssh -o BatchMode=yes far-away-host -- "), std::string::npos) << out;
+  EXPECT_NE(out.find("TROUPE_RANK=2 TROUPE_WORLD_SIZE=3 TROUPE_NODE_NAME=far-away-host-1 ./train"),
+            std::string::npos)
+    << out;
+}
