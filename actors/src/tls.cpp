@@ -4,7 +4,9 @@
 #include <cstring>
 #include <memory>
 
+#include <openssl/bio.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -66,10 +68,21 @@ troupe::expected<void> validate(const tls_options& tls) {
   if (SSL_CTX_use_certificate_chain_file(context.get(), tls.certificate.c_str()) != 1)
     return make_error(errc::invalid_argument, "TLS certificate \"{}\" is not a PEM certificate: {}", tls.certificate,
                       openssl_reason());
-  if (SSL_CTX_use_PrivateKey_file(context.get(), tls.key.c_str(), SSL_FILETYPE_PEM) != 1)
+  // Load the key by hand: decrypting it and matching it to the certificate
+  // are different mistakes and get different messages.
+  std::unique_ptr<BIO, decltype(&BIO_free)> key_file(BIO_new_file(tls.key.c_str(), "r"), &BIO_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+    key_file ? PEM_read_bio_PrivateKey(key_file.get(), nullptr, passphrase_callback,
+                                       const_cast<std::string*>(&tls.passphrase))
+             : nullptr,
+    &EVP_PKEY_free);
+  if (!key)
     return make_error(errc::invalid_argument,
                       "TLS key \"{}\" cannot be loaded (not a PEM key, or encrypted and the passphrase is {}): {}",
                       tls.key, tls.passphrase.empty() ? "not set" : "wrong", openssl_reason());
+  if (SSL_CTX_use_PrivateKey(context.get(), key.get()) != 1)
+    return make_error(errc::invalid_argument, "TLS key \"{}\" does not match certificate \"{}\": {}", tls.key,
+                      tls.certificate, openssl_reason());
   if (SSL_CTX_check_private_key(context.get()) != 1)
     return make_error(errc::invalid_argument, "TLS key \"{}\" does not match certificate \"{}\": {}", tls.key,
                       tls.certificate, openssl_reason());
