@@ -1,0 +1,51 @@
+#pragma once
+// Configuration of one node's data plane (data_plane.hpp).
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "troupe/actors/tensor_message.hpp"
+
+namespace troupe::actors {
+
+/// Identifies a remote node on one data plane (1, 2, ...; 0 is never valid).
+using peer_id = std::uint32_t;
+
+/// Called on the transport thread with each delivered message. Keep it short
+/// (hand the message to an actor); it may call data_plane::send().
+using receive_handler = std::function<void(peer_id from, tensor_message&& message)>;
+
+struct data_plane_options {
+  /// This node's name, sent to peers when connecting and used in logs.
+  std::string node_name;
+  /// The job's token: stamped into every frame sent and required in every
+  /// frame received (DESIGN.md, "Encryption"). Must not be 0: 0 is what a
+  /// frame without a token carries.
+  std::uint64_t token = 0;
+  /// UCX transports for this job (UCX_TLS syntax: "tcp", "sm,self", ...);
+  /// empty: UCX's choice (or the UCX_TLS environment variable).
+  std::string transports;
+  /// UCX_NET_DEVICES for this job ("lo", "veth0", ...); empty: all.
+  std::string net_devices;
+  /// Largest payload accepted or sent; larger messages are refused on send
+  /// and dropped on receive.
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
+  /// Bytes (header + payload) a sender may have unacknowledged per peer.
+  std::size_t credit_window_bytes = std::size_t{64} << 20;
+  /// Sends waiting for credits per peer; beyond it send() refuses
+  /// (errc::size_limit_exceeded), which is the caller's back-pressure.
+  std::size_t max_queued_sends = 256;
+  /// Payloads of at least this many bytes go by rendezvous (the receiver
+  /// pulls them into its own buffer); smaller ones go eagerly.
+  std::size_t rendezvous_threshold = std::size_t{64} << 10;
+  /// Progress the worker this long before sleeping in epoll. 0 (default):
+  /// sleep at once; API-NOTES measured that a spin halves the median round
+  /// trip on two cores but doubles its tail.
+  std::chrono::microseconds spin_before_sleep{0};
+  /// Where delivered messages go (required).
+  receive_handler on_receive;
+};
+
+} // namespace troupe::actors
