@@ -13,13 +13,18 @@
 #include "troupe/actors/message_types.hpp"
 #include "troupe/actors/registry.hpp"
 
-// Scheduler defaults, measured on the 2-core development machine: median
-// round trip of a small request/response between two node processes over
-// loopback (see the report of issue 3 for the method):
-//   policy=stealing (CAF default)                     ~  see below
-//   policy=sharing                                    ~  see below
-// The sharing policy wins because CAF's work-stealing workers sleep when idle
-// and every hop pays their wake-up; see node_options.hpp.
+// Scheduler defaults, measured on the 2-core development machine (Node.
+// DISABLED_SmallMessageRoundTrip in tests/actors/node_test.cpp: median round
+// trip of an int request to an event-based actor in another node process
+// over loopback, 2000 samples, while other builds shared the cores):
+//   policy=stealing, max-threads=4 (CAF's default)  213 us  (p90 233 us)
+//   policy=stealing, max-threads=2                  214 us  (p90 226 us)
+//   policy=sharing,  max-threads=1                   80 us  (p90 104 us)
+//   policy=sharing,  max-threads=4                   64-90 us (p90 83-106 us)
+//   policy=sharing,  max-threads=2                   58-80 us (p90 78-94 us)
+// Work stealing's idle workers sleep and every hop pays their wake-up; the
+// sharing policy wakes a waiting worker directly. So the default is sharing
+// with one worker per core.
 
 namespace troupe::actors {
 
@@ -197,8 +202,9 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
   }
   add_message_types(*config);
   config->set("scheduler.policy", caf::atom_from_string(opts.scheduler.policy));
-  if (opts.scheduler.max_threads > 0)
-    config->set("scheduler.max-threads", static_cast<std::size_t>(opts.scheduler.max_threads));
+  auto threads = opts.scheduler.max_threads > 0 ? opts.scheduler.max_threads
+                                                : std::max(1u, std::thread::hardware_concurrency());
+  config->set("scheduler.max-threads", static_cast<std::size_t>(threads));
   if (opts.scheduler.middleman_workers > 0)
     config->set("middleman.workers", static_cast<std::size_t>(opts.scheduler.middleman_workers));
   // Heartbeats on every node: configured on one side only, idle peers are

@@ -30,8 +30,14 @@ inline caf::expected<caf::actor> make_adder(caf::actor_system& system, const act
   });
 }
 
+/// "echo": an event-based actor that answers (int x) with x.
+inline caf::expected<caf::actor> make_echo(caf::actor_system& system, const actors::place&, const caf::message&) {
+  return system.spawn([]() -> caf::behavior { return {[](int x) { return x; }}; });
+}
+
 inline void add_test_factories(actors::node& n) {
   n.register_factory("adder", make_adder);
+  n.register_factory("echo", make_echo);
 }
 
 inline bool is_node_child(int argc, char** argv) {

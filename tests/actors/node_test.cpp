@@ -2,6 +2,9 @@
 // (rank 0) and re-executes itself as the other ranks (node_child.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include <caf/all.hpp>
 
 #include "node_child.hpp"
@@ -215,6 +218,42 @@ TEST(Node, UnregisteredMessageTypeToARemoteActorDoesNotCrashEitherNode) {
   }
   EXPECT_EQ(ask_adder(n, *adder, 1), (std::pair<std::string, int>{"worker1", 2}));
   EXPECT_FALSE(worker1.exited(0ms)) << worker1.output();
+  *adder = nullptr;
+  worker1.close_stdin();
+  EXPECT_TRUE(worker1.exited(10s));
+}
+
+// Not part of the suite (run with --gtest_also_run_disabled_tests): median
+// round trip of a small request between two node processes, for choosing the
+// scheduler defaults. TROUPE_BENCH_POLICY / TROUPE_BENCH_THREADS select them
+// on both sides.
+TEST(Node, DISABLED_SmallMessageRoundTrip) {
+  auto policy = std::getenv("TROUPE_BENCH_POLICY") ? std::getenv("TROUPE_BENCH_POLICY") : "sharing";
+  auto threads = std::getenv("TROUPE_BENCH_THREADS") ? std::getenv("TROUPE_BENCH_THREADS") : "0";
+  auto options = coordinator_options(2);
+  options.scheduler.policy = policy;
+  options.scheduler.max_threads = static_cast<std::uint32_t>(std::atoi(threads));
+  auto coordinator = node::start(options);
+  ASSERT_TRUE(coordinator) << coordinator.error().message();
+  auto& n = **coordinator;
+  auto worker1 = start_child(n.port(), 1, 2, {std::string("--troupe.scheduler.policy=") + policy,
+                                              std::string("--troupe.scheduler.max-threads=") + threads});
+  ASSERT_TRUE(worker1.wait_for("READY", 15s)) << worker1.output();
+  auto adder = n.spawn_remote(*place::parse("worker1/cpu/echo"), "echo");
+  ASSERT_TRUE(adder);
+  std::vector<double> samples;
+  {
+    caf::scoped_actor self{n.system()};
+    for (int i = 0; i < 2200; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      self->request(*adder, 5s, i).receive([](int) {}, [](caf::error&) {});
+      if (i >= 200)
+        samples.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(samples.begin(), samples.end());
+  std::printf("policy=%s max-threads=%s: remote round trip median %.1f us, p90 %.1f us\n", policy,
+              threads, samples[samples.size() / 2], samples[samples.size() * 9 / 10]);
   *adder = nullptr;
   worker1.close_stdin();
   EXPECT_TRUE(worker1.exited(10s));
