@@ -382,6 +382,8 @@ int child_latency() {
   options.node_name = "child";
   options.token = job_token;
   options.transports = env_or("TROUPE_DP_TLS");
+  options.spin_before_sleep =
+      std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "0").c_str()));
   options.on_receive = [&](peer_id, tensor_message&&) {
     std::lock_guard guard(mutex);
     ++echoes;
@@ -457,8 +459,11 @@ void quiet_ucx_logs() {
 
 const bool child_ran = [] {
   quiet_ucx_logs();
-  if (auto* mode = std::getenv("TROUPE_DP_CHILD"))
-    std::_Exit(child_main(mode));
+  if (auto* mode = std::getenv("TROUPE_DP_CHILD")) {
+    auto code = child_main(mode);
+    std::fflush(stdout);
+    std::_Exit(code);
+  }
   return false;
 }();
 
@@ -470,6 +475,8 @@ struct parent_plane {
     options.token = job_token;
     options.transports = transports;
     options.max_message_bytes = max_message_bytes;
+    options.spin_before_sleep =
+        std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "0").c_str()));
     options.on_receive = [this](peer_id from, tensor_message&& m) {
       if (handler)
         handler(from, std::move(m));

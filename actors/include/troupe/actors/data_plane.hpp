@@ -118,7 +118,9 @@ public:
   /// and that a delivered tensor still holds (zero-copy checks in tests).
   bool is_receive_buffer(const void* p) const;
 
-  /// Announce-then-close; idempotent.
+  /// Announce-then-close; idempotent. Call it from a thread of your own,
+  /// never from a receive handler or completion (those run on the transport
+  /// thread, which close() joins).
   void close();
 
 private:
