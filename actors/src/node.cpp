@@ -132,8 +132,14 @@ caf::result<caf::actor> spawn_here(caf::event_based_actor* self, const std::shar
 caf::behavior node_agent(caf::event_based_actor* self, std::shared_ptr<node::state> st) {
   self->monitor(st->registry);
   self->set_down_handler([self, st](caf::down_msg& msg) {
-    if (msg.source == st->registry.address())
-      st->report(peer_lost{st->coordinator_name, {}, self->system().render(msg.reason)});
+    if (msg.source != st->registry.address())
+      return;
+    std::string coordinator;
+    {
+      std::lock_guard<std::mutex> guard(st->mutex);
+      coordinator = st->coordinator_name;
+    }
+    st->report(peer_lost{coordinator, {}, self->system().render(msg.reason)});
   });
   return {
     [self, st](spawn_here_atom, const std::string& text, const std::string& factory_name,
@@ -241,7 +247,6 @@ troupe::expected<void> node::join() {
     if (!port)
       return port.error();
     port_ = *port;
-    state_->coordinator_name = options_.name;
   } else {
     // Connect through a request with a deadline, never remote_actor(): that
     // blocks forever on a stopped peer. A refused connection is retried
@@ -286,6 +291,7 @@ troupe::expected<void> node::join() {
                                   agent_, maps);
   if (!joined)
     return joined.error();
+  std::lock_guard<std::mutex> guard(state_->mutex);
   state_->coordinator_name = *joined;
   return {};
 }
