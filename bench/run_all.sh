@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export OPENBLAS_NUM_THREADS=1
-for b in gemm codec mlp_step; do
+export UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n
+for b in gemm codec mlp_step transport; do
   build/bench/$b "$@"
   echo
 done

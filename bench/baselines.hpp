@@ -1,0 +1,96 @@
+#pragma once
+// Peers measured in the same run as troupe's transport benchmark:
+// ucx_perftest (the UCX engine's own ceiling) and PyTorch RPC
+// (../shared/peers/rpc_latency.py).
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "peer_process.hpp"
+
+namespace troupe::bench {
+
+/// Runs a shell command with a time limit and returns its stdout.
+inline std::string run_command(const std::string& command, int timeout_seconds) {
+  auto line = fmt::format("timeout {} {} 2>/dev/null", timeout_seconds, command);
+  std::string output;
+  if (FILE* pipe = ::popen(line.c_str(), "r")) {
+    char buffer[4096];
+    while (auto n = std::fread(buffer, 1, sizeof buffer, pipe))
+      output.append(buffer, n);
+    ::pclose(pipe);
+  }
+  return output;
+}
+
+/// The numbers of ucx_perftest's "Final:" line, or empty.
+inline std::vector<double> perftest_final(const std::string& output) {
+  std::vector<double> numbers;
+  auto at = output.rfind("Final:");
+  if (at == std::string::npos)
+    return numbers;
+  std::istringstream in(output.substr(at + 6));
+  double x;
+  while (in >> x)
+    numbers.push_back(x);
+  return numbers;
+}
+
+/// ucx_perftest between two processes on 127.0.0.1 with `transports`
+/// (UCX_TLS). `test` is ucp_am_bw or ucp_am_lat. Returns GB/s (10^9 bytes)
+/// for bandwidth, or the round trip in µs (twice its one-way figure) for
+/// latency; nullopt when ucx_perftest is missing or failed.
+inline std::optional<double> ucx_perftest(const std::string& transports, const std::string& test,
+                                          std::size_t bytes, int iterations, int window, int port) {
+  auto env = fmt::format("UCX_TLS={} UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n", transports);
+  // The server serves one run and exits; start it in the background, give it
+  // a moment to listen, then run the client against it.
+  auto command = fmt::format(
+      "sh -c '{env} ucx_perftest -p {port} >/dev/null 2>&1 & server=$!; sleep 0.5; "
+      "{env} ucx_perftest 127.0.0.1 -p {port} -t {test} -s {bytes} -n {n} -w {w} -O {w}; "
+      "kill $server 2>/dev/null; wait $server 2>/dev/null'",
+      fmt::arg("env", env), fmt::arg("port", port), fmt::arg("test", test), fmt::arg("bytes", bytes),
+      fmt::arg("n", iterations), fmt::arg("w", window));
+  auto numbers = perftest_final(run_command(command, 60));
+  // Final: iterations, overhead p50/avg/overall (µs), bandwidth avg/overall
+  // (MB/s of 2^20), message rate avg/overall.
+  if (numbers.size() < 6)
+    return std::nullopt;
+  if (test == "ucp_am_lat")
+    return 2 * numbers[1];
+  return numbers[5] * double(1 << 20) / 1e9;
+}
+
+/// PyTorch RPC figures from ../shared/peers/rpc_latency.py --quick: keyed
+/// "rtt/<transport>" (µs) and "send/<transport>/<bytes>" (GB/s).
+inline std::map<std::string, double> pytorch_rpc(const std::string& script, const std::string& transports) {
+  std::map<std::string, double> figures;
+  auto output = run_command(fmt::format("/usr/bin/python3 {} --quick --transports {}", script, transports), 240);
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{')
+      continue;
+    auto median = json_number(line, "median");
+    auto transport_at = line.find("\"transport\": \"");
+    if (!median || transport_at == std::string::npos)
+      continue;
+    auto start = transport_at + 14;
+    auto transport = line.substr(start, line.find('"', start) - start);
+    if (line.find("\"rpc_sync_rtt_noarg\"") != std::string::npos)
+      figures["rtt/" + transport] = *median;
+    if (line.find("\"rpc_sync_send_tensor\"") != std::string::npos) {
+      auto bytes = json_number(line, "payload_bytes");
+      if (bytes)
+        figures[fmt::format("send/{}/{}", transport, static_cast<long long>(*bytes))] = *median;
+    }
+  }
+  return figures;
+}
+
+} // namespace troupe::bench

@@ -1,0 +1,595 @@
+// Moving messages and tensors between two processes on this host, by every
+// path troupe has, beside the peers measured in the same run:
+//   control plane   CAF request/response between two nodes (64 B)
+//   data plane      UCX active messages (tcp, and shared memory sm,self)
+//   shared arena    tensors handed over by reference (no bytes move)
+//   TLS             tensor_message over CAF's mutual-TLS connection
+//   in process      a tensor_message between two actors (by reference)
+// Peers: ucx_perftest (ucp_am_bw / ucp_am_lat, same window) and PyTorch RPC
+// (../shared/peers/rpc_latency.py --quick, transports default and uv).
+//
+//   build/bench/transport [--json] [--quick] [--no-peers]
+//
+// The benchmark re-executes itself as the second process (--child=...).
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include <caf/all.hpp>
+
+#include "baselines.hpp"
+#include "peer_process.hpp"
+#include "report.hpp"
+#include "troupe/actors/data_plane.hpp"
+#include "troupe/actors/message_types.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/shared_arena.hpp"
+#include "troupe/tensor/ops.hpp"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::actors;
+
+namespace {
+
+constexpr std::uint64_t job_token = 0x7472'6f75'7065'0001; // any nonzero value shared by both sides
+
+std::string self_path() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
+
+std::string to_hex(std::span<const std::byte> bytes) {
+  std::string out;
+  for (auto b : bytes)
+    out += fmt::format("{:02x}", static_cast<unsigned>(b));
+  return out;
+}
+
+std::vector<std::byte> from_hex(std::string_view hex) {
+  std::vector<std::byte> out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<std::byte>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
+  return out;
+}
+
+tensor payload_of(std::size_t bytes) {
+  auto t = tensor::empty({static_cast<std::int64_t>(bytes)}, dtype::uint8);
+  std::memset(t.raw_data(), 0x5a, bytes);
+  return t;
+}
+
+// -- the arena handoff on the wire (bench-local framing) ----------------------------
+
+tensor encode_handoff(const arena_handoff& h) {
+  std::vector<std::byte> bytes;
+  auto put = [&](const void* p, std::size_t n) {
+    auto* b = static_cast<const std::byte*>(p);
+    bytes.insert(bytes.end(), b, b + n);
+  };
+  auto name_size = static_cast<std::uint32_t>(h.region.arena.size());
+  auto header_size = static_cast<std::uint32_t>(h.header.size());
+  put(&name_size, 4);
+  put(h.region.arena.data(), name_size);
+  put(&h.region.offset, 8);
+  put(&h.region.length, 8);
+  put(&header_size, 4);
+  put(h.header.data(), header_size);
+  auto t = tensor::empty({static_cast<std::int64_t>(bytes.size())}, dtype::uint8);
+  std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::optional<arena_handoff> decode_handoff(const tensor& t) {
+  auto* p = static_cast<const std::byte*>(t.raw_data());
+  std::size_t n = t.nbytes(), at = 0;
+  auto get = [&](void* out, std::size_t k) {
+    if (at + k > n)
+      return false;
+    std::memcpy(out, p + at, k);
+    at += k;
+    return true;
+  };
+  arena_handoff h;
+  std::uint32_t size = 0;
+  if (!get(&size, 4) || size > 256)
+    return std::nullopt;
+  h.region.arena.resize(size);
+  if (!get(h.region.arena.data(), size) || !get(&h.region.offset, 8) || !get(&h.region.length, 8) ||
+      !get(&size, 4) || size > 65536)
+    return std::nullopt;
+  h.header.resize(size);
+  if (!get(h.header.data(), size))
+    return std::nullopt;
+  return h;
+}
+
+// -- child: data plane server -------------------------------------------------------
+
+/// Echoes "echo" messages, drops "sink" ones (their credits return when the
+/// handler returns), opens "arena" handoffs and releases them at once.
+int child_plane(const std::string& transports) {
+  std::unique_ptr<data_plane>* plane_ptr = nullptr;
+  std::mutex mutex;
+  std::vector<std::pair<peer_id, arena_ref>> releases;
+  arena_mapper mapper([&](const arena_ref& region) {
+    std::lock_guard guard(mutex);
+    releases.emplace_back(0, region);
+  });
+  data_plane_options options;
+  options.node_name = "child";
+  options.token = job_token;
+  options.transports = transports;
+  options.max_queued_sends = 4096;
+  options.on_receive = [&](peer_id from, tensor_message&& m) {
+    auto& plane = **plane_ptr;
+    if (m.meta.destination == "echo") {
+      (void)plane.send(from, std::move(m));
+    } else if (m.meta.destination == "arena") {
+      if (auto handoff = decode_handoff(m.value)) {
+        auto opened = mapper.open(*handoff); // maps the region: no copy
+        if (!opened)
+          fmt::print(stderr, "transport child: {}\n", opened.error().to_string());
+        // Dropping the tensor runs the release function.
+      } else {
+        fmt::print(stderr, "transport child: malformed arena handoff\n");
+      }
+      std::vector<std::pair<peer_id, arena_ref>> pending;
+      {
+        std::lock_guard guard(mutex);
+        pending.swap(releases);
+      }
+      for (auto& [ignored, region] : pending) {
+        tensor_message release;
+        release.meta.destination = "release";
+        release.value = tensor::scalar(static_cast<double>(region.offset), dtype::int64);
+        (void)plane.send(from, std::move(release));
+      }
+    }
+  };
+  auto started = data_plane::start(options);
+  if (!started) {
+    fmt::print("ERROR {}\n", started.error().to_string());
+    return 1;
+  }
+  plane_ptr = &*started;
+  fmt::print("ADDRESS {}\n", to_hex((*started)->address()));
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+  }
+  (*started)->close();
+  return 0;
+}
+
+// -- child: CAF node with an echo and a tensor sink ------------------------------------
+
+int child_node(int argc, char** argv) {
+  auto options = node_options::from(argc, argv);
+  if (!options) {
+    fmt::print("ERROR {}\n", options.error().message());
+    return 2;
+  }
+  auto started = node::start(*options);
+  if (!started) {
+    fmt::print("ERROR {}\n", started.error().message());
+    return 3;
+  }
+  auto& n = **started;
+  n.register_factory("echo", [](caf::actor_system& sys, const place&, const caf::message&) -> caf::expected<caf::actor> {
+    return sys.spawn([]() -> caf::behavior { return {[](int x) { return x; }}; });
+  });
+  n.register_factory("sink", [](caf::actor_system& sys, const place&, const caf::message&) -> caf::expected<caf::actor> {
+    return sys.spawn([]() -> caf::behavior {
+      return {[](const tensor_message& m) { return static_cast<std::int64_t>(m.value.nbytes()); }};
+    });
+  });
+  fmt::print("READY {}\n", n.port());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+  }
+  n.stop();
+  return 0;
+}
+
+// -- parent side ------------------------------------------------------------------------
+
+struct sizes_and_counts {
+  std::size_t bytes;
+  int count;
+};
+
+std::vector<sizes_and_counts> throughput_cases(bool quick) {
+  if (quick)
+    return {{4 << 10, 2000}, {1 << 20, 100}, {16 << 20, 10}, {64 << 20, 4}};
+  return {{4 << 10, 10000}, {1 << 20, 400}, {16 << 20, 40}, {64 << 20, 12}};
+}
+
+/// The data plane to a child server over `transports`.
+class plane_session {
+public:
+  explicit plane_session(const std::string& transports)
+      : child_({self_path(), "--child=plane", "--transports=" + transports}) {
+    data_plane_options options;
+    options.node_name = "parent";
+    options.token = job_token;
+    options.transports = transports;
+    options.max_queued_sends = 4096;
+    options.on_receive = [this](peer_id, tensor_message&& m) {
+      std::lock_guard guard(mutex_);
+      if (m.meta.destination == "release")
+        released_.push_back(static_cast<std::uint64_t>(m.value.item()));
+      else
+        ++echoes_;
+      cv_.notify_all();
+    };
+    auto started = data_plane::start(options);
+    if (!started)
+      throw std::runtime_error(started.error().to_string());
+    plane_ = std::move(*started);
+    auto line = child_.read_line(20'000).value_or("");
+    if (!line.starts_with("ADDRESS "))
+      throw std::runtime_error("data plane child did not start: " + line);
+    auto peer = plane_->connect("child", from_hex(line.substr(8)));
+    if (!peer)
+      throw std::runtime_error(peer.error().to_string());
+    peer_ = *peer;
+  }
+  ~plane_session() { plane_->close(); }
+
+  /// Median round trip of a 64 B message to the echo, in µs.
+  double round_trip_us(int count) {
+    auto payload = payload_of(64);
+    std::vector<double> samples;
+    for (int i = 0; i < count + 100; ++i) {
+      tensor_message m{{message_kind::control, 0, 0, 0, "echo"}, payload, 0};
+      auto start = now();
+      std::unique_lock lock(mutex_);
+      auto before = echoes_;
+      lock.unlock();
+      if (!plane_->send(peer_, std::move(m)))
+        throw std::runtime_error("send refused");
+      lock.lock();
+      if (!cv_.wait_for(lock, 5s, [&] { return echoes_ > before; }))
+        throw std::runtime_error("no echo within 5 s");
+      if (i >= 100)
+        samples.push_back((now() - start) * 1e6);
+    }
+    return bench::median(samples);
+  }
+
+  /// One-way GB/s: `count` messages of `bytes` to the sink, at most
+  /// `window` messages' worth of credits in flight, timed until the last
+  /// credit has come back (the receiver delivered everything).
+  double throughput_gbps(std::size_t bytes, int count) {
+    auto payload = payload_of(bytes);
+    auto run = [&](int n) {
+      std::atomic<int> done{0};
+      auto start = now();
+      for (int i = 0; i < n; ++i) {
+        tensor_message m{{message_kind::forward_activation, 0, 0, 0, "sink"}, payload, 0};
+        while (!plane_->send(peer_, m, [&](expected<void>) { ++done; }))
+          std::this_thread::sleep_for(20us); // back-pressure: the queue is full
+      }
+      auto deadline = now() + 60;
+      while ((done < n || plane_->in_flight_bytes(peer_) > 0) && now() < deadline)
+        std::this_thread::sleep_for(20us);
+      return now() - start;
+    };
+    run(std::max(count / 10, 2));
+    return double(bytes) * count / run(count) / 1e9;
+  }
+
+  /// GB/s equivalent of handing `bytes` over by reference through a shared
+  /// arena, four regions in flight: payload bytes / (handoff + release).
+  double arena_gbps(std::size_t bytes, int count) {
+    auto arena = shared_arena::create(shared_arena::name_for(fmt::format("bench{}-{}", ::getpid(), bytes), "parent"),
+                                      4 * (bytes + 4096));
+    if (!arena)
+      throw std::runtime_error(arena.error().to_string());
+    std::vector<tensor> regions;
+    for (int i = 0; i < 4; ++i) {
+      auto t = (*arena)->allocate({static_cast<std::int64_t>(bytes)}, dtype::uint8);
+      if (!t)
+        throw std::runtime_error(t.error().to_string());
+      regions.push_back(*t);
+    }
+    std::vector<arena_ref> in_flight;
+    auto start = now();
+    int sent = 0, returned = 0;
+    while (returned < count) {
+      while (sent < count && sent - returned < 4) {
+        auto h = (*arena)->share({message_kind::forward_activation, 0, 0, 0, "arena"}, regions[sent % 4]);
+        if (!h)
+          throw std::runtime_error(h.error().to_string());
+        tensor_message m{{message_kind::control, 0, 0, 0, "arena"}, encode_handoff(*h), 0};
+        if (!plane_->send(peer_, std::move(m)))
+          throw std::runtime_error("send refused");
+        in_flight.push_back(h->region);
+        ++sent;
+      }
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait_for(lock, 5s, [&] { return !released_.empty(); }))
+        throw std::runtime_error("no release within 5 s");
+      for (auto offset : released_) {
+        for (auto it = in_flight.begin(); it != in_flight.end(); ++it) {
+          if (it->offset == offset) {
+            (void)(*arena)->release(*it);
+            in_flight.erase(it);
+            ++returned;
+            break;
+          }
+        }
+      }
+      released_.clear();
+    }
+    return double(bytes) * count / (now() - start) / 1e9;
+  }
+
+  data_plane& plane() { return *plane_; }
+
+private:
+  static double now() { return bench::now_seconds(); }
+
+  bench::peer_process child_;
+  std::unique_ptr<data_plane> plane_;
+  peer_id peer_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::uint64_t echoes_ = 0;
+  std::vector<std::uint64_t> released_;
+};
+
+/// Two CAF nodes (this process is the coordinator), optionally over TLS.
+class node_session {
+public:
+  explicit node_session(const std::optional<tls_options>& tls) {
+    node_options options;
+    options.name = "worker0";
+    options.world_size = 2;
+    options.listen_address = "127.0.0.1";
+    if (tls)
+      options.tls = *tls;
+    auto started = node::start(options);
+    if (!started)
+      throw std::runtime_error(started.error().message());
+    node_ = std::move(*started);
+    std::vector<std::string> args{self_path(), "--child=node",
+                                  fmt::format("--troupe.coordinator=127.0.0.1:{}", node_->port()),
+                                  "--troupe.rank=1", "--troupe.world-size=2", "--troupe.name=worker1",
+                                  "--troupe.listen-address=127.0.0.1"};
+    if (tls) {
+      args.push_back("--troupe.tls.certificate=" + tls->certificate);
+      args.push_back("--troupe.tls.key=" + tls->key);
+      args.push_back("--troupe.tls.ca=" + tls->ca_file);
+    }
+    child_ = std::make_unique<bench::peer_process>(args);
+    auto line = child_->read_line(30'000).value_or("");
+    if (!line.starts_with("READY"))
+      throw std::runtime_error("node child did not start: " + line);
+    auto echo = node_->spawn_remote(*place::parse("worker1/cpu/echo"), "echo");
+    auto sink = node_->spawn_remote(*place::parse("worker1/cpu/sink"), "sink");
+    if (!echo || !sink)
+      throw std::runtime_error("remote spawn failed");
+    echo_ = *echo;
+    sink_ = *sink;
+  }
+  ~node_session() {
+    echo_ = nullptr;
+    sink_ = nullptr;
+    child_.reset(); // says quit, waits, kills if needed
+    node_->stop();
+  }
+
+  double round_trip_us(int count) {
+    caf::scoped_actor self{node_->system()};
+    std::vector<double> samples;
+    for (int i = 0; i < count + 100; ++i) {
+      auto start = bench::now_seconds();
+      self->request(echo_, 5s, i).receive([](int) {}, [](caf::error&) {});
+      if (i >= 100)
+        samples.push_back((bench::now_seconds() - start) * 1e6);
+    }
+    return bench::median(samples);
+  }
+
+  /// One-way GB/s of tensor_messages through CAF (BASP, or TLS), four in
+  /// flight, each acknowledged by the sink.
+  double throughput_gbps(std::size_t bytes, int count) {
+    caf::scoped_actor self{node_->system()};
+    auto payload = payload_of(bytes);
+    auto run = [&](int n) {
+      int sent = 0, acked = 0;
+      auto start = bench::now_seconds();
+      auto send_one = [&] {
+        self->send(sink_, tensor_message{{message_kind::forward_activation, 0, 0, 0, "sink"}, payload, 0});
+        ++sent;
+      };
+      while (sent < std::min(n, 4))
+        send_one();
+      while (acked < n) {
+        bool ok = true;
+        self->receive([&](std::int64_t) { ++acked; },
+                      caf::after(10s) >> [&] { ok = false; });
+        if (!ok)
+          throw std::runtime_error("no acknowledgement from the sink within 10 s");
+        if (sent < n)
+          send_one();
+      }
+      return bench::now_seconds() - start;
+    };
+    run(std::max(count / 10, 2));
+    return double(bytes) * count / run(count) / 1e9;
+  }
+
+private:
+  std::unique_ptr<node> node_;
+  std::unique_ptr<bench::peer_process> child_;
+  caf::actor echo_;
+  caf::actor sink_;
+};
+
+/// Tensor messages per second between two actors in one process, and
+/// whether the receiver saw the sender's memory (no copy).
+std::pair<double, bool> in_process_rate(std::size_t bytes, int count) {
+  caf::actor_system_config config;
+  add_message_types(config);
+  caf::actor_system system{config};
+  auto payload = payload_of(bytes);
+  auto same_memory = std::make_shared<std::atomic<bool>>(true);
+  auto expected_data = payload.raw_data();
+  auto receiver = system.spawn([=](caf::event_based_actor*) -> caf::behavior {
+    return {[=](const tensor_message& m) {
+      if (m.value.raw_data() != expected_data)
+        *same_memory = false;
+      return std::int64_t{1};
+    }};
+  });
+  double seconds = 0;
+  {
+    caf::scoped_actor self{system};
+    auto start = bench::now_seconds();
+    int acked = 0;
+    for (int i = 0; i < count; ++i)
+      self->send(receiver, tensor_message{{message_kind::forward_activation, 0, 0, 0, "r"}, payload, 0});
+    while (acked < count)
+      self->receive([&](std::int64_t) { ++acked; });
+    seconds = bench::now_seconds() - start;
+  }
+  caf::anon_send_exit(receiver, caf::exit_reason::user_shutdown);
+  return {count / seconds, same_memory->load()};
+}
+
+std::string human(std::size_t bytes) {
+  if (bytes >= (1 << 20))
+    return fmt::format("{} MiB", bytes >> 20);
+  if (bytes >= (1 << 10))
+    return fmt::format("{} KiB", bytes >> 10);
+  return fmt::format("{} B", bytes);
+}
+
+int parent(int argc, char** argv) {
+  bench::report out("transport", argc, argv);
+  bool quick = false, peers = true;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::string_view(argv[i]) == "--quick";
+    peers &= std::string_view(argv[i]) != "--no-peers";
+  }
+  auto cases = throughput_cases(quick);
+  int port = 20000 + static_cast<int>(::getpid() % 20000);
+  int rtt_count = quick ? 500 : 2000;
+
+  // PyTorch first: its shared-memory transport busy-polls a core, so it
+  // must not overlap anything else.
+  std::map<std::string, double> torch;
+  if (peers) {
+    auto script = std::string(TROUPE_SOURCE_DIR) + "/../shared/peers/rpc_latency.py";
+    if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3"))
+      torch = bench::pytorch_rpc(script, "default,uv");
+    if (torch.empty())
+      out.note("PyTorch RPC peer unavailable ({} and python3-torch needed)", script);
+  }
+  auto torch_figure = [&](const std::string& key) -> std::optional<double> {
+    auto it = torch.find(key);
+    return it == torch.end() ? std::nullopt : std::optional<double>(it->second);
+  };
+
+  // In process: the same cost at 64 B and 64 MiB (a reference count).
+  for (std::size_t bytes : {std::size_t{64}, std::size_t{64} << 20}) {
+    auto [rate, same] = in_process_rate(bytes, quick ? 20000 : 100000);
+    out.add({fmt::format("in process, {}", human(bytes)), "messages/s", rate, "msg/s", "", {},
+             same ? "receiver saw the sender's memory" : "WRONG: copied"});
+  }
+
+  // Control plane (CAF between two processes).
+  {
+    node_session caf_plain(std::nullopt);
+    auto rtt = caf_plain.round_trip_us(rtt_count);
+    out.add({"control plane RTT (CAF)", "round trip", rtt, "us", "PyTorch rpc_sync (uv)", torch_figure("rtt/uv"), ""});
+    for (auto [bytes, count] : cases) {
+      out.add({fmt::format("CAF remote, {}", human(bytes)), "throughput", caf_plain.throughput_gbps(bytes, count / 2 + 2),
+               "GB/s", "", {}, "tensor_message through CAF (BASP)"});
+    }
+  }
+
+  // Data plane over TCP and shared memory, beside ucx_perftest.
+  for (std::string transports : {"tcp", "sm,self"}) {
+    plane_session session(transports);
+    auto rtt = session.round_trip_us(rtt_count);
+    auto perftest_rtt = peers ? bench::ucx_perftest(transports, "ucp_am_lat", 64, 2000, 1, port++) : std::nullopt;
+    out.add({fmt::format("data plane RTT ({})", transports), "round trip", rtt, "us", "ucx_perftest ucp_am_lat",
+             perftest_rtt, ""});
+    if (transports == "tcp") {
+      out.add({"data plane RTT (tcp)", "round trip", rtt, "us", "PyTorch rpc_sync (uv)", torch_figure("rtt/uv"), ""});
+      out.add({"data plane RTT (tcp)", "round trip", rtt, "us", "PyTorch rpc_sync (default)",
+               torch_figure("rtt/default"), ""});
+    }
+    for (auto [bytes, count] : cases) {
+      auto ours = session.throughput_gbps(bytes, count);
+      auto theirs = peers ? bench::ucx_perftest(transports, "ucp_am_bw", bytes, count, 4, port++) : std::nullopt;
+      out.add({fmt::format("data plane {}, {}", transports, human(bytes)), "throughput", ours, "GB/s",
+               "ucx_perftest ucp_am_bw -w 4", theirs, ""});
+      if (transports == "sm,self" && bytes >= (16 << 20))
+        out.add({fmt::format("data plane {}, {}", transports, human(bytes)), "throughput", ours, "GB/s",
+                 "PyTorch rpc (default, shm)", torch_figure(fmt::format("send/default/{}", bytes)), ""});
+    }
+    if (transports == "sm,self") {
+      for (auto [bytes, count] : cases) {
+        auto rate = session.arena_gbps(bytes, count);
+        out.add({fmt::format("shared arena, {}", human(bytes)), "throughput", rate, "GB/s",
+                 "PyTorch rpc (default, shm)", torch_figure(fmt::format("send/default/{}", bytes)),
+                 fmt::format("by reference, no copy: {:.1f} us per handoff + release", bytes / rate / 1e3)});
+      }
+    }
+  }
+
+  // Mutual TLS: the price of encryption on the tensor path.
+  {
+    auto dir = std::filesystem::temp_directory_path() / fmt::format("troupe-bench-certs-{}", ::getpid());
+    auto made = std::system(fmt::format("sh {}/scripts/make_test_certs.sh {} >/dev/null 2>&1", TROUPE_SOURCE_DIR,
+                                        dir.string()).c_str());
+    if (made != 0) {
+      out.note("could not create test certificates; TLS rows skipped");
+    } else {
+      tls_options tls{(dir / "node.pem").string(), (dir / "node.key").string(), (dir / "ca.pem").string(), ""};
+      node_session caf_tls(tls);
+      out.add({"control plane RTT (CAF, TLS)", "round trip", caf_tls.round_trip_us(rtt_count), "us", "", {}, ""});
+      for (auto [bytes, count] : cases) {
+        out.add({fmt::format("TLS (CAF + OpenSSL), {}", human(bytes)), "throughput",
+                 caf_tls.throughput_gbps(bytes, count / 2 + 2), "GB/s", "", {}, "mutual TLS, encrypted"});
+      }
+    }
+    std::filesystem::remove_all(dir);
+  }
+  out.print();
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg(argv[i]);
+    if (arg == "--child=plane") {
+      std::string transports;
+      for (int j = 1; j < argc; ++j)
+        if (std::string_view(argv[j]).starts_with("--transports="))
+          transports = std::string(argv[j] + 13);
+      return child_plane(transports);
+    }
+    if (arg == "--child=node")
+      return child_node(argc, argv);
+  }
+  try {
+    return parent(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "transport: {}\n", e.what());
+    return 1;
+  }
+}
