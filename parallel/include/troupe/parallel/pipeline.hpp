@@ -1,0 +1,138 @@
+#pragma once
+// Pipeline-parallel training: a sequential model split into stage actors,
+// trained with micro-batches under a credit-based schedule (issue 4).
+//
+//   caf::actor_system_config config;
+//   actors::add_message_types(config);
+//   caf::actor_system system{config};
+//
+//   parallel::pipeline_options options;
+//   options.model = model;                                  // nn::sequential
+//   options.places = {"worker0/cpu", "worker0/cpu"};        // one per stage
+//   options.split = parallel::from_balance({4, 4}, model->size());
+//   options.schedule = parallel::schedule_kind::one_f_one_b;
+//   options.micro_batches = 4;
+//   options.optimizer = parallel::sgd_factory({.lr = 0.05});
+//   options.loss = parallel::mse_loss_function();
+//   auto pipe = parallel::pipeline::create(system, std::move(options));
+//   auto loss = pipe->train_step(inputs, targets);           // expected<double>
+//   if (!loss) fmt::print("{}\n", loss.error_value().message());
+//
+// A step is synchronous: the batch is cut into micro-batches along dim 0,
+// gradients accumulate over all of them (micro-batch j weighted by b_j / B),
+// and every stage then takes one optimizer step, so losses and parameters
+// equal single-process training on the whole batch (up to float summation
+// order).
+//
+// Placement. In this version every stage runs in the calling process (local
+// actors, tensors shared by reference); places name the stages
+// ("worker0/cpu/stage1") in errors. Stage code sends its tensors only through
+// a `tensor_sender` (stage.hpp), the seam where the node's tensor_router
+// plugs in for stages on other processes.
+//
+// Failure. Every wait has `options.timeout`; a stage that dies (its actor
+// exits) or reports an error makes train_step return an error naming the
+// stage and the reason, and the pipeline refuses later steps.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "troupe/autograd/nn/sequential.hpp"
+#include "troupe/autograd/optim/adam.hpp"
+#include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/parallel/partition.hpp"
+#include "troupe/parallel/schedule.hpp"
+#include "troupe/parallel/stage.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::parallel {
+
+/// SGD over a stage's parameters.
+optimizer_factory sgd_factory(optim::sgd_options options);
+/// Adam (or AdamW with `decoupled`) over a stage's parameters.
+optimizer_factory adam_factory(optim::adam_options options, bool decoupled = false);
+
+/// Mean squared error against a float target.
+loss_function mse_loss_function();
+/// Mean cross entropy of logits against int64 class indices.
+loss_function cross_entropy_loss_function();
+
+struct pipeline_options {
+  /// The model; stages hold slices sharing its modules, so after training
+  /// `model` holds the trained parameters.
+  std::shared_ptr<nn::sequential> model;
+  /// One place per stage: "<node>/<device>" ("worker0/cpu").
+  std::vector<std::string> places;
+  /// Stages' layers; empty boundaries: an even split over the places.
+  partition split;
+  schedule_kind schedule = schedule_kind::one_f_one_b;
+  std::size_t micro_batches = 1;
+  optimizer_factory optimizer;
+  loss_function loss;
+  /// Which stages recompute their forward in backward.
+  rematerialization remat = rematerialization::never;
+  /// Bound on every wait of train_step and forward (the time between two
+  /// progress messages, not for the whole step).
+  std::chrono::milliseconds timeout{30000};
+};
+
+class pipeline {
+public:
+  /// Validates the options (usage_error with a message naming the value:
+  /// places vs partition size, a partition that does not cover the model,
+  /// missing optimizer or loss) and spawns the stages. Errors from the
+  /// runtime (a stage that does not answer its wiring) are values.
+  static expected<std::unique_ptr<pipeline>> create(caf::actor_system& system,
+                                                    pipeline_options options);
+
+  /// Stops the stages.
+  ~pipeline();
+  pipeline(const pipeline&) = delete;
+  pipeline& operator=(const pipeline&) = delete;
+
+  /// One synchronous training step on a batch; returns the batch's mean loss.
+  /// Throws usage_error for inputs and targets whose batch sizes differ or
+  /// a batch smaller than the micro-batch count. Errors: a stage failed,
+  /// died or did not answer within the timeout (the message names it).
+  expected<double> train_step(const tensor& inputs, const tensor& targets);
+
+  /// The model's output for `inputs` (no graph, no parameter change),
+  /// computed micro-batch by micro-batch through the stages.
+  expected<tensor> forward(const tensor& inputs);
+
+  /// Statistics of each stage's last step.
+  expected<std::vector<stage_stats>> stats();
+
+  std::size_t stages() const noexcept { return stages_.size(); }
+  const partition& split() const noexcept { return options_.split; }
+  /// The stage's actor (tests kill it to check failure handling).
+  const caf::actor& stage_actor(std::size_t index) const { return stages_.at(index); }
+  /// "worker0/cpu/stage1".
+  const std::string& stage_name(std::size_t index) const { return names_.at(index); }
+  std::uint64_t steps() const noexcept { return step_; }
+
+private:
+  pipeline(caf::actor_system& system, pipeline_options options);
+  expected<void> start();
+  /// Waits for the replies of a step; fills `losses`.
+  expected<void> await_step(std::vector<double>& losses);
+  expected<void> fail(troupe::error err);
+
+  struct driver;
+  caf::actor_system& system_;
+  pipeline_options options_;
+  std::unique_ptr<driver> driver_;
+  std::vector<caf::actor> stages_;
+  std::vector<std::string> names_;
+  std::uint64_t step_ = 0;
+  /// Set once a step failed: the stages' state is no longer consistent.
+  std::optional<troupe::error> broken_;
+};
+
+} // namespace troupe::parallel

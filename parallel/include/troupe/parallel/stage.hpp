@@ -1,0 +1,123 @@
+#pragma once
+// A pipeline stage: one actor owning a contiguous slice of the model, an
+// optimizer over the slice's parameters, and the stash of every in-flight
+// micro-batch's graph (DESIGN.md, "Actors and how a training step flows").
+//
+// Protocol (driver = the pipeline's blocking actor; atoms below):
+//   (p_wire, prev, next, driver)     -> ok       neighbours and driver (once)
+//   (p_begin, step, batch)                       a step of `batch` samples begins
+//   tensor_message forward_activation            x of (step, mb); context_id = step
+//                                                (context_id 0: evaluation, no graph)
+//   tensor_message control (last stage)          the target of (step, mb)
+//   tensor_message backward_gradient             dy of (step, mb)
+//   (p_apply, step)                              one optimizer step, zero_grad,
+//                                                then (p_applied, stage, step) to driver
+//   (p_stats)                        -> (peak stashed bytes, peak in flight, busy ms)
+// and towards the driver:
+//   (p_loss, step, mb, loss)         last stage: the micro-batch's mean loss
+//   (p_mbdone, step, mb)             first stage: backward of mb finished
+//   (p_failed, stage, step, what)    a handler threw; the step cannot finish
+//   tensor_message forward_activation with context_id 0 (last stage): evaluation output
+//
+// Handling. Every tensor that arrives goes into the stage's work_queue; the
+// stage then sends itself one `p_run` and runs ONE piece of work per p_run,
+// so every message already in the mailbox is queued before the next choice
+// and the schedule's priority (backward first for 1F1B) sees it. Stages are
+// spawned `detached`: compute never blocks CAF's scheduler.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <caf/actor.hpp>
+#include <caf/atom.hpp>
+#include <caf/behavior.hpp>
+#include <caf/fwd.hpp>
+
+#include "troupe/actors/place.hpp"
+#include "troupe/actors/tensor_message.hpp"
+#include "troupe/autograd/nn/sequential.hpp"
+#include "troupe/autograd/optim/optimizer.hpp"
+#include "troupe/parallel/schedule.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::parallel {
+
+using wire_atom = caf::atom_constant<caf::atom("p_wire")>;
+using begin_step_atom = caf::atom_constant<caf::atom("p_begin")>;
+using apply_atom = caf::atom_constant<caf::atom("p_apply")>;
+using applied_atom = caf::atom_constant<caf::atom("p_applied")>;
+using run_atom = caf::atom_constant<caf::atom("p_run")>;
+using stats_atom = caf::atom_constant<caf::atom("p_stats")>;
+using loss_atom = caf::atom_constant<caf::atom("p_loss")>;
+using micro_batch_done_atom = caf::atom_constant<caf::atom("p_mbdone")>;
+using stage_failed_atom = caf::atom_constant<caf::atom("p_failed")>;
+
+/// The mean loss of one micro-batch: output of the last stage and the
+/// micro-batch's targets. The pipeline weights micro-batch j by b_j / B, so
+/// its gradients and loss equal those of the full batch's mean loss.
+using loss_function =
+  std::function<autograd::variable(const autograd::variable& output, const tensor& target)>;
+
+/// Builds an optimizer over a stage's named parameters (the names of the
+/// whole model, so optimizer state maps back onto the full model).
+using optimizer_factory =
+  std::function<std::unique_ptr<optim::optimizer>(optim::named_variables parameters)>;
+
+/// A neighbour of a stage: where it lives and (when known) its handle.
+struct stage_endpoint {
+  std::size_t index = 0;
+  actors::place where;
+  caf::actor handle;
+};
+
+/// How a stage sends a tensor to a neighbour or the driver. The only way a
+/// stage's tensors leave it: in one process a plain CAF message (zero copy),
+/// across processes the node's tensor_router.
+using tensor_sender = std::function<expected<void>(const stage_endpoint& to, actors::tensor_message message)>;
+
+/// Sends with a local CAF message to `to.handle` (zero copy in process;
+/// CAF's own serialization when the handle is remote).
+tensor_sender local_tensor_sender();
+
+/// When a stage recomputes its forward in backward (activation
+/// checkpointing) instead of stashing every layer's output.
+enum class rematerialization : std::uint8_t {
+  never,
+  always,
+  all_but_last_stage, ///< the last stage runs backward right after forward: nothing to save
+};
+
+struct stage_options {
+  std::size_t index = 0;
+  std::size_t stages = 1;
+  /// The stage's layers (a slice sharing the model's modules).
+  std::shared_ptr<nn::sequential> layers;
+  std::unique_ptr<optim::optimizer> optimizer;
+  /// Used by the last stage only.
+  loss_function loss;
+  bool rematerialize = false;
+  schedule_policy policy;
+  tensor_sender sender;
+  /// Where the stage lives, for error messages and traces ("worker0/cpu/stage1").
+  std::string name;
+};
+
+/// Statistics of the last step (reset by p_begin).
+struct stage_stats {
+  /// The most bytes of activations held at once for in-flight micro-batches:
+  /// each stashed micro-batch's input and every layer output its graph keeps
+  /// (only input and output with recomputation).
+  std::uint64_t peak_stashed_bytes = 0;
+  std::uint64_t peak_in_flight = 0;
+  /// Time spent computing (forward, backward, optimizer) in the last step.
+  double busy_ms = 0;
+};
+
+/// The stage actor's behaviour; spawn it detached:
+///   sys.spawn<caf::detached>(stage_actor, std::make_shared<stage_options>(...))
+caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_options> options);
+
+} // namespace troupe::parallel

@@ -1,0 +1,349 @@
+// The pipeline's driver: spawns and wires the stages, feeds micro-batches,
+// collects losses and completions, and turns every failure into an error.
+#include "troupe/parallel/pipeline.hpp"
+
+#include <optional>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/actors/place.hpp"
+#include "troupe/autograd/functions.hpp"
+
+namespace troupe::parallel {
+
+optimizer_factory sgd_factory(optim::sgd_options options) {
+  return [options](optim::named_variables parameters) -> std::unique_ptr<optim::optimizer> {
+    return std::make_unique<optim::sgd>(std::move(parameters), options);
+  };
+}
+
+namespace {
+/// adam's AdamW constructor is protected; this exposes it.
+class adamw_optimizer final : public optim::adam {
+public:
+  adamw_optimizer(optim::named_variables parameters, const optim::adam_options& options)
+      : optim::adam(std::move(parameters), options, true) {}
+};
+} // namespace
+
+optimizer_factory adam_factory(optim::adam_options options, bool decoupled) {
+  return [options, decoupled](optim::named_variables parameters) -> std::unique_ptr<optim::optimizer> {
+    if (decoupled)
+      return std::make_unique<adamw_optimizer>(std::move(parameters), options);
+    return std::make_unique<optim::adam>(std::move(parameters), options);
+  };
+}
+
+loss_function mse_loss_function() {
+  return [](const autograd::variable& output, const tensor& target) {
+    return autograd::mse_loss(output, autograd::variable(target));
+  };
+}
+
+loss_function cross_entropy_loss_function() {
+  return [](const autograd::variable& output, const tensor& target) {
+    return autograd::cross_entropy(output, target);
+  };
+}
+
+/// The blocking actor through which the calling thread talks to the stages.
+struct pipeline::driver {
+  explicit driver(caf::actor_system& system) : self(system) {}
+  caf::actor handle() const { return caf::actor_cast<caf::actor>(self.ptr()); }
+  caf::scoped_actor self;
+};
+
+pipeline::pipeline(caf::actor_system& system, pipeline_options options)
+    : system_(system), options_(std::move(options)) {}
+
+pipeline::~pipeline() {
+  // Stages are detached actors: each stops when it sees the exit message.
+  for (auto& stage : stages_)
+    caf::anon_send_exit(stage, caf::exit_reason::user_shutdown);
+}
+
+expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
+                                                     pipeline_options options) {
+  require(options.model != nullptr && options.model->size() > 0,
+          "pipeline: no model (or a model without layers)");
+  require(!options.places.empty(), "pipeline: no places; give one place per stage");
+  if (options.split.boundaries.empty()) {
+    require(options.places.size() <= options.model->size(),
+            "pipeline: {} places for a model of {} layers; every stage needs a layer",
+            options.places.size(), options.model->size());
+    options.split = even(options.places.size(), options.model->size());
+  }
+  require(options.split.stages() == options.places.size(),
+          "pipeline: {} places for a partition of {} stages; give one place per stage",
+          options.places.size(), options.split.stages());
+  require(options.split.layers() == options.model->size() && options.split.begin(0) == 0,
+          "pipeline: the partition covers layers [0, {}) but the model has {}",
+          options.split.layers(), options.model->size());
+  for (std::size_t s = 0; s < options.split.stages(); ++s)
+    require(options.split.begin(s) < options.split.end(s),
+            "pipeline: stage {} of the partition has no layers", s);
+  require(options.micro_batches >= 1, "pipeline: {} micro-batches; need at least one",
+          options.micro_batches);
+  require(static_cast<bool>(options.optimizer), "pipeline: no optimizer factory");
+  require(static_cast<bool>(options.loss), "pipeline: no loss function");
+  require(options.timeout.count() > 0, "pipeline: the timeout must be positive");
+  std::unique_ptr<pipeline> out(new pipeline(system, std::move(options)));
+  if (auto started = out->start(); !started)
+    return started.error_value();
+  return out;
+}
+
+expected<void> pipeline::start() {
+  driver_ = std::make_unique<driver>(system_);
+  const auto p = options_.split.stages();
+  for (std::size_t i = 0; i < p; ++i) {
+    auto where = actors::place::parse(options_.places[i]);
+    require(where.has_value(), "pipeline: place {} of stage {}: {}", options_.places[i], i,
+            where.has_value() ? std::string{} : where.error_value().message());
+    names_.push_back(where->with_name(fmt::format("stage{}", i)).to_string());
+
+    auto stage = std::make_shared<stage_options>();
+    stage->index = i;
+    stage->stages = p;
+    stage->layers = options_.model->slice(options_.split.begin(i), options_.split.end(i));
+    stage->optimizer = options_.optimizer(stage->layers->named_parameters());
+    stage->loss = options_.loss;
+    stage->rematerialize =
+      options_.remat == rematerialization::always ||
+      (options_.remat == rematerialization::all_but_last_stage && i + 1 < p);
+    stage->policy = policy_for(options_.schedule, i, p, options_.micro_batches);
+    stage->sender = local_tensor_sender();
+    stage->name = names_.back();
+    stages_.push_back(system_.spawn<caf::detached>(::troupe::parallel::stage_actor, std::move(stage)));
+    driver_->self->monitor(stages_.back());
+  }
+  // Wire every stage to its neighbours and wait for all acknowledgements, so
+  // no tensor can reach a stage that does not know where to send its result.
+  for (std::size_t i = 0; i < p; ++i) {
+    caf::actor previous = i > 0 ? stages_[i - 1] : caf::actor{};
+    caf::actor next = i + 1 < p ? stages_[i + 1] : caf::actor{};
+    std::optional<troupe::error> failed;
+    driver_->self->request(stages_[i], options_.timeout, wire_atom::value, previous, next,
+                           driver_->handle())
+      .receive([](caf::ok_atom) {},
+               [&](caf::error& err) {
+                 failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not start: {}",
+                                     i, names_[i], system_.render(err));
+               });
+    if (failed)
+      return *failed;
+  }
+  return {};
+}
+
+expected<void> pipeline::fail(troupe::error err) {
+  broken_ = err;
+  return err;
+}
+
+expected<double> pipeline::train_step(const tensor& inputs, const tensor& targets) {
+  require(inputs.defined() && targets.defined() && inputs.rank() >= 1 && targets.rank() >= 1,
+          "pipeline::train_step: inputs and targets need a batch dimension");
+  const auto batch = inputs.size(0);
+  require(targets.size(0) == batch,
+          "pipeline::train_step: {} inputs but {} targets; the batch sizes must match", batch,
+          targets.size(0));
+  const auto m = static_cast<std::int64_t>(options_.micro_batches);
+  require(batch >= m,
+          "pipeline::train_step: {} micro-batches for a batch of {}; every micro-batch needs a "
+          "sample",
+          m, batch);
+  if (broken_)
+    return make_error(broken_->code(), "pipeline: an earlier step failed: {}", broken_->message());
+
+  const std::uint64_t step = ++step_;
+  const auto last = stages_.size() - 1;
+  for (auto& stage : stages_)
+    driver_->self->send(stage, begin_step_atom::value, step, static_cast<std::uint64_t>(batch));
+  // Targets first, so the last stage never waits long for one; then every
+  // micro-batch to the first stage, whose credits decide when each runs.
+  std::int64_t offset = 0;
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t j = 0; j < m; ++j) {
+    const auto size = batch / m + (j < batch % m ? 1 : 0);
+    sizes.push_back(size);
+    actors::tensor_message target;
+    target.meta.kind = message_kind::control;
+    target.meta.step = step;
+    target.meta.micro_batch = static_cast<std::uint32_t>(j);
+    target.meta.context_id = step;
+    target.meta.destination = names_[last];
+    target.value = targets.narrow(0, offset, size).contiguous();
+    driver_->self->send(stages_[last], std::move(target));
+    offset += size;
+  }
+  offset = 0;
+  for (std::int64_t j = 0; j < m; ++j) {
+    actors::tensor_message input;
+    input.meta.kind = message_kind::forward_activation;
+    input.meta.step = step;
+    input.meta.micro_batch = static_cast<std::uint32_t>(j);
+    input.meta.context_id = step;
+    input.meta.destination = names_[0];
+    input.value = inputs.narrow(0, offset, sizes[j]).contiguous();
+    driver_->self->send(stages_[0], std::move(input));
+    offset += sizes[j];
+  }
+
+  std::vector<double> losses(static_cast<std::size_t>(m), 0.0);
+  if (auto done = await_step(losses); !done)
+    return done.error_value();
+  // The batch's mean loss: micro-batch means weighted by their share.
+  double loss = 0;
+  for (std::int64_t j = 0; j < m; ++j)
+    loss += losses[j] * static_cast<double>(sizes[j]) / static_cast<double>(batch);
+  return loss;
+}
+
+expected<void> pipeline::await_step(std::vector<double>& losses) {
+  const std::uint64_t step = step_;
+  const std::size_t m = losses.size();
+  const std::size_t p = stages_.size();
+  std::size_t losses_seen = 0;
+  std::size_t backwards_done = 0;
+  std::size_t applied = 0;
+  bool applying = false;
+  std::optional<troupe::error> failed;
+  auto stage_of = [this](const caf::actor_addr& source) -> std::size_t {
+    for (std::size_t i = 0; i < stages_.size(); ++i)
+      if (stages_[i].address() == source)
+        return i;
+    return stages_.size();
+  };
+  auto phase = [&] {
+    return fmt::format("step {} ({} of {} losses, {} of {} backwards, {} of {} stages updated)",
+                       step, losses_seen, m, backwards_done, m, applied, p);
+  };
+  // Receives until the step is complete or fails; each wait is bounded.
+  while (!failed && applied < p) {
+    if (!applying && losses_seen == m && backwards_done == m) {
+      // Every micro-batch is through: one optimizer step on every stage.
+      for (auto& stage : stages_)
+        driver_->self->send(stage, apply_atom::value, step);
+      applying = true;
+    }
+    driver_->self->receive(
+      [&](loss_atom, std::uint64_t s, std::uint32_t mb, double value) {
+        if (s == step && mb < m) {
+          losses[mb] = value;
+          ++losses_seen;
+        }
+      },
+      [&](micro_batch_done_atom, std::uint64_t s, std::uint32_t) {
+        if (s == step)
+          ++backwards_done;
+      },
+      [&](applied_atom, std::uint64_t, std::uint64_t s) {
+        if (s == step)
+          ++applied;
+      },
+      [&](stage_failed_atom, std::uint64_t stage, std::uint64_t, std::string& what) {
+        failed = make_error(errc::invalid_argument, "pipeline: stage {} ({}) failed in {}: {}",
+                            stage, stage < names_.size() ? names_[stage] : "?", phase(), what);
+      },
+      [&](caf::down_msg& down) {
+        auto i = stage_of(down.source);
+        failed = make_error(errc::io_error, "pipeline: stage {} ({}) stopped during {}: {}", i,
+                            i < names_.size() ? names_[i] : "?", phase(),
+                            system_.render(down.reason));
+      },
+      [&](const actors::tensor_message&) {
+        // A late evaluation output: not part of this step.
+      },
+      caf::after(options_.timeout) >> [&] {
+        // Name the stage the step is waiting on: a missing loss points at
+        // the last stage, missing backwards at the first.
+        std::string waiting =
+          losses_seen < m ? fmt::format("stage {} ({}) has not reported every loss", p - 1, names_[p - 1])
+          : backwards_done < m ? fmt::format("stage 0 ({}) has not finished every backward", names_[0])
+                               : std::string{"not every stage applied its update"};
+        failed = make_error(errc::io_error, "pipeline: no progress for {} ms in {}: {}",
+                            options_.timeout.count(), phase(), waiting);
+      });
+  }
+  if (failed)
+    return fail(*failed);
+  return {};
+}
+
+expected<tensor> pipeline::forward(const tensor& inputs) {
+  require(inputs.defined() && inputs.rank() >= 1,
+          "pipeline::forward: inputs need a batch dimension");
+  const auto batch = inputs.size(0);
+  const auto m = std::min<std::int64_t>(static_cast<std::int64_t>(options_.micro_batches), batch);
+  if (broken_)
+    return make_error(broken_->code(), "pipeline: an earlier step failed: {}", broken_->message());
+  std::int64_t offset = 0;
+  for (std::int64_t j = 0; j < m; ++j) {
+    const auto size = batch / m + (j < batch % m ? 1 : 0);
+    actors::tensor_message input;
+    input.meta.kind = message_kind::forward_activation;
+    input.meta.micro_batch = static_cast<std::uint32_t>(j);
+    input.meta.context_id = 0; // evaluation: no graph, no stash
+    input.meta.destination = names_[0];
+    input.value = inputs.narrow(0, offset, size).contiguous();
+    driver_->self->send(stages_[0], std::move(input));
+    offset += size;
+  }
+  std::vector<tensor> outputs(static_cast<std::size_t>(m));
+  std::int64_t received = 0;
+  std::optional<troupe::error> failed;
+  while (!failed && received < m) {
+    driver_->self->receive(
+      [&](const actors::tensor_message& out) {
+        if (out.meta.context_id == 0 && out.meta.micro_batch < outputs.size() &&
+            !outputs[out.meta.micro_batch].defined()) {
+          outputs[out.meta.micro_batch] = out.value;
+          ++received;
+        }
+      },
+      [&](stage_failed_atom, std::uint64_t stage, std::uint64_t, std::string& what) {
+        failed = make_error(errc::invalid_argument, "pipeline: stage {} ({}) failed in forward: {}",
+                            stage, stage < names_.size() ? names_[stage] : "?", what);
+      },
+      [&](caf::down_msg& down) {
+        std::size_t i = 0;
+        while (i < stages_.size() && stages_[i].address() != down.source)
+          ++i;
+        failed = make_error(errc::io_error, "pipeline: stage {} ({}) stopped during forward: {}",
+                            i, i < names_.size() ? names_[i] : "?", system_.render(down.reason));
+      },
+      caf::after(options_.timeout) >> [&] {
+        failed = make_error(errc::io_error,
+                            "pipeline: no progress for {} ms in forward ({} of {} outputs)",
+                            options_.timeout.count(), received, m);
+      });
+  }
+  if (failed) {
+    broken_ = *failed;
+    return *failed;
+  }
+  return cat(outputs, 0);
+}
+
+expected<std::vector<stage_stats>> pipeline::stats() {
+  std::vector<stage_stats> out(stages_.size());
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    std::optional<troupe::error> failed;
+    driver_->self->request(stages_[i], options_.timeout, stats_atom::value)
+      .receive(
+        [&](std::uint64_t bytes, std::uint64_t in_flight, double busy_ms) {
+          out[i] = {bytes, in_flight, busy_ms};
+        },
+        [&](caf::error& err) {
+          failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,
+                              names_[i], system_.render(err));
+        });
+    if (failed)
+      return *failed;
+  }
+  return out;
+}
+
+} // namespace troupe::parallel

@@ -1,0 +1,65 @@
+// Credits and priorities of the pipeline schedules.
+#include "troupe/parallel/schedule.hpp"
+
+#include <algorithm>
+
+#include "troupe/tensor/error.hpp"
+
+namespace troupe::parallel {
+
+schedule_policy policy_for(schedule_kind kind, std::size_t stage, std::size_t stages,
+                           std::size_t micro_batches) {
+  require(stage < stages, "schedule: stage {} of {} stages", stage, stages);
+  require(micro_batches >= 1, "schedule: {} micro-batches; need at least one", micro_batches);
+  schedule_policy policy;
+  if (kind == schedule_kind::gpipe) {
+    policy.credits = micro_batches;
+    policy.backward_first = false;
+  } else {
+    policy.credits = std::min(micro_batches, stages - stage);
+    policy.backward_first = true;
+  }
+  return policy;
+}
+
+void work_queue::push(actors::tensor_message work) {
+  if (work.meta.kind == message_kind::backward_gradient)
+    backwards_.push_back(std::move(work));
+  else
+    forwards_.push_back(std::move(work));
+}
+
+bool work_queue::has_runnable() const noexcept {
+  return !backwards_.empty() || (!forwards_.empty() && in_flight_ < policy_.credits);
+}
+
+std::optional<actors::tensor_message> work_queue::pop() {
+  const bool forward_ready = !forwards_.empty() && in_flight_ < policy_.credits;
+  const bool backward_ready = !backwards_.empty();
+  if (backward_ready && (policy_.backward_first || !forward_ready)) {
+    auto work = std::move(backwards_.front());
+    backwards_.pop_front();
+    return work;
+  }
+  if (forward_ready) {
+    auto work = std::move(forwards_.front());
+    forwards_.pop_front();
+    ++in_flight_;
+    peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
+    return work;
+  }
+  return std::nullopt;
+}
+
+void work_queue::finished_backward() {
+  TROUPE_ASSERT(in_flight_ > 0, "work_queue: a backward finished with no micro-batch in flight");
+  --in_flight_;
+}
+
+void work_queue::clear() {
+  forwards_.clear();
+  backwards_.clear();
+  in_flight_ = 0;
+}
+
+} // namespace troupe::parallel

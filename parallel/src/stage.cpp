@@ -1,0 +1,321 @@
+// The stage actor: forward and backward of its slice per micro-batch, picked
+// from its work queue by the schedule's credits and priority.
+#include "troupe/parallel/stage.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <optional>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/autograd/checkpoint.hpp"
+#include "troupe/autograd/grad_mode.hpp"
+#include "troupe/parallel/distributed_autograd.hpp"
+
+namespace troupe::parallel {
+
+tensor_sender local_tensor_sender() {
+  return [](const stage_endpoint& to, actors::tensor_message message) -> expected<void> {
+    if (!to.handle)
+      return make_error(errc::invalid_argument, "stage {} ({}) has no actor handle", to.index,
+                        to.where.to_string());
+    caf::anon_send(to.handle, std::move(message));
+    return {};
+  };
+}
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+/// Everything a stage keeps between messages. Used only from the stage's
+/// own (detached) thread.
+class stage_state {
+public:
+  explicit stage_state(std::shared_ptr<stage_options> options)
+      : options_(std::move(options)), queue_(options_->policy) {}
+
+  bool first() const noexcept { return options_->index == 0; }
+  bool last() const noexcept { return options_->index + 1 == options_->stages; }
+
+  void wire(caf::actor previous, caf::actor next, caf::actor driver) {
+    previous_ = {options_->index - (first() ? 0 : 1), {}, std::move(previous)};
+    next_ = {options_->index + 1, {}, std::move(next)};
+    driver_ = std::move(driver);
+  }
+  /// Endpoints reached through the tensor sender need places when routed.
+  void set_places(actors::place previous, actors::place next, actors::place driver) {
+    previous_.where = std::move(previous);
+    next_.where = std::move(next);
+    driver_place_ = std::move(driver);
+  }
+
+  void begin(std::uint64_t step, std::uint64_t batch) {
+    if (step_ != step) {
+      // A previous step that failed may have left work and graphs behind.
+      queue_.clear();
+      registry_.release_context(step_);
+      waiting_for_target_.clear();
+      targets_.clear();
+      stash_bytes_.clear();
+      stashed_ = 0;
+    }
+    step_ = step;
+    batch_ = batch;
+    stats_ = {};
+    queue_.reset_peak();
+  }
+
+  /// A tensor arrived: evaluation runs at once, training work is queued.
+  void arrive(const actors::tensor_message& message) {
+    const context_key key{message.meta.context_id, message.meta.micro_batch, 0};
+    if (message.meta.kind == message_kind::forward_activation && key.context_id == 0) {
+      evaluate(message);
+      return;
+    }
+    if (message.meta.kind == message_kind::backward_gradient) {
+      queue_.push(message);
+      return;
+    }
+    if (!last()) {
+      require(message.meta.kind == message_kind::forward_activation,
+              "stage {}: unexpected {} message", options_->name, name_of(message.meta.kind));
+      queue_.push(message);
+      return;
+    }
+    // The last stage runs a forward only once its target is there too.
+    if (message.meta.kind == message_kind::control) {
+      if (auto it = waiting_for_target_.find(key); it != waiting_for_target_.end()) {
+        targets_[key] = message.value;
+        queue_.push(std::move(it->second));
+        waiting_for_target_.erase(it);
+      } else {
+        targets_[key] = message.value;
+      }
+    } else if (targets_.count(key) != 0) {
+      queue_.push(message);
+    } else {
+      waiting_for_target_.emplace(key, message);
+    }
+  }
+
+  bool has_work() const noexcept { return queue_.has_runnable(); }
+
+  /// Runs one piece of queued work.
+  void run_one() {
+    auto work = queue_.pop();
+    if (!work)
+      return;
+    auto started = clock::now();
+    if (work->meta.kind == message_kind::backward_gradient)
+      backward(*work);
+    else
+      forward(*work);
+    stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
+  }
+
+  void apply(std::uint64_t step) {
+    auto started = clock::now();
+    require(step == step_, "stage {}: asked to apply step {} during step {}", options_->name, step,
+            step_);
+    require(queue_.in_flight() == 0 && registry_.empty(),
+            "stage {}: step {} applied with {} micro-batches still in flight", options_->name,
+            step, queue_.in_flight());
+    options_->optimizer->step();
+    options_->optimizer->zero_grad();
+    stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
+  }
+
+  stage_stats stats() const {
+    auto out = stats_;
+    out.peak_in_flight = queue_.peak_in_flight();
+    return out;
+  }
+
+  const stage_options& options() const noexcept { return *options_; }
+  const caf::actor& driver() const noexcept { return driver_; }
+  std::uint64_t step() const noexcept { return step_; }
+
+private:
+  /// Runs the slice on `x` with a graph; returns the output and adds the
+  /// bytes the graph keeps for this micro-batch to the stash.
+  autograd::variable run_layers(const autograd::variable& x, std::size_t& stashed) {
+    stashed = x.data().nbytes();
+    if (options_->rematerialize) {
+      auto layers = options_->layers;
+      auto outputs = autograd::checkpoint(
+          [layers](const std::vector<autograd::variable>& in) {
+            return std::vector<autograd::variable>{layers->forward(in[0])};
+          },
+          {x});
+      stashed += outputs[0].data().nbytes();
+      return outputs[0];
+    }
+    auto h = x;
+    for (std::size_t i = 0; i < options_->layers->size(); ++i) {
+      h = options_->layers->at(i)->forward(h);
+      stashed += h.data().nbytes();
+    }
+    return h;
+  }
+
+  void forward(const actors::tensor_message& work) {
+    const context_key key{work.meta.context_id, work.meta.micro_batch, 0};
+    // Distributed autograd: the received activation becomes a leaf of this
+    // stage's graph; its gradient goes back under the same key.
+    auto x = registry_.receive(key, work.value, !first());
+    std::size_t stashed = 0;
+    auto output = run_layers(x, stashed);
+    stash_bytes_[key] = stashed;
+    stashed_ += stashed;
+    stats_.peak_stashed_bytes = std::max<std::uint64_t>(stats_.peak_stashed_bytes, stashed_);
+
+    if (!last()) {
+      registry_.record_send(key, output);
+      send(next_, message_kind::forward_activation, key, output.data());
+      return;
+    }
+    // The last stage: loss against the target, then this micro-batch's
+    // backward is ready at once, seeded with its weight b_j / B.
+    auto target_it = targets_.find(key);
+    TROUPE_ASSERT(target_it != targets_.end(), "stage {}: forward without a target",
+                  options_->name);
+    auto target = std::move(target_it->second);
+    targets_.erase(target_it);
+    auto loss = options_->loss(output, target);
+    require(loss.numel() == 1, "stage {}: the loss function returned {} values; it must return one",
+            options_->name, loss.numel());
+    const double weight =
+        static_cast<double>(target.size(0)) / static_cast<double>(std::max<std::uint64_t>(batch_, 1));
+    registry_.record_send(key, loss);
+    caf::anon_send(driver_, loss_atom::value, key.context_id, key.micro_batch, loss.item());
+    actors::tensor_message seed;
+    seed.meta.kind = message_kind::backward_gradient;
+    seed.meta.step = work.meta.step;
+    seed.meta.micro_batch = key.micro_batch;
+    seed.meta.context_id = key.context_id;
+    seed.value = tensor::full(loss.shape(), weight, loss.type());
+    queue_.push(std::move(seed));
+  }
+
+  void backward(const actors::tensor_message& work) {
+    const context_key key{work.meta.context_id, work.meta.micro_batch, 0};
+    registry_.backward_sent(key, work.value);
+    queue_.finished_backward();
+    if (auto it = stash_bytes_.find(key); it != stash_bytes_.end()) {
+      stashed_ -= it->second;
+      stash_bytes_.erase(it);
+    }
+    if (first()) {
+      registry_.forget(key);
+      caf::anon_send(driver_, micro_batch_done_atom::value, key.context_id, key.micro_batch);
+      return;
+    }
+    send(previous_, message_kind::backward_gradient, key, registry_.take_received_grad(key));
+  }
+
+  void evaluate(const actors::tensor_message& work) {
+    auto started = clock::now();
+    autograd::no_grad_guard no_grad;
+    auto output = options_->layers->forward(autograd::variable(work.value));
+    const context_key key{0, work.meta.micro_batch, 0};
+    if (last()) {
+      stage_endpoint driver{options_->stages, driver_place_, driver_};
+      send(driver, message_kind::forward_activation, key, output.data());
+    } else {
+      send(next_, message_kind::forward_activation, key, output.data());
+    }
+    stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
+  }
+
+  void send(const stage_endpoint& to, message_kind kind, const context_key& key, tensor value) {
+    actors::tensor_message message;
+    message.meta.kind = kind;
+    message.meta.step = key.context_id;
+    message.meta.micro_batch = key.micro_batch;
+    message.meta.context_id = key.context_id;
+    message.meta.destination = to.where.to_string();
+    message.value = std::move(value);
+    auto sent = options_->sender(to, std::move(message));
+    require(sent.has_value(), "stage {}: sending {} of micro-batch {} to stage {} failed: {}",
+            options_->name, name_of(kind), key.micro_batch, to.index,
+            sent.has_value() ? std::string{} : sent.error_value().message());
+  }
+
+  std::shared_ptr<stage_options> options_;
+  work_queue queue_;
+  context_registry registry_;
+  stage_endpoint previous_;
+  stage_endpoint next_;
+  caf::actor driver_;
+  actors::place driver_place_;
+  std::uint64_t step_ = 0;
+  std::uint64_t batch_ = 0;
+  std::map<context_key, actors::tensor_message> waiting_for_target_;
+  std::map<context_key, tensor> targets_;
+  std::map<context_key, std::size_t> stash_bytes_;
+  std::size_t stashed_ = 0;
+  stage_stats stats_;
+};
+
+} // namespace
+
+caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_options> options) {
+  auto state = std::make_shared<stage_state>(std::move(options));
+  auto run_scheduled = std::make_shared<bool>(false);
+  // Every handler validates and turns exceptions into a p_failed report: an
+  // exception escaping a handler would kill the actor without a word.
+  auto report = [self, state](const std::exception& e) {
+    if (state->driver())
+      self->send(state->driver(), stage_failed_atom::value,
+                 static_cast<std::uint64_t>(state->options().index), state->step(),
+                 std::string{e.what()});
+  };
+  auto schedule_run = [self, state, run_scheduled] {
+    if (!*run_scheduled && state->has_work()) {
+      *run_scheduled = true;
+      self->send(self, run_atom::value);
+    }
+  };
+  return {
+    [=](wire_atom, caf::actor previous, caf::actor next, caf::actor driver) {
+      state->wire(std::move(previous), std::move(next), std::move(driver));
+      return caf::make_message(caf::ok_atom::value);
+    },
+    [=](begin_step_atom, std::uint64_t step, std::uint64_t batch) { state->begin(step, batch); },
+    [=](const actors::tensor_message& message) {
+      try {
+        state->arrive(message);
+      } catch (const std::exception& e) {
+        report(e);
+      }
+      schedule_run();
+    },
+    [=](run_atom) {
+      *run_scheduled = false;
+      try {
+        state->run_one();
+      } catch (const std::exception& e) {
+        report(e);
+      }
+      schedule_run();
+    },
+    [=](apply_atom, std::uint64_t step) {
+      try {
+        state->apply(step);
+        self->send(state->driver(), applied_atom::value,
+                   static_cast<std::uint64_t>(state->options().index), step);
+      } catch (const std::exception& e) {
+        report(e);
+      }
+    },
+    [=](stats_atom) {
+      auto s = state->stats();
+      return caf::make_message(s.peak_stashed_bytes, s.peak_in_flight, s.busy_ms);
+    },
+  };
+}
+
+} // namespace troupe::parallel
