@@ -20,6 +20,7 @@
 #include <ucp/api/ucp.h>
 
 #include "troupe/actors/credit_window.hpp"
+#include "troupe/actors/trace.hpp"
 #include "troupe/serialization/decode.hpp"
 #include "troupe/serialization/encoded_message.hpp"
 #include "troupe/tensor/host_allocator.hpp"
@@ -84,6 +85,7 @@ public:
   struct peer {
     peer_id id = 0;
     std::string name;
+    trace::name_id trace_name; // the peer's node name, interned once
     // queue (mutex_)
     std::deque<std::unique_ptr<send_op>> queued;
     bool closed = false;
@@ -104,6 +106,8 @@ public:
     encoded_message encoded;
     std::size_t credit_bytes = 0;
     completion_callback done;
+    std::int64_t start_ns = 0; // trace: when send() took it
+    std::uint64_t flow = 0;
   };
 
   /// A small control AM (hello, ack, goodbye) whose header must outlive the
@@ -120,10 +124,12 @@ public:
     std::size_t header_bytes = 0;
     std::shared_ptr<storage> buffer;
     std::size_t credit_bytes = 0;
+    std::int64_t start_ns = 0; // trace: when the frame arrived
   };
 
   explicit impl(data_plane_options options) : options_(std::move(options)) {
     decode_options_.max_payload_bytes = options_.max_message_bytes;
+    trace_self_ = trace::intern(options_.node_name + "/ucx");
   }
 
   ~impl() {
@@ -260,6 +266,8 @@ public:
     auto op = std::make_unique<send_op>();
     op->owner = this;
     op->to = to;
+    op->start_ns = trace::now_ns();
+    op->flow = message.flow_id;
     auto meta = std::move(message.meta);
     meta.token = options_.token;
     meta.flow_id = message.flow_id;
@@ -513,6 +521,8 @@ private:
       if (status == UCS_OK) {
         ++stats_.messages_sent;
         stats_.bytes_sent += op->encoded.payload().size();
+        trace::data_write(trace_self_, p ? p->trace_name : trace::name_id{}, op->encoded.payload().size(),
+                          op->flow, op->start_ns);
       } else {
         ++stats_.send_failures;
       }
@@ -585,6 +595,7 @@ private:
     auto* p = peers_.back().get();
     p->id = static_cast<peer_id>(peers_.size());
     p->name = std::move(name);
+    p->trace_name = trace::intern(p->name);
     return p;
   }
 
@@ -743,6 +754,7 @@ private:
 
   ucs_status_t receive(const void* header, std::size_t header_length, void* data,
                        std::size_t length, const ucp_am_recv_param_t* param) {
+    const auto arrived_ns = trace::now_ns();
     bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     auto credit_bytes = header_length + length;
     // A rejected rendezvous frame is refused through UCX (the sender's send
@@ -777,6 +789,7 @@ private:
     auto op = std::make_unique<receive_op>();
     op->owner = this;
     op->from = from->id;
+    op->start_ns = arrived_ns;
     op->header_bytes = header_length;
     op->header.resize((header_length + 7) / 8);
     std::memcpy(op->header.data(), header, header_length);
@@ -880,6 +893,8 @@ private:
       if (zero_copy && message.value.raw_data() == buffer_start)
         ++stats_.zero_copy_deliveries;
     }
+    trace::data_read(trace_self_, p ? p->trace_name : trace::name_id{}, message.value.nbytes(),
+                     message.flow_id, op->start_ns);
     // Ack after the handler: credits mean "delivered", not "arrived".
     try {
       options_.on_receive(op->from, std::move(message));
@@ -1016,6 +1031,7 @@ private:
   }
 
   data_plane_options options_;
+  trace::name_id trace_self_; // "<node>/ucx": the track of this data plane's transfers
   decode_options decode_options_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

@@ -1,7 +1,10 @@
 #include "troupe/actors/node.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <mutex>
+#include <random>
 #include <optional>
 #include <thread>
 
@@ -12,6 +15,8 @@
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/message_types.hpp"
 #include "troupe/actors/registry.hpp"
+#include "troupe/actors/tensor_router.hpp"
+#include "troupe/actors/trace.hpp"
 
 // Scheduler defaults, measured on the 2-core development machine (Node.
 // DISABLED_SmallMessageRoundTrip in tests/actors/node_test.cpp: median round
@@ -39,13 +44,25 @@ struct node::state {
   std::string coordinator_name;
   caf::actor registry;
   std::chrono::milliseconds request_timeout{10000};
+  std::shared_ptr<tensor_router> router;
+
+  std::shared_ptr<tensor_router> router_now() {
+    std::lock_guard<std::mutex> guard(mutex);
+    return router;
+  }
 
   void report(const peer_lost& event) {
     std::vector<peer_lost_handler> copy;
+    std::shared_ptr<tensor_router> r;
     {
       std::lock_guard<std::mutex> guard(mutex);
       copy = handlers;
+      r = router;
     }
+    // The router first: by the time user code hears of the loss, sends to
+    // that node already fail.
+    if (r)
+      r->on_peer_lost(event);
     for (auto& handler : copy)
       handler(event);
   }
@@ -119,7 +136,11 @@ caf::result<caf::actor> spawn_here(caf::event_based_actor* self, const std::shar
   auto promise = self->make_response_promise();
   auto spawned = *handle;
   self->request(st->registry, st->request_timeout, reg_name_atom_v, text, spawned)
-    .then([promise, spawned](caf::ok_atom) mutable { promise.deliver(spawned); },
+    .then([promise, spawned, st, text](caf::ok_atom) mutable {
+            if (auto r = st->router_now())
+              r->attach(text, spawned);
+            promise.deliver(spawned);
+          },
           [promise, spawned](caf::error& err) mutable {
             caf::anon_send_exit(spawned, caf::exit_reason::user_shutdown);
             promise.deliver(std::move(err));
@@ -164,10 +185,42 @@ caf::behavior node_agent(caf::event_based_actor* self, std::shared_ptr<node::sta
     },
     [st](node_lost_atom, const std::string& name, const std::vector<std::string>& actors,
          const std::string& reason) { st->report(peer_lost{name, actors, reason}); },
+    // A tensor sent to this node over CAF (TLS on): hand it to its actor.
+    [st](deliver_atom, tensor_message& message) -> caf::result<caf::ok_atom> {
+      auto r = st->router_now();
+      if (!r)
+        return make_caf_error(errc::io_error, "node " + st->node_name + " has no tensor router");
+      r->deliver(std::move(message));
+      return caf::ok_atom::value;
+    },
     [](joined_atom, const std::string&) {
       // Nothing to do yet; joins are visible through the registry.
     },
   };
+}
+
+// The data plane's per-job token. It is made by the coordinator and handed to
+// every node at join (registry, job_token): random per job, so frames from an
+// earlier job on the same ports (or a stray client that knows the
+// coordinator's address) are dropped. TROUPE_JOB_TOKEN on the coordinator
+// pins it (hashed), for tools that must join a job. It is not a secret
+// against an eavesdropper: UCX sends it in the clear; TLS is the answer to that.
+std::uint64_t make_job_token() {
+  std::uint64_t token = 0;
+  if (const char* text = std::getenv("TROUPE_JOB_TOKEN"); text && *text) {
+    token = 0xcbf29ce484222325ull; // FNV-1a
+    for (const char* c = text; *c; ++c)
+      token = (token ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+  } else {
+    std::random_device device;
+    token = (std::uint64_t{device()} << 32) ^ device();
+  }
+  return token == 0 ? 1 : token;
+}
+
+std::int64_t system_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+    .count();
 }
 
 std::string seconds(std::chrono::milliseconds duration) {
@@ -196,6 +249,12 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
       return troupe::error(ok.error().code(), fmt::format("node {}: {}", options.name, ok.error().message()));
   std::unique_ptr<node> self(new node(std::move(options)));
   auto& opts = self->options_;
+  // Tracing first, so that joining and the clock measurement are recorded.
+  if (!trace::enabled()) {
+    if (auto ok = trace::start_from_environment(opts.name, opts.rank); !ok)
+      return troupe::error(ok.error().code(), fmt::format("node {}: {}", opts.name, ok.error().message()));
+    self->traced_ = trace::enabled();
+  }
   auto config = std::make_unique<caf::actor_system_config>();
   config->load<caf::io::middleman>();
   if (tls) {
@@ -223,6 +282,10 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
     self->stop();
     return ok.error();
   }
+  if (auto ok = self->start_router(); !ok) {
+    self->stop();
+    return ok.error();
+  }
   return self;
 }
 
@@ -242,7 +305,7 @@ troupe::expected<void> node::join() {
     maps[destination] = map.to_string();
 
   if (options_.is_coordinator()) {
-    registry_ = spawn_registry(sys, options_.name);
+    registry_ = spawn_registry(sys, options_.name, make_job_token());
     auto port = listen(registry_, options_.coordinator.port);
     if (!port)
       return port.error();
@@ -296,10 +359,72 @@ troupe::expected<void> node::join() {
   return {};
 }
 
+troupe::expected<void> node::start_router() {
+  auto& sys = *system_;
+  const auto timeout = options_.request_timeout;
+  auto token = ask<std::uint64_t>(sys, registry_, timeout, "node " + options_.name + ": job token", job_token_atom_v);
+  if (!token)
+    return token.error();
+  // Clock offset to the coordinator for merging traces: a few round trips
+  // that return the coordinator's system clock; the one with the smallest
+  // round trip wins, and half of it is the uncertainty.
+  if (trace::enabled()) {
+    if (options_.is_coordinator()) {
+      trace::set_clock_offset(0, 0);
+    } else {
+      std::int64_t best_rtt = std::numeric_limits<std::int64_t>::max(), best_offset = 0;
+      for (int i = 0; i < 8; ++i) {
+        auto t0 = system_now_ns();
+        auto remote = ask<std::int64_t>(sys, registry_, timeout, "clock", clock_atom_v);
+        auto t1 = system_now_ns();
+        if (remote && t1 - t0 < best_rtt) {
+          best_rtt = t1 - t0;
+          best_offset = *remote - (t0 + (t1 - t0) / 2);
+        }
+      }
+      if (best_rtt != std::numeric_limits<std::int64_t>::max())
+        trace::set_clock_offset(best_offset, best_rtt / 2);
+    }
+  }
+  tensor_router_options ro;
+  ro.node_name = options_.name;
+  ro.registry = registry_;
+  ro.request_timeout = timeout;
+  ro.encrypted = options_.tls.requested();
+  ro.data_plane.token = *token;
+  auto router = tensor_router::start(sys, std::move(ro));
+  if (!router)
+    return router.error();
+  {
+    std::lock_guard<std::mutex> guard(state_->mutex);
+    state_->router = *router;
+  }
+  if (!options_.tls.requested()) {
+    auto ok = ask<caf::ok_atom>(sys, registry_, timeout, "node " + options_.name + ": publish data-plane address",
+                                data_address_atom_v, options_.name, (*router)->data_plane_address());
+    if (!ok)
+      return ok.error();
+  }
+  return {};
+}
+
+std::shared_ptr<tensor_router> node::router() const {
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  return state_->router;
+}
+
 void node::stop() {
   if (stopped_)
     return;
   stopped_ = true;
+  // Flush the trace whatever else happens.
+  struct trace_guard {
+    bool on;
+    ~trace_guard() {
+      if (on)
+        trace::stop();
+    }
+  } flush{traced_};
   if (!system_)
     return;
   // Leave first, so the others do not report this orderly stop as a loss.
@@ -307,11 +432,16 @@ void node::stop() {
     (void)ask<caf::ok_atom>(*system_, registry_, std::min(options_.request_timeout, std::chrono::milliseconds{2000}),
                             "leave", leave_atom_v, options_.name);
   std::vector<caf::actor> spawned;
+  std::shared_ptr<tensor_router> router;
   {
     std::lock_guard<std::mutex> guard(state_->mutex);
     spawned.swap(state_->spawned);
     state_->handlers.clear();
+    router.swap(state_->router);
   }
+  // Goodbye on the data plane before the actors go.
+  if (router)
+    router->stop();
   for (auto& handle : spawned)
     caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   spawned.clear();
@@ -342,10 +472,14 @@ troupe::expected<void> node::register_actor(const place& where, const caf::actor
                               reg_name_atom_v, where.to_string(), handle);
   if (!ok)
     return ok.error();
+  if (auto r = router(); r && where.node == options_.name)
+    r->attach(where.to_string(), handle);
   return {};
 }
 
 troupe::expected<void> node::unregister_actor(const place& where) {
+  if (auto r = router())
+    r->detach(where.to_string());
   auto ok = ask<caf::ok_atom>(*system_, registry_, options_.request_timeout, "unregister " + where.to_string(),
                               unreg_name_atom_v, where.to_string());
   if (!ok)

@@ -1,6 +1,7 @@
 #include "troupe/actors/registry.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@ struct node_entry {
   caf::actor agent;
   caf::node_id id;
   std::map<std::string, std::string> device_maps; // destination node -> device_map text
+  std::string data_address;                       // its UCX worker address (tensor_router)
 };
 
 struct registry_state {
@@ -25,6 +27,7 @@ struct registry_state {
   std::map<std::string, caf::actor> names;   // by place string
   std::vector<std::pair<std::uint32_t, caf::response_promise>> waiters;
   std::string coordinator_name;
+  std::uint64_t job_token = 0;
   static inline const char* name = "troupe.registry";
 };
 
@@ -63,8 +66,9 @@ void drop_node(registry_actor* self, std::map<std::string, node_entry>::iterator
     self->send(info.agent, node_lost_atom_v, node_name, lost_names, reason);
 }
 
-caf::behavior registry(registry_actor* self, std::string coordinator_name) {
+caf::behavior registry(registry_actor* self, std::string coordinator_name, std::uint64_t job_token) {
   self->state.coordinator_name = std::move(coordinator_name);
+  self->state.job_token = job_token;
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& st = self->state;
     auto reason = to_string(msg.reason);
@@ -102,7 +106,7 @@ caf::behavior registry(registry_actor* self, std::string coordinator_name) {
       if (auto i = st.nodes.find(name); i != st.nodes.end())
         return make_caf_error(errc::invalid_argument, "a node named " + name + " has already joined");
       self->monitor(agent);
-      st.nodes.emplace(name, node_entry{agent, agent.node(), device_maps});
+      st.nodes.emplace(name, node_entry{agent, agent.node(), device_maps, {}});
       for (auto& [other, info] : st.nodes)
         if (other != name)
           self->send(info.agent, joined_atom_v, name);
@@ -157,6 +161,28 @@ caf::behavior registry(registry_actor* self, std::string coordinator_name) {
       st.waiters.emplace_back(count, promise);
       return promise;
     },
+    [self](job_token_atom) { return self->state.job_token; },
+    // The coordinator's system clock, for the clock offsets of traces.
+    [](clock_atom) {
+      return static_cast<std::int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::system_clock::now().time_since_epoch())
+                                         .count());
+    },
+    [self](data_address_atom, const std::string& name, const std::string& address) -> caf::result<caf::ok_atom> {
+      auto i = self->state.nodes.find(name);
+      if (i == self->state.nodes.end())
+        return make_caf_error(errc::invalid_argument, "no node named " + name + " has joined");
+      i->second.data_address = address;
+      return caf::ok_atom::value;
+    },
+    [self](data_address_atom, const std::string& name) -> caf::result<std::string> {
+      auto i = self->state.nodes.find(name);
+      if (i == self->state.nodes.end())
+        return make_caf_error(errc::invalid_argument, "no node named " + name + " has joined");
+      if (i->second.data_address.empty())
+        return make_caf_error(errc::invalid_argument, "node " + name + " has not published a data-plane address yet");
+      return i->second.data_address;
+    },
     [self](device_map_atom, const std::string& from, const std::string& to) -> caf::result<std::string> {
       auto& st = self->state;
       auto i = st.nodes.find(from);
@@ -170,8 +196,8 @@ caf::behavior registry(registry_actor* self, std::string coordinator_name) {
 
 } // namespace
 
-caf::actor spawn_registry(caf::actor_system& system, std::string coordinator_name) {
-  return system.spawn(registry, std::move(coordinator_name));
+caf::actor spawn_registry(caf::actor_system& system, std::string coordinator_name, std::uint64_t job_token) {
+  return system.spawn(registry, std::move(coordinator_name), job_token);
 }
 
 } // namespace troupe::actors

@@ -29,7 +29,21 @@ using joined_atom = caf::atom_constant<caf::atom("t_joined")>;
 using spawn_here_atom = caf::atom_constant<caf::atom("t_spawn")>;
 using spawn_at_atom = caf::atom_constant<caf::atom("t_spawnat")>;
 
+// Job-wide facts kept by the registry (node.cpp reads them at join).
+using job_token_atom = caf::atom_constant<caf::atom("t_token")>;   // -> uint64 data-plane token
+using clock_atom = caf::atom_constant<caf::atom("t_clock")>;       // -> int64 system-clock ns
+using data_address_atom = caf::atom_constant<caf::atom("t_dpaddr")>; // (node, address) -> ok; (node) -> address
+
+// Tensor routing (tensor_router.hpp).
+using deliver_atom = caf::atom_constant<caf::atom("t_deliver")>; // (tensor_message) -> ok
+using route_atom = caf::atom_constant<caf::atom("t_route")>;     // (node): resolve and drain
+
 constexpr reg_node_atom reg_node_atom_v{};
+constexpr job_token_atom job_token_atom_v{};
+constexpr clock_atom clock_atom_v{};
+constexpr data_address_atom data_address_atom_v{};
+constexpr deliver_atom deliver_atom_v{};
+constexpr route_atom route_atom_v{};
 constexpr leave_atom leave_atom_v{};
 constexpr reg_name_atom reg_name_atom_v{};
 constexpr unreg_name_atom unreg_name_atom_v{};

@@ -15,9 +15,15 @@
 // an actor; actors talk to `agent()` and `registry()` directly with the
 // protocols in registry.hpp and below.
 //
+// Tensors: node::router() (tensor_router.hpp). With TROUPE_TRACE_DIR set,
+// start() also starts the process's trace (named after the node, flow ids
+// prefixed by its rank), measures the clock offset to the coordinator, and
+// stop() flushes the trace.
+//
 // Agent protocol:
 //   (spawn_here, place, factory, args) -> actor   spawn on this node and register
 //   (spawn_at, place, factory, args)   -> actor   spawn on place's node (forwards)
+//   (deliver, tensor_message)          -> ok      a tensor over CAF (TLS on) for a local actor
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -35,6 +41,8 @@
 #include "troupe/tensor/expected.hpp"
 
 namespace troupe::actors {
+
+class tensor_router;
 
 /// Makes an actor for a place from the arguments a remote caller sent. Spawn
 /// compute actors `detached` so heavy work never blocks CAF's scheduler.
@@ -97,12 +105,18 @@ public:
   /// device map for the receiving node (identity if none).
   troupe::expected<troupe::device> landing_device(const place& from, const place& to);
 
+  /// Where tensors go: one call for a place in this process, on another node
+  /// over the data plane, or over TLS (tensor_router.hpp). Capture it in the
+  /// actors that send; it is null only before start() returned.
+  std::shared_ptr<tensor_router> router() const;
+
   /// Shared between the node and its agent (internal).
   struct state;
 
 private:
   node(node_options options);
   troupe::expected<void> join();
+  troupe::expected<void> start_router();
 
   node_options options_;
   std::unique_ptr<caf::actor_system_config> config_;
@@ -112,6 +126,7 @@ private:
   caf::actor agent_;
   std::uint16_t port_ = 0;
   bool stopped_ = false;
+  bool traced_ = false; // this node started the process's trace session
 };
 
 } // namespace troupe::actors

@@ -17,8 +17,13 @@
 //   (list_nodes)                          -> vector<string>
 //   (await_nodes, n)                      -> ok      once n nodes joined
 //   (device_map, from_node, to_node)      -> string  device_map text
+//   (job_token)                           -> uint64  the data plane's per-job token
+//   (clock)                               -> int64   coordinator's system clock, ns
+//   (data_address, name, address)         -> ok      publish a node's UCX address
+//   (data_address, name)                  -> string  error until published
 // and it sends (node_lost, name, actors, reason) to every remaining agent
 // when a node's connection breaks.
+#include <cstdint>
 #include <string>
 
 #include <caf/actor.hpp>
@@ -27,6 +32,8 @@
 namespace troupe::actors {
 
 /// Spawns the registry in `system` (the coordinator's node does this).
-caf::actor spawn_registry(caf::actor_system& system, std::string coordinator_name);
+/// `job_token` is what every node's data plane stamps into its frames.
+caf::actor spawn_registry(caf::actor_system& system, std::string coordinator_name,
+                          std::uint64_t job_token = 0);
 
 } // namespace troupe::actors

@@ -1,0 +1,147 @@
+#pragma once
+// One way to send a tensor to a place, whichever plane carries it
+// (DESIGN.md, "The two planes"). Every node owns one router (node::router()).
+//
+//   auto router = n->router();                        // std::shared_ptr, capture it in actors
+//   tensor_message m{meta, value, 0};
+//   auto ok = router->send(*place::parse("worker1/cpu/stage1"), std::move(m), on_done, my_trace_name);
+//   if (!ok) ...                                      // refused at once: lost peer, back-pressure
+//
+// and the destination actor, registered under its place (spawn_remote or
+// node::register_actor), receives an ordinary CAF message:
+//
+//   [=](const tensor_message& m) { tensor_receive_scope scope(my_trace_name, m); ... }
+//
+// Which plane:
+//   destination in this process  a local CAF message; the handler sees the same
+//                                tensor storage (zero copy, only a reference count changes)
+//   another process, TLS off     the node's UCX data plane (shared memory, CMA, TCP or
+//                                verbs, UCX's choice); the receiving node hands the
+//                                tensor to the actor as a local CAF message
+//   another process, TLS on      CAF's mutually authenticated TLS connection (BASP with
+//                                tensor_message's validating inspect), because UCX does
+//                                not encrypt: with TLS on no payload leaves the process
+//                                in the clear and the data plane is not even started
+//
+// Thread model. send() may be called from any thread, including an
+// event-based actor's handler: it never blocks on the network or on the
+// registry. A send to a node not yet connected waits in a bounded queue while
+// the router's own (detached) actor asks the registry for the node's data-plane
+// address and connects; later sends go straight to the data plane. Every queue
+// is bounded: beyond `max_queued_sends` per node send() refuses with
+// errc::size_limit_exceeded (back-pressure; retry after a completion). The
+// completion runs once per accepted send, on the data plane's thread or the
+// router's actor thread: ok when the message left (data plane) or was handed
+// to the destination node (TLS), an error naming the node otherwise.
+//
+// Failure. When the control plane reports a lost node (on_peer_lost) the
+// router disconnects its data-plane endpoint, fails what was queued for it,
+// and refuses later sends with errc::io_error "node <name> was lost: ...".
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "troupe/actors/data_plane.hpp"
+#include "troupe/actors/peer_monitor.hpp"
+#include "troupe/actors/place.hpp"
+#include "troupe/actors/tensor_message.hpp"
+#include "troupe/actors/trace.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::actors {
+
+/// Counters since start; snapshot by tensor_router::stats().
+struct tensor_router_stats {
+  std::uint64_t local_sends = 0;         ///< delivered in process (zero copy)
+  std::uint64_t data_plane_sends = 0;    ///< handed to UCX
+  std::uint64_t control_plane_sends = 0; ///< sent over CAF (TLS on)
+  std::uint64_t refused = 0;             ///< send() returned an error
+  std::uint64_t remote_deliveries = 0;   ///< tensors from other nodes handed to local actors
+  std::uint64_t undeliverable = 0;       ///< arrived for a place nobody registered
+};
+
+struct tensor_router_options {
+  std::string node_name;
+  caf::actor registry;
+  std::chrono::milliseconds request_timeout{10000};
+  /// TLS on: tensors go over CAF's encrypted connections, no data plane.
+  bool encrypted = false;
+  /// The data plane's settings (node name, token and on_receive are filled in).
+  data_plane_options data_plane;
+  /// Sends queued per node while it is being resolved (or in flight over TLS).
+  std::size_t max_queued_sends = 256;
+};
+
+class tensor_router : public std::enable_shared_from_this<tensor_router> {
+public:
+  struct impl;
+
+  /// Starts the data plane (unless encrypted) and the router's actor.
+  static expected<std::shared_ptr<tensor_router>> start(caf::actor_system& system,
+                                                        tensor_router_options options);
+  ~tensor_router();
+  tensor_router(const tensor_router&) = delete;
+  tensor_router& operator=(const tensor_router&) = delete;
+
+  /// Sends `message` to the actor registered under `to` (a full place,
+  /// `worker1/cpu/stage1`); sets `message.meta.destination` to it and gives
+  /// the message a trace flow id when tracing and it has none. `sender` names
+  /// the sending actor in the trace ({}: untraced sender). Never blocks.
+  /// Errors (and then `done` is not called): the place has no name, the
+  /// destination's node was lost, the router stopped, back-pressure.
+  expected<void> send(const place& to, tensor_message message, completion_callback done = {},
+                      trace::name_id sender = {});
+
+  /// Makes a local actor reachable under `where` (node does this for the
+  /// actors it spawns and registers), or forgets it.
+  void attach(const std::string& where, caf::actor handle);
+  void detach(const std::string& where);
+
+  /// Hands a tensor that arrived from another node to its local actor.
+  void deliver(tensor_message message);
+
+  /// The control plane lost `lost.node`: disconnect it and fail its sends.
+  void on_peer_lost(const peer_lost& lost);
+
+  /// This node's data-plane address (empty when encrypted).
+  std::string data_plane_address() const;
+
+  /// The data plane, or nullptr when TLS is on (tests read its stats).
+  data_plane* plane();
+
+  tensor_router_stats stats() const;
+
+  /// Stops the actor, fails what is queued, closes the data plane.
+  /// Idempotent; call it from a thread of your own.
+  void stop();
+
+  caf::actor actor() const;
+
+private:
+  explicit tensor_router(std::unique_ptr<impl> state);
+  std::unique_ptr<impl> impl_;
+};
+
+/// What an actor wraps a tensor handler's body in: records the message as
+/// received (with its flow id, so the trace links it to its send) and the
+/// handler's start and end. Costs a branch while tracing is off.
+class tensor_receive_scope {
+public:
+  tensor_receive_scope(trace::name_id actor, const tensor_message& message) noexcept;
+  ~tensor_receive_scope();
+  tensor_receive_scope(const tensor_receive_scope&) = delete;
+  tensor_receive_scope& operator=(const tensor_receive_scope&) = delete;
+
+private:
+  trace::name_id actor_;
+  trace::name_id kind_;
+};
+
+/// The trace name of a message kind ("forward_activation", ...), interned once.
+trace::name_id trace_kind(message_kind kind);
+
+} // namespace troupe::actors

@@ -1,0 +1,443 @@
+#include "troupe/actors/tensor_router.hpp"
+
+#include <array>
+#include <deque>
+#include <mutex>
+#include <set>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/actors/error_category.hpp"
+#include "troupe/actors/message_types.hpp"
+
+namespace troupe::actors {
+
+using namespace std::chrono_literals;
+
+struct tensor_router::impl {
+  struct queued {
+    tensor_message message;
+    completion_callback done;
+  };
+
+  caf::actor_system* system = nullptr;
+  tensor_router_options options;
+  std::unique_ptr<data_plane> plane; // null when encrypted
+  caf::actor actor;
+
+  mutable std::mutex mutex;
+  bool stopped = false;
+  std::map<std::string, caf::actor> local;         // place -> actor in this process
+  std::map<std::string, peer_id> connected;        // node -> data-plane peer
+  std::map<std::string, caf::actor> agents;        // node -> its agent (TLS)
+  std::map<std::string, std::deque<queued>> waiting; // node -> sends not yet handed on
+  std::map<std::string, std::size_t> in_flight;    // node -> TLS sends awaiting the peer's ok
+  std::map<std::string, std::string> lost;         // node -> why
+  std::map<std::string, trace::name_id> trace_names;
+  tensor_router_stats stats;
+  // Owned by the router's actor thread.
+  std::set<std::string> resolving;
+  std::map<std::string, caf::timestamp> resolve_deadline;
+
+  trace::name_id trace_name(const std::string& text) {
+    auto [it, fresh] = trace_names.try_emplace(text);
+    if (fresh)
+      it->second = trace::intern(text);
+    return it->second;
+  }
+
+  static void fail(std::deque<queued>& sends, const troupe::error& why) {
+    for (auto& q : sends)
+      if (q.done)
+        q.done(why);
+  }
+
+  // The registry has not got the node's address yet (it is still joining),
+  // or the node is unknown: retry every 50 ms until the request timeout.
+  void retry_or_fail(caf::event_based_actor* self, const std::string& node, const std::string& why) {
+    resolving.erase(node);
+    auto now = caf::make_timestamp();
+    auto [it, fresh] = resolve_deadline.try_emplace(node, now + options.request_timeout);
+    if (now < it->second) {
+      self->delayed_send(self, 50ms, route_atom_v, node);
+      return;
+    }
+    resolve_deadline.erase(it);
+    std::deque<queued> failed;
+    {
+      std::lock_guard guard(mutex);
+      failed.swap(waiting[node]);
+    }
+    fail(failed, make_error(errc::io_error, "tensor to node {}: cannot reach it: {}", node, why));
+  }
+
+  // Runs on the router's actor (detached: connect() may block it briefly).
+  void route(caf::event_based_actor* self, const std::string& node) {
+    refusals refused;
+    bool ready = false;
+    {
+      std::lock_guard guard(mutex);
+      if (stopped || lost.count(node) || waiting[node].empty())
+        return;
+      ready = options.encrypted ? agents.count(node) != 0 : connected.count(node) != 0;
+      if (ready)
+        refused = drain_locked(self, node);
+    }
+    for (auto& [done, why] : refused)
+      done(why);
+    if (ready)
+      return;
+    if (!resolving.insert(node).second)
+      return;
+    if (options.encrypted) {
+      self->request(options.registry, options.request_timeout, lookup_node_atom_v, node)
+        .then(
+          [this, self, node](const caf::actor& agent) {
+            resolving.erase(node);
+            resolve_deadline.erase(node);
+            {
+              std::lock_guard guard(mutex);
+              if (lost.count(node))
+                return;
+              agents[node] = agent;
+            }
+            route(self, node);
+          },
+          [this, self, node](caf::error& err) { retry_or_fail(self, node, system->render(err)); });
+      return;
+    }
+    self->request(options.registry, options.request_timeout, data_address_atom_v, node)
+      .then(
+        [this, self, node](const std::string& address) {
+          resolving.erase(node);
+          resolve_deadline.erase(node);
+          auto id = plane->connect(node, std::as_bytes(std::span(address.data(), address.size())));
+          if (!id) {
+            std::deque<queued> failed;
+            {
+              std::lock_guard guard(mutex);
+              failed.swap(waiting[node]);
+            }
+            fail(failed, make_error(errc::io_error, "tensor to node {}: {}", node, id.error().message()));
+            return;
+          }
+          {
+            std::lock_guard guard(mutex);
+            if (lost.count(node))
+              return;
+            connected[node] = *id;
+          }
+          route(self, node);
+        },
+        [this, self, node](caf::error& err) { retry_or_fail(self, node, system->render(err)); });
+  }
+
+  using refusals = std::vector<std::pair<completion_callback, troupe::error>>;
+
+  // Hands everything waiting for `node` on, in order. Called with the mutex
+  // held (so a send() that finds the node connected cannot overtake what was
+  // queued before); returns the refused sends, whose completions the caller
+  // runs after releasing the mutex.
+  refusals drain_locked(caf::event_based_actor* self, const std::string& node) {
+    std::deque<queued> sends;
+    sends.swap(waiting[node]);
+    refusals refused;
+    if (!options.encrypted) {
+      auto id = connected[node];
+      for (auto& q : sends) {
+        auto done = q.done;
+        if (auto ok = plane->send(id, std::move(q.message), std::move(q.done)); !ok) {
+          ++stats.refused;
+          if (done)
+            refused.emplace_back(std::move(done),
+                                 troupe::error(ok.error().code(), fmt::format("tensor to node {}: {}", node,
+                                                                              ok.error().message())));
+        } else {
+          ++stats.data_plane_sends;
+        }
+      }
+      return refused;
+    }
+    auto agent = agents[node];
+    in_flight[node] += sends.size();
+    stats.control_plane_sends += sends.size();
+    for (auto& q : sends) {
+      auto done = std::move(q.done);
+      self->request(agent, options.request_timeout, deliver_atom_v, std::move(q.message))
+        .then(
+          [this, node, done](caf::ok_atom) {
+            {
+              std::lock_guard guard(mutex);
+              --in_flight[node];
+            }
+            if (done)
+              done({});
+          },
+          [this, node, done](caf::error& err) {
+            {
+              std::lock_guard guard(mutex);
+              --in_flight[node];
+            }
+            if (done)
+              done(make_error(errc::io_error, "tensor to node {} over TLS failed: {}", node, system->render(err)));
+          });
+    }
+    return refused;
+  }
+};
+
+namespace {
+
+caf::behavior router_actor(caf::event_based_actor* self, tensor_router::impl* st) {
+  return {
+    [self, st](route_atom, const std::string& node) { st->route(self, node); },
+    // A tensor for a place this node has not seen registered: ask the registry.
+    [self, st](deliver_atom, tensor_message& message) {
+      auto destination = message.meta.destination;
+      self->request(st->options.registry, st->options.request_timeout, lookup_name_atom_v, destination)
+        .then(
+          [st, message](const caf::actor& found) mutable {
+            {
+              std::lock_guard guard(st->mutex);
+              ++st->stats.remote_deliveries;
+              if (found.node() == st->system->node())
+                st->local[message.meta.destination] = found;
+            }
+            caf::anon_send(found, std::move(message));
+          },
+          [st, destination](caf::error&) {
+            {
+              std::lock_guard guard(st->mutex);
+              ++st->stats.undeliverable;
+            }
+            fmt::print(stderr, "troupe router [{}]: dropped a tensor for {}: no actor is registered there\n",
+                       st->options.node_name, destination);
+          });
+    },
+  };
+}
+
+} // namespace
+
+trace::name_id trace_kind(message_kind kind) {
+  static const auto ids = [] {
+    std::array<trace::name_id, message_kind_count> out{};
+    for (int i = 0; i < message_kind_count; ++i)
+      out[static_cast<std::size_t>(i)] = trace::intern(name_of(static_cast<message_kind>(i)));
+    return out;
+  }();
+  auto i = static_cast<std::size_t>(kind);
+  return i < ids.size() ? ids[i] : trace::name_id{};
+}
+
+tensor_receive_scope::tensor_receive_scope(trace::name_id actor, const tensor_message& m) noexcept
+    : actor_(actor) {
+  if (!trace::enabled())
+    return;
+  kind_ = trace_kind(m.meta.kind);
+  trace::message_info info(kind_, {}, m.value.defined() ? m.value.nbytes() : 0, m.flow_id,
+                           static_cast<std::uint32_t>(m.meta.step), m.meta.micro_batch);
+  trace::message_received(actor, info);
+  trace::handler_start(actor, info);
+}
+
+tensor_receive_scope::~tensor_receive_scope() {
+  if (kind_.value != 0)
+    trace::handler_end(actor_, kind_);
+}
+
+tensor_router::tensor_router(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
+
+tensor_router::~tensor_router() { stop(); }
+
+expected<std::shared_ptr<tensor_router>> tensor_router::start(caf::actor_system& system,
+                                                              tensor_router_options options) {
+  auto st = std::make_unique<impl>();
+  st->system = &system;
+  st->options = std::move(options);
+  std::shared_ptr<tensor_router> router(new tensor_router(std::move(st)));
+  auto* raw = router->impl_.get();
+  if (!raw->options.encrypted) {
+    auto dp = raw->options.data_plane;
+    dp.node_name = raw->options.node_name;
+    dp.max_queued_sends = raw->options.max_queued_sends;
+    // Runs on the transport thread; deliver() only looks up and anon_sends.
+    std::weak_ptr<tensor_router> weak = router;
+    dp.on_receive = [weak](peer_id, tensor_message&& message) {
+      if (auto r = weak.lock())
+        r->deliver(std::move(message));
+    };
+    auto plane = data_plane::start(std::move(dp));
+    if (!plane)
+      return troupe::error(plane.error().code(),
+                           fmt::format("node {}: data plane: {}", raw->options.node_name, plane.error().message()));
+    raw->plane = std::move(*plane);
+  }
+  // Detached: it may block briefly in data_plane::connect.
+  raw->actor = system.spawn<caf::detached>(router_actor, raw);
+  return router;
+}
+
+expected<void> tensor_router::send(const place& to, tensor_message message, completion_callback done,
+                                   trace::name_id sender) {
+  auto& st = *impl_;
+  if (to.name.empty())
+    return make_error(errc::invalid_argument, "tensor to {}: the place names no actor", to.to_string());
+  message.meta.destination = to.to_string();
+  if (message.flow_id == 0)
+    message.flow_id = trace::next_flow_id();
+  std::unique_lock guard(st.mutex);
+  if (trace::enabled()) {
+    trace::message_sent(sender, trace::message_info(trace_kind(message.meta.kind),
+                                                    st.trace_name(message.meta.destination),
+                                                    message.value.defined() ? message.value.nbytes() : 0,
+                                                    message.flow_id, static_cast<std::uint32_t>(message.meta.step),
+                                                    message.meta.micro_batch));
+  }
+  if (st.stopped) {
+    ++st.stats.refused;
+    return make_error(errc::io_error, "tensor to {}: node {} has stopped", message.meta.destination,
+                      st.options.node_name);
+  }
+  if (to.node == st.options.node_name) {
+    // In process: a plain CAF message; the handler shares the storage.
+    auto it = st.local.find(message.meta.destination);
+    ++st.stats.local_sends;
+    auto target = it != st.local.end() ? it->second : caf::actor{};
+    auto router_actor = st.actor;
+    guard.unlock();
+    if (target)
+      caf::anon_send(target, std::move(message));
+    else
+      caf::anon_send(router_actor, deliver_atom_v, std::move(message)); // ask the registry
+    if (done)
+      done({});
+    return {};
+  }
+  if (auto it = st.lost.find(to.node); it != st.lost.end()) {
+    ++st.stats.refused;
+    return make_error(errc::io_error, "tensor to {}: node {} was lost: {}", message.meta.destination, to.node,
+                      it->second);
+  }
+  if (!st.options.encrypted) {
+    if (auto it = st.connected.find(to.node); it != st.connected.end()) {
+      auto id = it->second;
+      guard.unlock();
+      auto destination = message.meta.destination;
+      auto ok = st.plane->send(id, std::move(message), std::move(done));
+      guard.lock();
+      if (!ok) {
+        ++st.stats.refused;
+        return troupe::error(ok.error().code(), fmt::format("tensor to {} on node {}: {}", destination, to.node,
+                                                            ok.error().message()));
+      }
+      ++st.stats.data_plane_sends;
+      return {};
+    }
+  }
+  auto& queue = st.waiting[to.node];
+  if (queue.size() + st.in_flight[to.node] >= st.options.max_queued_sends) {
+    ++st.stats.refused;
+    return make_error(errc::size_limit_exceeded,
+                      "tensor to {}: {} sends already waiting for node {} (back-pressure; retry after a completion)",
+                      message.meta.destination, queue.size() + st.in_flight[to.node], to.node);
+  }
+  queue.push_back({std::move(message), std::move(done)});
+  auto router_actor = st.actor;
+  guard.unlock();
+  caf::anon_send(router_actor, route_atom_v, to.node);
+  return {};
+}
+
+void tensor_router::attach(const std::string& where, caf::actor handle) {
+  std::lock_guard guard(impl_->mutex);
+  impl_->local[where] = std::move(handle);
+}
+
+void tensor_router::detach(const std::string& where) {
+  std::lock_guard guard(impl_->mutex);
+  impl_->local.erase(where);
+}
+
+void tensor_router::deliver(tensor_message message) {
+  auto& st = *impl_;
+  caf::actor target, router_actor;
+  {
+    std::lock_guard guard(st.mutex);
+    router_actor = st.actor;
+    if (auto it = st.local.find(message.meta.destination); it != st.local.end()) {
+      target = it->second;
+      ++st.stats.remote_deliveries;
+    }
+  }
+  if (target)
+    caf::anon_send(target, std::move(message));
+  else if (router_actor)
+    caf::anon_send(router_actor, deliver_atom_v, std::move(message));
+}
+
+void tensor_router::on_peer_lost(const peer_lost& event) {
+  auto& st = *impl_;
+  std::deque<impl::queued> failed;
+  {
+    std::lock_guard guard(st.mutex);
+    st.lost[event.node] = event.reason.empty() ? "connection lost" : event.reason;
+    st.connected.erase(event.node);
+    st.agents.erase(event.node);
+    failed.swap(st.waiting[event.node]);
+  }
+  // Fails its queued data-plane sends and force-closes the endpoint (UCX's
+  // error mode NONE would not notice by itself, data_plane.cpp).
+  if (st.plane)
+    if (auto id = st.plane->find_peer(event.node))
+      st.plane->disconnect(*id);
+  impl::fail(failed, make_error(errc::io_error, "tensor to node {}: node {} was lost: {}", event.node, event.node,
+                                event.reason));
+}
+
+std::string tensor_router::data_plane_address() const {
+  if (!impl_->plane)
+    return {};
+  auto bytes = impl_->plane->address();
+  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+data_plane* tensor_router::plane() { return impl_->plane.get(); }
+
+tensor_router_stats tensor_router::stats() const {
+  std::lock_guard guard(impl_->mutex);
+  return impl_->stats;
+}
+
+caf::actor tensor_router::actor() const {
+  std::lock_guard guard(impl_->mutex);
+  return impl_->actor;
+}
+
+void tensor_router::stop() {
+  auto& st = *impl_;
+  std::map<std::string, std::deque<impl::queued>> failed;
+  caf::actor router_actor;
+  {
+    std::lock_guard guard(st.mutex);
+    if (st.stopped)
+      return;
+    st.stopped = true;
+    failed.swap(st.waiting);
+    st.local.clear();
+    st.agents.clear();
+    // Our handle would keep the (detached) actor alive and the actor
+    // system's shutdown waiting for it.
+    router_actor = std::move(st.actor);
+  }
+  for (auto& [node, sends] : failed)
+    impl::fail(sends, make_error(errc::io_error, "tensor to node {}: node {} stopped first", node,
+                                 st.options.node_name));
+  if (router_actor)
+    caf::anon_send_exit(router_actor, caf::exit_reason::user_shutdown);
+  if (st.plane)
+    st.plane->close();
+}
+
+} // namespace troupe::actors

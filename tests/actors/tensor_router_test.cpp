@@ -1,0 +1,348 @@
+// One way to send a tensor to a place: in process it is a local CAF message
+// that shares the tensor's storage; to another process it goes over the UCX
+// data plane, or over CAF's TLS connections when TLS is on; a lost node makes
+// sends fail with its name; traces of both processes link every send to its
+// receive.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include <caf/all.hpp>
+
+#include "process_support.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/tensor_router.hpp"
+#include "troupe/actors/trace_reader.hpp"
+#include "troupe/actors/trace_report.hpp"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::actors;
+using troupe::test::child_process;
+
+namespace {
+
+std::uint64_t checksum(const tensor& t) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  auto* p = static_cast<const unsigned char*>(t.raw_data());
+  for (std::size_t i = 0; i < t.nbytes(); ++i)
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+tensor pattern(std::size_t bytes, std::uint64_t seed) {
+  auto t = tensor::empty({static_cast<std::int64_t>(bytes)}, dtype::uint8);
+  auto* p = static_cast<unsigned char*>(t.raw_data());
+  for (std::size_t i = 0; i < bytes; ++i)
+    p[i] = static_cast<unsigned char>((i * 131 + seed) >> 3);
+  return t;
+}
+
+// "checker" (on worker1): answers each tensor with a one-element tensor to
+// worker0/cpu/collector whose context id is the received bytes' checksum.
+caf::expected<caf::actor> make_checker(std::shared_ptr<tensor_router> router, caf::actor_system& system,
+                                       const place& where) {
+  auto self_name = trace::intern(where.to_string());
+  return system.spawn([router, self_name]() -> caf::behavior {
+    return {[router, self_name](const tensor_message& m) {
+      tensor_receive_scope scope(self_name, m);
+      tensor_message reply;
+      reply.meta.kind = message_kind::control;
+      reply.meta.step = m.meta.step;
+      reply.meta.context_id = checksum(m.value);
+      reply.value = tensor::zeros({1});
+      auto ok = router->send(*place::parse("worker0/cpu/collector"), std::move(reply), {}, self_name);
+      if (!ok)
+        std::printf("REPLY ERROR %s\n", ok.error().message().c_str());
+    }};
+  });
+}
+
+bool is_router_child(int argc, char** argv) { return argc > 1 && std::string_view(argv[1]) == "--router-child"; }
+
+int run_router_child(int argc, char** argv) {
+  auto options = node_options::from(argc, argv);
+  if (!options)
+    return 2;
+  auto started = node::start(*options);
+  if (!started) {
+    std::printf("START ERROR %s\n", started.error().message().c_str());
+    return 3;
+  }
+  auto& n = **started;
+  auto router = n.router();
+  n.register_factory("checker", [router](caf::actor_system& sys, const place& where, const caf::message&) {
+    return make_checker(router, sys, where);
+  });
+  std::printf("READY %u plane=%s\n", static_cast<unsigned>(n.port()), router->plane() ? "ucx" : "none");
+  std::fflush(stdout);
+  char byte;
+  while (read(0, &byte, 1) > 0) {
+  }
+  auto s = router->stats();
+  n.stop();
+  std::printf("STOPPED data_plane_sends=%llu control_plane_sends=%llu\n",
+              static_cast<unsigned long long>(s.data_plane_sends),
+              static_cast<unsigned long long>(s.control_plane_sends));
+  std::fflush(stdout);
+  return 0;
+}
+
+// What the collector saw: (context id, step, data pointer) per message.
+struct inbox {
+  struct item {
+    std::uint64_t context_id;
+    std::uint64_t step;
+    const void* data;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<item> items;
+
+  void add(const tensor_message& m) {
+    std::lock_guard guard(mutex);
+    items.push_back({m.meta.context_id, m.meta.step, m.value.raw_data()});
+    changed.notify_all();
+  }
+  std::optional<item> wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout) {
+    std::unique_lock guard(mutex);
+    std::optional<item> found;
+    changed.wait_for(guard, timeout, [&] {
+      for (auto& i : items)
+        if (i.step == step)
+          found = i;
+      return found.has_value();
+    });
+    return found;
+  }
+};
+
+caf::actor spawn_collector(caf::actor_system& sys, inbox& box, trace::name_id name) {
+  return sys.spawn([&box, name]() -> caf::behavior {
+    return {[&box, name](const tensor_message& m) {
+      tensor_receive_scope scope(name, m);
+      box.add(m);
+    }};
+  });
+}
+
+struct cluster {
+  std::unique_ptr<node> coordinator;
+  child_process worker;
+  inbox box;
+  caf::actor collector;
+
+  ~cluster() {
+    if (collector)
+      caf::anon_send_exit(collector, caf::exit_reason::user_shutdown);
+    worker.close_stdin();
+    (void)worker.exited(10s);
+    worker.kill_and_reap();
+    if (coordinator)
+      coordinator->stop();
+  }
+};
+
+void start_cluster(cluster& c, const tls_options& tls = {}) {
+  node_options options;
+  options.name = "worker0";
+  options.world_size = 2;
+  options.listen_address = "127.0.0.1";
+  options.tls = tls;
+  auto started = node::start(options);
+  ASSERT_TRUE(started) << started.error().message();
+  c.coordinator = std::move(*started);
+  std::vector<std::string> args{"--router-child", "--troupe.coordinator=127.0.0.1:" + std::to_string(c.coordinator->port()),
+                                "--troupe.rank=1", "--troupe.world-size=2", "--troupe.listen-address=127.0.0.1",
+                                "--troupe.name=worker1"};
+  if (tls.requested()) {
+    auto dir = std::filesystem::path(tls.ca_file).parent_path().string();
+    args.push_back("--troupe.tls.certificate=" + dir + "/node2.pem");
+    args.push_back("--troupe.tls.key=" + dir + "/node2.key");
+    args.push_back("--troupe.tls.ca=" + tls.ca_file);
+  }
+  c.worker = child_process::start(child_process::self_path(), args,
+                                  {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=", "TROUPE_NODE_NAME="});
+  ASSERT_TRUE(c.worker.wait_for("READY", 15s)) << c.worker.output();
+  ASSERT_TRUE(c.coordinator->wait_for_nodes(2, 10s));
+  auto& n = *c.coordinator;
+  c.collector = spawn_collector(n.system(), c.box, trace::intern("worker0/cpu/collector"));
+  ASSERT_TRUE(n.register_actor(*place::parse("worker0/cpu/collector"), c.collector));
+  auto checker = n.spawn_remote(*place::parse("worker1/cpu/checker"), "checker");
+  ASSERT_TRUE(checker) << checker.error().message();
+}
+
+// Sends `bytes` to worker1's checker and waits for its checksum.
+void round_trip(cluster& c, std::size_t bytes, std::uint64_t step, trace::name_id sender = {}) {
+  auto value = pattern(bytes, step);
+  auto expected_sum = checksum(value);
+  tensor_message m;
+  m.meta.kind = message_kind::forward_activation;
+  m.meta.step = step;
+  m.value = value;
+  auto ok = c.coordinator->router()->send(*place::parse("worker1/cpu/checker"), std::move(m), {}, sender);
+  ASSERT_TRUE(ok) << ok.error().message();
+  auto reply = c.box.wait_for_step(step, 15s);
+  ASSERT_TRUE(reply) << "no reply for step " << step << "; worker output:\n" << c.worker.output();
+  EXPECT_EQ(reply->context_id, expected_sum) << bytes << " bytes arrived damaged";
+}
+
+const std::string& cert_dir() {
+  static const std::string dir = [] {
+    auto path = std::filesystem::temp_directory_path() / ("troupe_router_test_" + std::to_string(getpid()));
+    auto command = std::string(TROUPE_SOURCE_DIR) + "/scripts/make_test_certs.sh " + path.string();
+    if (std::system(command.c_str()) != 0)
+      ADD_FAILURE() << "make_test_certs.sh failed";
+    return path.string();
+  }();
+  return dir;
+}
+
+} // namespace
+
+TEST(TensorRouter, InProcessSendSharesTheTensorStorage) {
+  node_options options;
+  options.name = "worker0";
+  options.listen_address = "127.0.0.1";
+  auto n = node::start(options);
+  ASSERT_TRUE(n) << n.error().message();
+  inbox box;
+  auto sink = spawn_collector((*n)->system(), box, {});
+  auto where = *place::parse("worker0/cpu/sink");
+  ASSERT_TRUE((*n)->register_actor(where, sink));
+  tensor_message m;
+  m.meta.step = 7;
+  m.value = tensor::ones({1024, 1024}); // 4 MiB: a copy would show
+  const void* data = m.value.raw_data();
+  bool completed = false;
+  ASSERT_TRUE((*n)->router()->send(where, std::move(m), [&](expected<void> r) { completed = r.has_value(); }));
+  auto got = box.wait_for_step(7, 5s);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->data, data) << "the handler saw a copy";
+  EXPECT_TRUE(completed);
+  auto stats = (*n)->router()->stats();
+  EXPECT_EQ(stats.local_sends, 1u);
+  EXPECT_EQ(stats.data_plane_sends, 0u);
+  caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+  (*n)->stop();
+}
+
+TEST(TensorRouter, APlaceWithoutAnActorNameIsRefused) {
+  node_options options;
+  options.name = "worker0";
+  options.listen_address = "127.0.0.1";
+  auto n = node::start(options);
+  ASSERT_TRUE(n) << n.error().message();
+  auto ok = (*n)->router()->send(*place::parse("worker1/cpu"), tensor_message{});
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().code(), errc::invalid_argument);
+  (*n)->stop();
+}
+
+TEST(TensorRouter, CrossProcessSendsGoOverTheDataPlaneIntact) {
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c));
+  EXPECT_NE(c.worker.output().find("plane=ucx"), std::string::npos);
+  ASSERT_NO_FATAL_FAILURE(round_trip(c, 4096, 1));
+  ASSERT_NO_FATAL_FAILURE(round_trip(c, std::size_t{16} << 20, 2));
+  ASSERT_NO_FATAL_FAILURE(round_trip(c, 4096, 3)); // connected now: the direct path
+  auto router = c.coordinator->router();
+  EXPECT_EQ(router->stats().data_plane_sends, 3u);
+  ASSERT_NE(router->plane(), nullptr);
+  auto dp = router->plane()->stats();
+  EXPECT_EQ(dp.messages_sent, 3u);
+  EXPECT_GE(dp.messages_received, 3u); // the replies came back over UCX too
+  EXPECT_GE(dp.bytes_sent, (std::uint64_t{16} << 20) + 8192);
+}
+
+TEST(TensorRouter, WithTlsTensorsTravelOverCafAndTheDataPlaneIsNotUsed) {
+  auto dir = cert_dir();
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, {dir + "/node.pem", dir + "/node.key", dir + "/ca.pem", ""}));
+  EXPECT_NE(c.worker.output().find("plane=none"), std::string::npos) << c.worker.output();
+  ASSERT_NO_FATAL_FAILURE(round_trip(c, 4096, 1));
+  ASSERT_NO_FATAL_FAILURE(round_trip(c, std::size_t{16} << 20, 2));
+  auto router = c.coordinator->router();
+  EXPECT_EQ(router->plane(), nullptr);
+  EXPECT_EQ(router->stats().data_plane_sends, 0u);
+  EXPECT_EQ(router->stats().control_plane_sends, 2u);
+  c.worker.close_stdin();
+  ASSERT_TRUE(c.worker.wait_for("STOPPED", 10s)) << c.worker.output();
+  EXPECT_NE(c.worker.output().find("data_plane_sends=0 control_plane_sends=2"), std::string::npos)
+    << c.worker.output();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TensorRouter, SendsToAKilledNodeFailWithItsName) {
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c));
+  ASSERT_NO_FATAL_FAILURE(round_trip(c, 4096, 1));
+  std::mutex mutex;
+  std::condition_variable lost_cv;
+  bool lost = false;
+  c.coordinator->on_peer_lost([&](const peer_lost& event) {
+    std::lock_guard guard(mutex);
+    lost = lost || event.node == "worker1";
+    lost_cv.notify_all();
+  });
+  c.worker.signal(SIGKILL);
+  {
+    std::unique_lock guard(mutex);
+    ASSERT_TRUE(lost_cv.wait_for(guard, 5s, [&] { return lost; })) << "worker1's loss was not reported";
+  }
+  auto start = std::chrono::steady_clock::now();
+  tensor_message m;
+  m.value = pattern(4096, 9);
+  auto ok = c.coordinator->router()->send(*place::parse("worker1/cpu/checker"), std::move(m));
+  EXPECT_LT(test::seconds_since(start), 0.5);
+  ASSERT_FALSE(ok);
+  EXPECT_EQ(ok.error().code(), errc::io_error);
+  EXPECT_NE(ok.error().message().find("node worker1 was lost"), std::string::npos) << ok.error().message();
+}
+
+TEST(TensorRouter, TracesOfTwoProcessesLinkEverySendToItsReceive) {
+  auto dir = std::filesystem::temp_directory_path() / ("troupe_router_trace_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  ::setenv("TROUPE_TRACE_DIR", dir.c_str(), 1);
+  {
+    cluster c;
+    start_cluster(c);
+    ::unsetenv("TROUPE_TRACE_DIR");
+    ASSERT_FALSE(HasFatalFailure());
+    auto driver = trace::intern("worker0/cpu/driver");
+    for (std::uint64_t step = 1; step <= 5; ++step)
+      ASSERT_NO_FATAL_FAILURE(round_trip(c, 64 << 10, step, driver));
+  } // both nodes stop here and flush their traces
+  std::vector<std::string> warnings;
+  std::vector<std::string> inputs{dir.string()};
+  auto files = trace::read_trace_inputs(inputs, warnings);
+  ASSERT_TRUE(files) << files.error().message();
+  ASSERT_EQ(files->size(), 2u);
+  auto summary = trace::summarize(*files, warnings);
+  std::uint64_t forward = 0, back = 0;
+  for (auto& e : summary.edges) {
+    if (e.sender == "worker0/cpu/driver" && e.receiver == "worker1/cpu/checker")
+      forward = e.matched;
+    if (e.sender == "worker1/cpu/checker" && e.receiver == "worker0/cpu/collector")
+      back = e.matched;
+  }
+  EXPECT_EQ(forward, 5u) << trace::format_summary(summary);
+  EXPECT_EQ(back, 5u) << trace::format_summary(summary);
+  EXPECT_GE(summary.data_write_bytes, 5u * (64 << 10));
+  EXPECT_GE(summary.data_read_bytes, 5u * (64 << 10));
+  std::filesystem::remove_all(dir);
+}
+
+int main(int argc, char** argv) {
+  if (is_router_child(argc, argv))
+    return run_router_child(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
