@@ -246,6 +246,43 @@ TEST(TensorRouter, APlaceWithoutAnActorNameIsRefused) {
   (*n)->stop();
 }
 
+TEST(TensorRouter, QueuesAreBoundedAndUnreachableNodesFailTheCompletions) {
+  node_options options;
+  options.name = "worker0";
+  options.listen_address = "127.0.0.1";
+  options.request_timeout = std::chrono::milliseconds{500};
+  auto n = node::start(options);
+  ASSERT_TRUE(n) << n.error().message();
+  auto router = (*n)->router();
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::string> failures;
+  auto nowhere = *place::parse("worker9/cpu/x"); // never joins
+  std::size_t accepted = 0;
+  std::optional<troupe::error> refusal;
+  for (int i = 0; i < 300 && !refusal; ++i) {
+    tensor_message m;
+    m.value = tensor::zeros({16});
+    auto ok = router->send(nowhere, std::move(m), [&](expected<void> r) {
+      std::lock_guard guard(mutex);
+      failures.push_back(r ? "ok" : r.error().message());
+      changed.notify_all();
+    });
+    if (ok)
+      ++accepted;
+    else
+      refusal = ok.error();
+  }
+  EXPECT_EQ(accepted, 256u); // the bound, then back-pressure instead of a growing queue
+  ASSERT_TRUE(refusal);
+  EXPECT_EQ(refusal->code(), errc::size_limit_exceeded) << refusal->message();
+  std::unique_lock guard(mutex);
+  ASSERT_TRUE(changed.wait_for(guard, 5s, [&] { return failures.size() == accepted; })) << failures.size();
+  EXPECT_NE(failures.front().find("tensor to node worker9: cannot reach it"), std::string::npos) << failures.front();
+  guard.unlock();
+  (*n)->stop();
+}
+
 TEST(TensorRouter, CrossProcessSendsGoOverTheDataPlaneIntact) {
   cluster c;
   ASSERT_NO_FATAL_FAILURE(start_cluster(c));
