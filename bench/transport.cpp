@@ -30,6 +30,7 @@
 #include "troupe/actors/message_types.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/shared_arena.hpp"
+#include "troupe/actors/trace.hpp"
 #include "troupe/tensor/ops.hpp"
 
 using namespace std::chrono_literals;
@@ -114,6 +115,9 @@ std::optional<arena_handoff> decode_handoff(const tensor& t) {
 /// Echoes "echo" messages, drops "sink" ones (their credits return when the
 /// handler returns), opens "arena" handoffs and releases them at once.
 int child_plane(const std::string& transports) {
+  // Traced when the parent set TROUPE_TRACE_DIR (the tracing-overhead rows).
+  if (auto traced = trace::start_from_environment("child", 1); !traced)
+    fmt::print(stderr, "transport child: {}\n", traced.error().to_string());
   std::unique_ptr<data_plane>* plane_ptr = nullptr;
   std::mutex mutex;
   std::vector<std::pair<peer_id, arena_ref>> releases;
@@ -164,6 +168,7 @@ int child_plane(const std::string& transports) {
   while (std::getline(std::cin, line) && line != "quit") {
   }
   (*started)->close();
+  trace::stop();
   return 0;
 }
 
@@ -214,8 +219,18 @@ std::vector<sizes_and_counts> throughput_cases(bool quick) {
 /// The data plane to a child server over `transports`.
 class plane_session {
 public:
-  explicit plane_session(const std::string& transports)
-      : child_({self_path(), "--child=plane", "--transports=" + transports}) {
+  /// With `trace_dir`, both processes record a trace there (the child
+  /// inherits TROUPE_TRACE_DIR).
+  explicit plane_session(const std::string& transports, const std::string& trace_dir = {})
+      : trace_env_(trace_dir), child_({self_path(), "--child=plane", "--transports=" + transports}) {
+    if (!trace_dir.empty()) {
+      trace::options topts;
+      topts.directory = trace_dir;
+      topts.node = "parent";
+      topts.rank = 0;
+      if (auto traced = trace::start(topts); !traced)
+        throw std::runtime_error(traced.error().to_string());
+    }
     data_plane_options options;
     options.node_name = "parent";
     options.token = job_token;
@@ -241,7 +256,10 @@ public:
       throw std::runtime_error(peer.error().to_string());
     peer_ = *peer;
   }
-  ~plane_session() { plane_->close(); }
+  ~plane_session() {
+    plane_->close();
+    trace::stop();
+  }
 
   /// Median round trip of a 64 B message to the echo, in µs.
   double round_trip_us(int count) {
@@ -337,6 +355,19 @@ public:
 private:
   static double now() { return bench::now_seconds(); }
 
+  /// Sets TROUPE_TRACE_DIR for the child's lifetime start only (it is read
+  /// once, when the child starts).
+  struct trace_environment {
+    explicit trace_environment(const std::string& dir) {
+      if (dir.empty())
+        ::unsetenv("TROUPE_TRACE_DIR");
+      else
+        ::setenv("TROUPE_TRACE_DIR", dir.c_str(), 1);
+    }
+    ~trace_environment() { ::unsetenv("TROUPE_TRACE_DIR"); }
+  };
+
+  trace_environment trace_env_;
   bench::peer_process child_;
   std::unique_ptr<data_plane> plane_;
   peer_id peer_ = 0;
@@ -547,6 +578,32 @@ int parent(int argc, char** argv) {
                  fmt::format("by reference, no copy: {:.1f} us per handoff + release", bytes / rate / 1e3)});
       }
     }
+  }
+
+  // Tracing: the same data-plane throughput with every process recording
+  // (send, receive and transfer records), sessions alternated so drift hits
+  // both alike. The bound: at most 5% slower.
+  {
+    auto dir = std::filesystem::temp_directory_path() / fmt::format("troupe-bench-trace-{}", ::getpid());
+    for (auto [bytes, count] : {sizes_and_counts{4 << 10, quick ? 2000 : 10000},
+                                sizes_and_counts{1 << 20, quick ? 100 : 400}}) {
+      std::vector<double> plain, traced;
+      for (int round = 0; round < 4; ++round) {
+        // Alternate which goes first, so neither always runs on a warmer machine.
+        auto measure_plain = [&] { plain.push_back(plane_session("tcp").throughput_gbps(bytes, count)); };
+        auto measure_traced = [&] { traced.push_back(plane_session("tcp", dir.string()).throughput_gbps(bytes, count)); };
+        if (round % 2) {
+          measure_traced();
+          measure_plain();
+        } else {
+          measure_plain();
+          measure_traced();
+        }
+      }
+      out.add({fmt::format("tracing on, data plane tcp, {}", human(bytes)), "throughput", bench::median(traced),
+               "GB/s", "tracing off", bench::median(plain), "median of 4 alternating sessions"});
+    }
+    std::filesystem::remove_all(dir);
   }
 
   // Mutual TLS: the price of encryption on the tensor path.
