@@ -38,10 +38,11 @@ public:
   }
 
   /// Call after reading every option: an argument nobody asked for is an
-  /// error (a typo must not silently run with defaults).
+  /// error (a typo must not silently run with defaults). `--troupe.*`
+  /// arguments belong to the node (node_options::from) and are left alone.
   expected<void> finish() const {
     for (std::size_t i = 0; i < args_.size(); ++i)
-      if (!used_.count(i))
+      if (!used_.count(i) && !args_[i].starts_with("--troupe."))
         return make_error(errc::invalid_argument, "unknown argument '{}'", args_[i]);
     return {};
   }

@@ -26,6 +26,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcaf-dev libucx-dev ucx-utils
   libssl-dev openssl          # TLS between nodes (CAF OpenSSL module)
+  iproute2                    # network namespaces for the two-host test
   clang libclang-rt-14-dev   # libFuzzer for the decoder fuzz test
 )
 # The peers the benchmarks run beside troupe in the same run.
