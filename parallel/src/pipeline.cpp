@@ -2,11 +2,14 @@
 // collects losses and completions, and turns every failure into an error.
 #include "troupe/parallel/pipeline.hpp"
 
+#include <atomic>
 #include <optional>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/peer_monitor.hpp"
 #include "troupe/actors/place.hpp"
 #include "troupe/autograd/functions.hpp"
 
@@ -61,6 +64,13 @@ pipeline::~pipeline() {
   // Stages are detached actors: each stops when it sees the exit message.
   for (auto& stage : stages_)
     caf::anon_send_exit(stage, caf::exit_reason::user_shutdown);
+  if (options_.node != nullptr) {
+    // Free the names for the next pipeline (errors: the node is gone anyway).
+    for (std::size_t i = 0; i < stages_.size(); ++i)
+      (void)options_.node->unregister_actor(places_[i]);
+    if (!driver_place_.name.empty())
+      (void)options_.node->unregister_actor(driver_place_);
+  }
 }
 
 expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
@@ -88,6 +98,8 @@ expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
   require(static_cast<bool>(options.optimizer), "pipeline: no optimizer factory");
   require(static_cast<bool>(options.loss), "pipeline: no loss function");
   require(options.timeout.count() > 0, "pipeline: the timeout must be positive");
+  require(options.node == nullptr || static_cast<bool>(options.sender),
+          "pipeline: a node without a tensor sender; use routed_tensor_sender(node->router())");
   std::unique_ptr<pipeline> out(new pipeline(system, std::move(options)));
   if (auto started = out->start(); !started)
     return started.error_value();
@@ -101,21 +113,54 @@ expected<void> pipeline::start() {
     auto where = actors::place::parse(options_.places[i]);
     require(where.has_value(), "pipeline: place {} of stage {}: {}", options_.places[i], i,
             where.has_value() ? std::string{} : where.error_value().message());
-    names_.push_back(where->with_name(fmt::format("stage{}", i)).to_string());
-
-    auto stage = std::make_shared<stage_options>();
-    stage->index = i;
-    stage->stages = p;
-    stage->layers = options_.model->slice(options_.split.begin(i), options_.split.end(i));
-    stage->optimizer = options_.optimizer(stage->layers->named_parameters());
-    stage->loss = options_.loss;
-    stage->rematerialize =
-      options_.remat == rematerialization::always ||
-      (options_.remat == rematerialization::all_but_last_stage && i + 1 < p);
-    stage->policy = policy_for(options_.schedule, i, p, options_.micro_batches);
-    stage->sender = local_tensor_sender();
-    stage->name = names_.back();
-    stages_.push_back(system_.spawn<caf::detached>(::troupe::parallel::stage_actor, std::move(stage)));
+    places_.push_back(where->with_name(fmt::format("stage{}", i)));
+    names_.push_back(places_.back().to_string());
+  }
+  if (options_.node != nullptr) {
+    // The driver receives evaluation outputs through the router: give it a
+    // place on this node. One name per pipeline in this process.
+    static std::atomic<std::uint64_t> next_driver{0};
+    driver_place_ = actors::place{options_.node->name(), device::cpu(),
+                                  fmt::format("pipeline-driver{}", next_driver++)};
+    if (auto ok = options_.node->register_actor(driver_place_, driver_->handle()); !ok)
+      return ok.error_value();
+    // A lost node reaches the driver as a message, so train_step sees it
+    // while it waits (the handler runs on the node's agent thread).
+    options_.node->on_peer_lost([driver = driver_->handle()](const actors::peer_lost& lost) {
+      caf::anon_send(driver, peer_lost_atom::value, lost.node, lost.reason);
+    });
+  }
+  for (std::size_t i = 0; i < p; ++i) {
+    const auto policy = policy_for(options_.schedule, i, p, options_.micro_batches);
+    const bool remat = options_.remat == rematerialization::always ||
+                       (options_.remat == rematerialization::all_but_last_stage && i + 1 < p);
+    if (options_.node != nullptr) {
+      stage_spec spec;
+      spec.index = i;
+      spec.stages = p;
+      spec.begin = options_.split.begin(i);
+      spec.end = options_.split.end(i);
+      spec.credits = policy.credits;
+      spec.backward_first = policy.backward_first;
+      spec.rematerialize = remat;
+      auto spawned = options_.node->spawn_remote(places_[i], stage_factory_name, to_message(spec));
+      if (!spawned)
+        return make_error(spawned.error_value().code(), "pipeline: stage {} ({}) could not start: {}",
+                          i, names_[i], spawned.error_value().message());
+      stages_.push_back(*spawned);
+    } else {
+      auto stage = std::make_shared<stage_options>();
+      stage->index = i;
+      stage->stages = p;
+      stage->layers = options_.model->slice(options_.split.begin(i), options_.split.end(i));
+      stage->optimizer = options_.optimizer(stage->layers->named_parameters());
+      stage->loss = options_.loss;
+      stage->rematerialize = remat;
+      stage->policy = policy;
+      stage->sender = local_tensor_sender();
+      stage->name = names_[i];
+      stages_.push_back(system_.spawn<caf::detached>(::troupe::parallel::stage_actor, std::move(stage)));
+    }
     driver_->self->monitor(stages_.back());
   }
   // Wire every stage to its neighbours and wait for all acknowledgements, so
@@ -123,9 +168,12 @@ expected<void> pipeline::start() {
   for (std::size_t i = 0; i < p; ++i) {
     caf::actor previous = i > 0 ? stages_[i - 1] : caf::actor{};
     caf::actor next = i + 1 < p ? stages_[i + 1] : caf::actor{};
+    std::string previous_place = i > 0 ? names_[i - 1] : std::string{};
+    std::string next_place = i + 1 < p ? names_[i + 1] : std::string{};
     std::optional<troupe::error> failed;
     driver_->self->request(stages_[i], options_.timeout, wire_atom::value, previous, next,
-                           driver_->handle())
+                           driver_->handle(), previous_place, next_place,
+                           driver_place_.name.empty() ? std::string{} : driver_place_.to_string())
       .receive([](caf::ok_atom) {},
                [&](caf::error& err) {
                  failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not start: {}",
@@ -135,6 +183,14 @@ expected<void> pipeline::start() {
       return *failed;
   }
   return {};
+}
+
+expected<void> pipeline::send_to_stage(std::size_t index, actors::tensor_message message) {
+  if (options_.node == nullptr) {
+    driver_->self->send(stages_[index], std::move(message));
+    return {};
+  }
+  return options_.sender(stage_endpoint{index, places_[index], stages_[index]}, std::move(message));
 }
 
 expected<void> pipeline::fail(troupe::error err) {
@@ -175,7 +231,9 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
     target.meta.context_id = step;
     target.meta.destination = names_[last];
     target.value = targets.narrow(0, offset, size).contiguous();
-    driver_->self->send(stages_[last], std::move(target));
+    if (auto sent = send_to_stage(last, std::move(target)); !sent)
+      return fail(make_error(sent.error_value().code(), "pipeline: sending targets to stage {} ({}) failed: {}",
+                             last, names_[last], sent.error_value().message())).error_value();
     offset += size;
   }
   offset = 0;
@@ -187,7 +245,9 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
     input.meta.context_id = step;
     input.meta.destination = names_[0];
     input.value = inputs.narrow(0, offset, sizes[j]).contiguous();
-    driver_->self->send(stages_[0], std::move(input));
+    if (auto sent = send_to_stage(0, std::move(input)); !sent)
+      return fail(make_error(sent.error_value().code(), "pipeline: sending inputs to stage 0 ({}) failed: {}",
+                             names_[0], sent.error_value().message())).error_value();
     offset += sizes[j];
   }
 
@@ -253,6 +313,12 @@ expected<void> pipeline::await_step(std::vector<double>& losses) {
                             i < names_.size() ? names_[i] : "?", phase(),
                             system_.render(down.reason));
       },
+      [&](peer_lost_atom, std::string& node, std::string& reason) {
+        for (std::size_t i = 0; i < p && !failed; ++i)
+          if (places_[i].node == node)
+            failed = make_error(errc::io_error, "pipeline: stage {} ({}) lost during {}: node {} was lost: {}",
+                                i, names_[i], phase(), node, reason);
+      },
       [&](const actors::tensor_message&) {
         // A late evaluation output: not part of this step.
       },
@@ -288,7 +354,9 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
     input.meta.context_id = 0; // evaluation: no graph, no stash
     input.meta.destination = names_[0];
     input.value = inputs.narrow(0, offset, size).contiguous();
-    driver_->self->send(stages_[0], std::move(input));
+    if (auto sent = send_to_stage(0, std::move(input)); !sent)
+      return make_error(sent.error_value().code(), "pipeline: sending inputs to stage 0 ({}) failed: {}",
+                        names_[0], sent.error_value().message());
     offset += size;
   }
   std::vector<tensor> outputs(static_cast<std::size_t>(m));
@@ -313,6 +381,12 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
           ++i;
         failed = make_error(errc::io_error, "pipeline: stage {} ({}) stopped during forward: {}",
                             i, i < names_.size() ? names_[i] : "?", system_.render(down.reason));
+      },
+      [&](peer_lost_atom, std::string& node, std::string& reason) {
+        for (std::size_t i = 0; i < stages_.size() && !failed; ++i)
+          if (places_[i].node == node)
+            failed = make_error(errc::io_error, "pipeline: stage {} ({}) lost during forward: node {} was lost: {}",
+                                i, names_[i], node, reason);
       },
       caf::after(options_.timeout) >> [&] {
         failed = make_error(errc::io_error,
@@ -340,6 +414,22 @@ expected<std::vector<stage_stats>> pipeline::stats() {
           failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,
                               names_[i], system_.render(err));
         });
+    if (failed)
+      return *failed;
+  }
+  return out;
+}
+
+expected<std::vector<double>> pipeline::parameter_digests() {
+  std::vector<double> out(stages_.size());
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    std::optional<troupe::error> failed;
+    driver_->self->request(stages_[i], options_.timeout, digest_atom::value)
+      .receive([&](double digest) { out[i] = digest; },
+               [&](caf::error& err) {
+                 failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,
+                                     names_[i], system_.render(err));
+               });
     if (failed)
       return *failed;
   }

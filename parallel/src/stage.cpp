@@ -26,6 +26,34 @@ tensor_sender local_tensor_sender() {
   };
 }
 
+caf::message to_message(const stage_spec& spec) {
+  return caf::make_message(spec.index, spec.stages, spec.begin, spec.end, spec.credits,
+                           spec.backward_first, spec.rematerialize);
+}
+
+expected<stage_spec> stage_spec_from(const caf::message& message) {
+  if (!message.match_elements<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t,
+                              std::uint64_t, bool, bool>())
+    return make_error(errc::malformed_message,
+                      "pipeline stage: the spawn arguments are {} but must be (index, stages, "
+                      "begin, end, credits, backward_first, rematerialize)",
+                      caf::to_string(message));
+  stage_spec spec;
+  spec.index = message.get_as<std::uint64_t>(0);
+  spec.stages = message.get_as<std::uint64_t>(1);
+  spec.begin = message.get_as<std::uint64_t>(2);
+  spec.end = message.get_as<std::uint64_t>(3);
+  spec.credits = message.get_as<std::uint64_t>(4);
+  spec.backward_first = message.get_as<bool>(5);
+  spec.rematerialize = message.get_as<bool>(6);
+  if (spec.index >= spec.stages || spec.begin >= spec.end || spec.credits == 0)
+    return make_error(errc::malformed_message,
+                      "pipeline stage: stage {} of {} with layers [{}, {}) and {} credits; need "
+                      "index < stages, begin < end and credits >= 1",
+                      spec.index, spec.stages, spec.begin, spec.end, spec.credits);
+  return spec;
+}
+
 namespace {
 
 using clock = std::chrono::steady_clock;
@@ -45,11 +73,15 @@ public:
     next_ = {options_->index + 1, {}, std::move(next)};
     driver_ = std::move(driver);
   }
-  /// Endpoints reached through the tensor sender need places when routed.
-  void set_places(actors::place previous, actors::place next, actors::place driver) {
-    previous_.where = std::move(previous);
-    next_.where = std::move(next);
-    driver_place_ = std::move(driver);
+  /// Places of the endpoints, for a routed tensor sender ("" when unknown).
+  void set_places(const std::string& previous, const std::string& next, const std::string& driver) {
+    auto parse = [](const std::string& text) {
+      auto parsed = actors::place::parse(text);
+      return parsed ? *parsed : actors::place{};
+    };
+    previous_.where = parse(previous);
+    next_.where = parse(next);
+    driver_place_ = parse(driver);
   }
 
   void begin(std::uint64_t step, std::uint64_t batch) {
@@ -66,6 +98,14 @@ public:
     batch_ = batch;
     stats_ = {};
     queue_.reset_peak();
+    // Tensors of this step that overtook the begin message.
+    auto early = std::move(early_);
+    early_.clear();
+    for (auto& message : early)
+      if (message.meta.context_id == step)
+        arrive(message);
+      else if (message.meta.context_id > step)
+        early_.push_back(std::move(message));
   }
 
   /// A tensor arrived: evaluation runs at once, training work is queued.
@@ -75,6 +115,12 @@ public:
       evaluate(message);
       return;
     }
+    if (key.context_id > step_) {
+      early_.push_back(message);
+      return;
+    }
+    if (key.context_id < step_)
+      return; // left over from a failed step
     if (message.meta.kind == message_kind::backward_gradient) {
       queue_.push(message);
       return;
@@ -128,10 +174,33 @@ public:
     stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
   }
 
+  double digest() const {
+    double sum = 0;
+    for (const auto& p : options_->layers->parameters()) {
+      auto values = p.data().to_vector<double>();
+      for (double v : values)
+        sum += v + v * v;
+    }
+    return sum;
+  }
+
   stage_stats stats() const {
     auto out = stats_;
     out.peak_in_flight = queue_.peak_in_flight();
     return out;
+  }
+
+  /// Drops handles, graphs and the sender (the stage stopped).
+  void release() {
+    previous_ = {};
+    next_ = {};
+    driver_ = nullptr;
+    queue_.clear();
+    registry_ = {};
+    waiting_for_target_.clear();
+    targets_.clear();
+    early_.clear();
+    options_->sender = nullptr;
   }
 
   const stage_options& options() const noexcept { return *options_; }
@@ -257,6 +326,7 @@ private:
   std::map<context_key, tensor> targets_;
   std::map<context_key, std::size_t> stash_bytes_;
   std::size_t stashed_ = 0;
+  std::vector<actors::tensor_message> early_;
   stage_stats stats_;
 };
 
@@ -267,9 +337,14 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
   auto run_scheduled = std::make_shared<bool>(false);
   // Every handler validates and turns exceptions into a p_failed report: an
   // exception escaping a handler would kill the actor without a word.
-  auto report = [self, state](const std::exception& e) {
+  // Messages to the driver are anonymous and the state lets go of every
+  // handle when the stage stops: a handle held by a stopped actor's state, or
+  // a sender reference in an unread message, would keep actors alive in a
+  // cycle and the actor system's shutdown waiting for them.
+  self->attach_functor([state] { state->release(); });
+  auto report = [state](const std::exception& e) {
     if (state->driver())
-      self->send(state->driver(), stage_failed_atom::value,
+      caf::anon_send(state->driver(), stage_failed_atom::value,
                  static_cast<std::uint64_t>(state->options().index), state->step(),
                  std::string{e.what()});
   };
@@ -280,11 +355,22 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
     }
   };
   return {
-    [=](wire_atom, caf::actor previous, caf::actor next, caf::actor driver) {
+    [=](wire_atom, caf::actor previous, caf::actor next, caf::actor driver,
+        const std::string& previous_place, const std::string& next_place,
+        const std::string& driver_place) {
       state->wire(std::move(previous), std::move(next), std::move(driver));
+      state->set_places(previous_place, next_place, driver_place);
       return caf::make_message(caf::ok_atom::value);
     },
-    [=](begin_step_atom, std::uint64_t step, std::uint64_t batch) { state->begin(step, batch); },
+    [=](digest_atom) { return caf::make_message(state->digest()); },
+    [=](begin_step_atom, std::uint64_t step, std::uint64_t batch) {
+      try {
+        state->begin(step, batch);
+      } catch (const std::exception& e) {
+        report(e);
+      }
+      schedule_run();
+    },
     [=](const actors::tensor_message& message) {
       try {
         state->arrive(message);
@@ -305,7 +391,7 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
     [=](apply_atom, std::uint64_t step) {
       try {
         state->apply(step);
-        self->send(state->driver(), applied_atom::value,
+        caf::anon_send(state->driver(), applied_atom::value,
                    static_cast<std::uint64_t>(state->options().index), step);
       } catch (const std::exception& e) {
         report(e);

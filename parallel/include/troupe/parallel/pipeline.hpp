@@ -24,25 +24,33 @@
 // equal single-process training on the whole batch (up to float summation
 // order).
 //
-// Placement. In this version every stage runs in the calling process (local
-// actors, tensors shared by reference); places name the stages
-// ("worker0/cpu/stage1") in errors. Stage code sends its tensors only through
-// a `tensor_sender` (stage.hpp), the seam where the node's tensor_router
-// plugs in for stages on other processes.
+// Placement. Without `options.node` every stage runs in the calling process
+// (local actors, tensors shared by reference) and places only name the
+// stages ("worker0/cpu/stage1"). With a node (remote.hpp), each stage is
+// spawned on its place's node by the "troupe.pipeline_stage" factory — every
+// process builds the same model from the same seed and keeps its slice —
+// and tensors travel through the nodes' tensor routers; control messages
+// (begin, losses, completions, apply) stay on CAF. Stage code sends tensors
+// only through a `tensor_sender` (stage.hpp), so it is the same code either
+// way.
 //
 // Failure. Every wait has `options.timeout`; a stage that dies (its actor
-// exits) or reports an error makes train_step return an error naming the
-// stage and the reason, and the pipeline refuses later steps.
+// exits, its process is killed: CAF's down message) or reports an error, or
+// whose node is lost (node::on_peer_lost), makes train_step return an error
+// naming the stage and the reason, and the pipeline refuses later steps.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "troupe/actors/fwd.hpp"
+#include "troupe/actors/place.hpp"
 #include "troupe/autograd/nn/sequential.hpp"
 #include "troupe/autograd/optim/adam.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
@@ -80,6 +88,12 @@ struct pipeline_options {
   /// Bound on every wait of train_step and forward (the time between two
   /// progress messages, not for the whole step).
   std::chrono::milliseconds timeout{30000};
+  /// Cross-process: this process's node (it must outlive the pipeline).
+  /// Stages are spawned on their places' nodes, which must have the stage
+  /// factory registered (remote.hpp, register_stage_factory).
+  actors::node* node = nullptr;
+  /// With `node`: how the driver sends tensors (routed_tensor_sender).
+  tensor_sender sender;
 };
 
 class pipeline {
@@ -109,6 +123,10 @@ public:
   /// Statistics of each stage's last step.
   expected<std::vector<stage_stats>> stats();
 
+  /// Per stage, the sum of p + p^2 over its parameters: compares parameters
+  /// held in other processes with a reference without moving them.
+  expected<std::vector<double>> parameter_digests();
+
   std::size_t stages() const noexcept { return stages_.size(); }
   const partition& split() const noexcept { return options_.split; }
   /// The stage's actor (tests kill it to check failure handling).
@@ -123,6 +141,8 @@ private:
   /// Waits for the replies of a step; fills `losses`.
   expected<void> await_step(std::vector<double>& losses);
   expected<void> fail(troupe::error err);
+  /// A tensor from the driver to stage `index` (local send or the sender).
+  expected<void> send_to_stage(std::size_t index, actors::tensor_message message);
 
   struct driver;
   caf::actor_system& system_;
@@ -130,6 +150,8 @@ private:
   std::unique_ptr<driver> driver_;
   std::vector<caf::actor> stages_;
   std::vector<std::string> names_;
+  std::vector<actors::place> places_;
+  actors::place driver_place_;
   std::uint64_t step_ = 0;
   /// Set once a step failed: the stages' state is no longer consistent.
   std::optional<troupe::error> broken_;

@@ -4,8 +4,12 @@
 // micro-batch's graph (DESIGN.md, "Actors and how a training step flows").
 //
 // Protocol (driver = the pipeline's blocking actor; atoms below):
-//   (p_wire, prev, next, driver)     -> ok       neighbours and driver (once)
-//   (p_begin, step, batch)                       a step of `batch` samples begins
+//   (p_wire, prev, next, driver, prev place, next place, driver place) -> ok
+//                                                neighbours and driver (once)
+//   (p_begin, step, batch)                       a step of `batch` samples begins;
+//                                                tensors of a step not yet begun wait
+//                                                for it (tensors and control messages
+//                                                may travel on different planes)
 //   tensor_message forward_activation            x of (step, mb); context_id = step
 //                                                (context_id 0: evaluation, no graph)
 //   tensor_message control (last stage)          the target of (step, mb)
@@ -13,6 +17,7 @@
 //   (p_apply, step)                              one optimizer step, zero_grad,
 //                                                then (p_applied, stage, step) to driver
 //   (p_stats)                        -> (peak stashed bytes, peak in flight, busy ms)
+//   (p_digest)                       -> (sum of p + p^2 over the stage's parameters)
 // and towards the driver:
 //   (p_loss, step, mb, loss)         last stage: the micro-batch's mean loss
 //   (p_mbdone, step, mb)             first stage: backward of mb finished
@@ -51,6 +56,8 @@ using apply_atom = caf::atom_constant<caf::atom("p_apply")>;
 using applied_atom = caf::atom_constant<caf::atom("p_applied")>;
 using run_atom = caf::atom_constant<caf::atom("p_run")>;
 using stats_atom = caf::atom_constant<caf::atom("p_stats")>;
+using digest_atom = caf::atom_constant<caf::atom("p_digest")>;
+using peer_lost_atom = caf::atom_constant<caf::atom("p_lost")>;
 using loss_atom = caf::atom_constant<caf::atom("p_loss")>;
 using micro_batch_done_atom = caf::atom_constant<caf::atom("p_mbdone")>;
 using stage_failed_atom = caf::atom_constant<caf::atom("p_failed")>;
@@ -104,6 +111,26 @@ struct stage_options {
   /// Where the stage lives, for error messages and traces ("worker0/cpu/stage1").
   std::string name;
 };
+
+/// The node factory that builds a stage from a stage_spec (remote.hpp).
+inline constexpr const char* stage_factory_name = "troupe.pipeline_stage";
+
+/// What a process needs to build stage `index` from its own copy of the
+/// model: the arguments of the "troupe.pipeline_stage" factory (remote.hpp).
+struct stage_spec {
+  std::uint64_t index = 0;
+  std::uint64_t stages = 1;
+  std::uint64_t begin = 0; ///< first layer
+  std::uint64_t end = 0;   ///< one past the last layer
+  std::uint64_t credits = 1;
+  bool backward_first = true;
+  bool rematerialize = false;
+};
+
+caf::message to_message(const stage_spec& spec);
+/// Errors (the message comes from another process): wrong element types,
+/// an empty or inverted layer range, index >= stages, zero credits.
+expected<stage_spec> stage_spec_from(const caf::message& message);
 
 /// Statistics of the last step (reset by p_begin).
 struct stage_stats {

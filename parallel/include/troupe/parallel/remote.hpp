@@ -1,0 +1,47 @@
+#pragma once
+// Pipelines across processes: every process of the job registers the stage
+// factory with the same recipe (the same model from the same seed), and the
+// driver's pipeline spawns each stage on its place's node, where the factory
+// builds the whole model, keeps its slice and sends tensors through the
+// node's tensor_router (UCX data plane, or CAF over TLS).
+//
+//   // on every process, after node::start:
+//   parallel::stage_recipe recipe{make_model, parallel::sgd_factory({.lr = 0.05}),
+//                                 parallel::mse_loss_function()};
+//   parallel::register_stage_factory(*node, recipe);
+//   // on the driver's process only:
+//   parallel::pipeline_options options = parallel::remote_options(*node, recipe);
+//   options.places = {"worker0/cpu", "worker1/cpu"};
+//   options.micro_batches = 4;
+//   auto pipe = parallel::pipeline::create(node->system(), std::move(options));
+#include <functional>
+#include <memory>
+
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/tensor_router.hpp"
+#include "troupe/parallel/pipeline.hpp"
+
+namespace troupe::parallel {
+
+/// What every process needs to build any stage of the pipeline.
+struct stage_recipe {
+  /// Builds the whole model; every process must get the same parameters
+  /// (nn::module::reset_parameters with a fixed seed does it).
+  std::function<std::shared_ptr<nn::sequential>()> model;
+  optimizer_factory optimizer;
+  loss_function loss;
+};
+
+/// Sends through `router` to the endpoint's place (its handle is unused).
+tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router);
+
+/// Registers the "troupe.pipeline_stage" factory on `node`. Call it on every
+/// node that may host a stage, before the driver creates the pipeline.
+void register_stage_factory(actors::node& node, stage_recipe recipe);
+
+/// Pipeline options for stages on the job's nodes: `node` and its routed
+/// sender set, the model (for the partition) built from the recipe, and the
+/// recipe's optimizer and loss. Set places, split, schedule and micro-batches.
+pipeline_options remote_options(actors::node& node, const stage_recipe& recipe);
+
+} // namespace troupe::parallel

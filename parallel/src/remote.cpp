@@ -1,0 +1,74 @@
+// The stage factory that every process of a pipeline job registers.
+#include "troupe/parallel/remote.hpp"
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/actors/error_category.hpp"
+
+namespace troupe::parallel {
+
+tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router) {
+  require(router != nullptr, "routed_tensor_sender: no router (was the node started?)");
+  // Weak: the node owns its router; a stage must not keep it alive.
+  std::weak_ptr<actors::tensor_router> weak = router;
+  return [weak](const stage_endpoint& to, actors::tensor_message message) -> expected<void> {
+    if (to.where.name.empty())
+      return make_error(errc::invalid_argument, "stage {} has no place to send to", to.index);
+    auto router = weak.lock();
+    if (!router)
+      return make_error(errc::io_error, "the node's tensor router has stopped");
+    return router->send(to.where, std::move(message));
+  };
+}
+
+void register_stage_factory(actors::node& node, stage_recipe recipe) {
+  require(static_cast<bool>(recipe.model) && static_cast<bool>(recipe.optimizer) &&
+            static_cast<bool>(recipe.loss),
+          "register_stage_factory: the recipe needs a model, an optimizer and a loss");
+  // The node outlives its factories; its router is looked up per spawn.
+  auto* owner = &node;
+  node.register_factory(
+    stage_factory_name,
+    [owner, recipe](caf::actor_system& system, const actors::place& where,
+                     const caf::message& args) -> caf::expected<caf::actor> {
+      // The arguments come from another process: validate before building.
+      auto spec = stage_spec_from(args);
+      if (!spec)
+        return actors::to_caf_error(spec.error_value());
+      try {
+        auto model = recipe.model();
+        if (!model || spec->end > model->size())
+          return actors::make_caf_error(
+            errc::invalid_argument,
+            fmt::format("pipeline stage {}: layers [{}, {}) but this process's model has {}",
+                        where.to_string(), spec->begin, spec->end, model ? model->size() : 0));
+        auto stage = std::make_shared<stage_options>();
+        stage->index = spec->index;
+        stage->stages = spec->stages;
+        stage->layers = model->slice(spec->begin, spec->end);
+        stage->optimizer = recipe.optimizer(stage->layers->named_parameters());
+        stage->loss = recipe.loss;
+        stage->rematerialize = spec->rematerialize;
+        stage->policy = schedule_policy{spec->credits, spec->backward_first};
+        stage->sender = routed_tensor_sender(owner->router());
+        stage->name = where.to_string();
+        return system.spawn<caf::detached>(stage_actor, std::move(stage));
+      } catch (const std::exception& e) {
+        return actors::make_caf_error(errc::invalid_argument,
+                                      fmt::format("pipeline stage {}: {}", where.to_string(), e.what()));
+      }
+    });
+}
+
+pipeline_options remote_options(actors::node& node, const stage_recipe& recipe) {
+  pipeline_options options;
+  options.node = &node;
+  options.sender = routed_tensor_sender(node.router());
+  options.model = recipe.model();
+  options.optimizer = recipe.optimizer;
+  options.loss = recipe.loss;
+  return options;
+}
+
+} // namespace troupe::parallel

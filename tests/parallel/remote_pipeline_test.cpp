@@ -1,0 +1,228 @@
+// Pipelines across processes: this test binary is worker0 (driver, and some
+// stages) and re-executes itself as worker1 (the other stages). Stages are
+// spawned through node::spawn_remote by the "troupe.pipeline_stage" factory,
+// each process builds the same model from the same seed, and activations and
+// gradients travel through the tensor routers (UCX data plane).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include <caf/all.hpp>
+
+#include "../actors/process_support.hpp"
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/grad_mode.hpp"
+#include "troupe/autograd/nn/all.hpp"
+#include "troupe/parallel/remote.hpp"
+#include "troupe/tensor/ops.hpp"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::parallel;
+using troupe::test::child_process;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::shared_ptr<nn::sequential> make_mlp() {
+  auto model = std::make_shared<nn::sequential>();
+  for (int i = 0; i < 8; ++i) {
+    nn::linear_options o;
+    o.in_features = 32;
+    o.out_features = 32;
+    o.type = dtype::float64;
+    model->append(nn::make<nn::linear>(o));
+    model->append(nn::make<nn::relu>());
+  }
+  model->reset_parameters(7);
+  return model;
+}
+
+stage_recipe recipe() {
+  return {make_mlp, sgd_factory({.lr = 0.05, .momentum = 0.9}), mse_loss_function()};
+}
+
+bool is_stage_child(int argc, char** argv) {
+  return argc > 1 && std::string_view(argv[1]) == "--stage-child";
+}
+
+/// worker1: a node with the stage factory, until stdin closes.
+int run_stage_child(int argc, char** argv) {
+  auto options = actors::node_options::from(argc, argv);
+  if (!options)
+    return 2;
+  auto started = actors::node::start(*options);
+  if (!started) {
+    std::printf("START ERROR %s\n", started.error().message().c_str());
+    return 3;
+  }
+  register_stage_factory(**started, recipe());
+  std::printf("READY\n");
+  std::fflush(stdout);
+  char byte;
+  while (read(0, &byte, 1) > 0) {
+  }
+  (*started)->stop();
+  return 0;
+}
+
+struct cluster {
+  std::unique_ptr<actors::node> coordinator;
+  child_process worker;
+
+  ~cluster() {
+    worker.close_stdin();
+    (void)worker.exited(10s);
+    worker.kill_and_reap();
+    if (coordinator)
+      coordinator->stop();
+  }
+};
+
+void start_cluster(cluster& c) {
+  actors::node_options options;
+  options.name = "worker0";
+  options.world_size = 2;
+  options.listen_address = "127.0.0.1";
+  auto started = actors::node::start(options);
+  ASSERT_TRUE(started) << started.error().message();
+  c.coordinator = std::move(*started);
+  register_stage_factory(*c.coordinator, recipe());
+  std::vector<std::string> args{
+    "--stage-child", "--troupe.coordinator=127.0.0.1:" + std::to_string(c.coordinator->port()),
+    "--troupe.rank=1", "--troupe.world-size=2", "--troupe.listen-address=127.0.0.1",
+    "--troupe.name=worker1"};
+  c.worker = child_process::start(
+    child_process::self_path(), args,
+    {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=", "TROUPE_NODE_NAME=",
+     "OPENBLAS_NUM_THREADS=1"});
+  ASSERT_TRUE(c.worker.wait_for("READY", 15s)) << c.worker.output();
+  ASSERT_TRUE(c.coordinator->wait_for_nodes(2, 10s));
+}
+
+struct batch {
+  tensor inputs;
+  tensor targets;
+};
+
+batch make_batch(std::uint64_t step) {
+  generator gen{1000 + step};
+  return {randn({12, 32}, gen, 0.0, 1.0, dtype::float64),
+          randn({12, 32}, gen, 0.0, 1.0, dtype::float64)};
+}
+
+double digest(const nn::module& layers) {
+  double sum = 0;
+  for (const auto& p : layers.parameters())
+    for (double v : p.data().to_vector<double>())
+      sum += v + v * v;
+  return sum;
+}
+
+struct remote_case {
+  schedule_kind schedule;
+  std::vector<std::string> places;
+  std::size_t micro_batches;
+};
+
+void PrintTo(const remote_case& c, std::ostream* os) {
+  *os << name_of(c.schedule) << " over " << c.places.size() << " stages, " << c.micro_batches
+      << " micro-batches";
+}
+
+class RemotePipeline : public ::testing::TestWithParam<remote_case> {};
+
+TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
+  const auto& c = GetParam();
+  cluster cl;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
+  auto options = remote_options(*cl.coordinator, recipe());
+  options.places = c.places;
+  options.split = even(c.places.size(), options.model->size());
+  options.schedule = c.schedule;
+  options.micro_batches = c.micro_batches;
+  options.timeout = 20s;
+  auto split = options.split;
+  auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
+  ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message() << "\n" << cl.worker.output();
+
+  auto reference = make_mlp();
+  optim::sgd reference_opt(reference->named_parameters(), {.lr = 0.05, .momentum = 0.9});
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    auto b = make_batch(step);
+    auto loss = autograd::mse_loss(reference->forward(autograd::variable(b.inputs)),
+                                   autograd::variable(b.targets));
+    autograd::backward(loss);
+    reference_opt.step();
+    reference_opt.zero_grad();
+    auto got = (*pipe)->train_step(b.inputs, b.targets);
+    ASSERT_TRUE(got.has_value()) << got.error_value().message() << "\n" << cl.worker.output();
+    EXPECT_NEAR(*got, loss.item(), 1e-12) << "step " << step;
+  }
+  // Parameters stay in their processes; compare digests per stage.
+  auto digests = (*pipe)->parameter_digests();
+  ASSERT_TRUE(digests.has_value()) << digests.error_value().message();
+  for (std::size_t s = 0; s < split.stages(); ++s) {
+    double want = digest(*reference->slice(split.begin(s), split.end(s)));
+    EXPECT_NEAR((*digests)[s], want, 1e-9 * std::abs(want)) << "stage " << s;
+  }
+  // Evaluation: outputs come back to the driver through the router.
+  auto b = make_batch(99);
+  auto out = (*pipe)->forward(b.inputs);
+  ASSERT_TRUE(out.has_value()) << out.error_value().message();
+  autograd::no_grad_guard no_grad;
+  EXPECT_LT(max_abs_diff(*out, reference->forward(autograd::variable(b.inputs)).data()), 1e-12);
+  EXPECT_GT(cl.coordinator->router()->stats().data_plane_sends, 0u);
+  pipe->reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+  TwoProcesses, RemotePipeline,
+  ::testing::Values(remote_case{schedule_kind::one_f_one_b, {"worker0/cpu", "worker1/cpu"}, 4},
+                    remote_case{schedule_kind::gpipe, {"worker1/cpu", "worker0/cpu", "worker1/cpu"}, 3},
+                    remote_case{schedule_kind::one_f_one_b,
+                                {"worker0/cpu", "worker1/cpu", "worker0/cpu", "worker1/cpu"}, 4}));
+
+TEST(RemotePipelineFailure, KilledStageProcessIsReportedByNameWithinTheTimeout) {
+  cluster cl;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
+  auto options = remote_options(*cl.coordinator, recipe());
+  options.places = {"worker0/cpu", "worker1/cpu"};
+  options.micro_batches = 3;
+  options.timeout = 5s;
+  auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
+  ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message();
+  auto b = make_batch(0);
+  ASSERT_TRUE((*pipe)->train_step(b.inputs, b.targets).has_value());
+  // Kill worker1 while steps run; the step in flight (or the next) fails.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(30ms);
+    cl.worker.signal(SIGKILL);
+  });
+  auto started = std::chrono::steady_clock::now();
+  expected<double> loss = 0.0;
+  for (int i = 0; i < 100000 && loss.has_value(); ++i)
+    loss = (*pipe)->train_step(b.inputs, b.targets);
+  killer.join();
+  auto elapsed = std::chrono::steady_clock::now() - started;
+  ASSERT_FALSE(loss.has_value());
+  EXPECT_THAT(loss.error_value().message(), HasSubstr("stage 1 (worker1/cpu/stage1)"));
+  EXPECT_LT(elapsed, 5s + 30ms) << loss.error_value().message();
+  auto again = (*pipe)->train_step(b.inputs, b.targets);
+  ASSERT_FALSE(again.has_value());
+  pipe->reset();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (is_stage_child(argc, argv))
+    return run_stage_child(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
