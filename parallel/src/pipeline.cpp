@@ -11,6 +11,7 @@
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/peer_monitor.hpp"
 #include "troupe/actors/place.hpp"
+#include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/functions.hpp"
 
 namespace troupe::parallel {
@@ -115,6 +116,7 @@ expected<void> pipeline::start() {
             where.has_value() ? std::string{} : where.error_value().message());
     places_.push_back(where->with_name(fmt::format("stage{}", i)));
     names_.push_back(places_.back().to_string());
+    stage_traces_.push_back(trace::intern(names_.back()));
   }
   if (options_.node != nullptr) {
     // The driver receives evaluation outputs through the router: give it a
@@ -124,11 +126,14 @@ expected<void> pipeline::start() {
                                   fmt::format("pipeline-driver{}", next_driver++)};
     if (auto ok = options_.node->register_actor(driver_place_, driver_->handle()); !ok)
       return ok.error_value();
+    driver_trace_ = trace::intern(driver_place_.to_string());
     // A lost node reaches the driver as a message, so train_step sees it
     // while it waits (the handler runs on the node's agent thread).
     options_.node->on_peer_lost([driver = driver_->handle()](const actors::peer_lost& lost) {
       caf::anon_send(driver, peer_lost_atom::value, lost.node, lost.reason);
     });
+  } else {
+    driver_trace_ = trace::intern("driver");
   }
   for (std::size_t i = 0; i < p; ++i) {
     const auto policy = policy_for(options_.schedule, i, p, options_.micro_batches);
@@ -186,6 +191,14 @@ expected<void> pipeline::start() {
 }
 
 expected<void> pipeline::send_to_stage(std::size_t index, actors::tensor_message message) {
+  if (trace::enabled()) {
+    message.flow_id = trace::next_flow_id();
+    trace::message_sent(driver_trace_,
+                        trace::message_info(actors::trace_kind(message.meta.kind), stage_traces_[index],
+                                            message.value.nbytes(), message.flow_id,
+                                            static_cast<std::uint32_t>(message.meta.step),
+                                            message.meta.micro_batch));
+  }
   if (options_.node == nullptr) {
     driver_->self->send(stages_[index], std::move(message));
     return {};

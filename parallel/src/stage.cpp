@@ -10,6 +10,8 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "troupe/actors/tensor_router.hpp"
+#include "troupe/actors/trace.hpp"
 #include "troupe/autograd/checkpoint.hpp"
 #include "troupe/autograd/grad_mode.hpp"
 #include "troupe/parallel/distributed_autograd.hpp"
@@ -63,7 +65,8 @@ using clock = std::chrono::steady_clock;
 class stage_state {
 public:
   explicit stage_state(std::shared_ptr<stage_options> options)
-      : options_(std::move(options)), queue_(options_->policy) {}
+      : options_(std::move(options)), queue_(options_->policy),
+        trace_name_(trace::intern(options_->name)) {}
 
   bool first() const noexcept { return options_->index == 0; }
   bool last() const noexcept { return options_->index + 1 == options_->stages; }
@@ -82,6 +85,10 @@ public:
     previous_.where = parse(previous);
     next_.where = parse(next);
     driver_place_ = parse(driver);
+    // Trace names of the peers, interned once (it takes a lock).
+    previous_trace_ = trace::intern(previous.empty() ? "driver" : previous);
+    next_trace_ = trace::intern(next.empty() ? "driver" : next);
+    driver_trace_ = trace::intern(driver.empty() ? "driver" : driver);
   }
 
   void begin(std::uint64_t step, std::uint64_t batch) {
@@ -155,6 +162,9 @@ public:
     if (!work)
       return;
     auto started = clock::now();
+    // The trace shows the compute of each micro-batch as this stage's
+    // handler (received when it runs, linked to its send by the flow id).
+    actors::tensor_receive_scope scope(trace_name_, *work);
     if (work->meta.kind == message_kind::backward_gradient)
       backward(*work);
     else
@@ -307,6 +317,16 @@ private:
     message.meta.context_id = key.context_id;
     message.meta.destination = to.where.to_string();
     message.value = std::move(value);
+    if (trace::enabled()) {
+      message.flow_id = trace::next_flow_id();
+      const auto peer = to.index == options_->stages ? driver_trace_
+                        : to.index < options_->index ? previous_trace_
+                                                     : next_trace_;
+      trace::message_sent(trace_name_,
+                          trace::message_info(actors::trace_kind(kind), peer, message.value.nbytes(),
+                                              message.flow_id, static_cast<std::uint32_t>(key.context_id),
+                                              key.micro_batch));
+    }
     auto sent = options_->sender(to, std::move(message));
     require(sent.has_value(), "stage {}: sending {} of micro-batch {} to stage {} failed: {}",
             options_->name, name_of(kind), key.micro_batch, to.index,
@@ -327,6 +347,10 @@ private:
   std::map<context_key, std::size_t> stash_bytes_;
   std::size_t stashed_ = 0;
   std::vector<actors::tensor_message> early_;
+  trace::name_id trace_name_;
+  trace::name_id previous_trace_;
+  trace::name_id next_trace_;
+  trace::name_id driver_trace_;
   stage_stats stats_;
 };
 

@@ -3,6 +3,8 @@
 #include "troupe/parallel/pipeline.hpp"
 
 #include <atomic>
+#include <filesystem>
+#include <unistd.h>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -10,6 +12,9 @@
 #include <gtest/gtest.h>
 
 #include "troupe/actors/message_types.hpp"
+#include "troupe/actors/trace.hpp"
+#include "troupe/actors/trace_reader.hpp"
+#include "troupe/actors/trace_report.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/grad_mode.hpp"
@@ -284,6 +289,46 @@ TEST_F(PipelineTest, MoreMicroBatchesThanSamplesIsAUsageError) {
   }
   auto mismatched = make_batch(0);
   EXPECT_THROW((void)pipe->train_step(mismatched.inputs, make_batch(1, 6).targets), usage_error);
+}
+
+TEST_F(PipelineTest, TraceLinksEveryTensorAndShowsEachStagesBubble) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("troupe_pipeline_trace_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  trace::options topts;
+  topts.directory = dir.string();
+  topts.node = "worker0";
+  ASSERT_TRUE(trace::start(topts).has_value());
+  {
+    auto pipe = make(options(make_mlp(), 2, 4, schedule_kind::gpipe));
+    for (std::uint64_t step = 0; step < 2; ++step) {
+      auto b = make_batch(step);
+      ASSERT_TRUE(pipe->train_step(b.inputs, b.targets).has_value());
+    }
+  }
+  trace::stop();
+  std::vector<std::string> warnings;
+  std::vector<std::string> inputs{dir.string()};
+  auto files = trace::read_trace_inputs(inputs, warnings);
+  ASSERT_TRUE(files.has_value()) << files.error().message();
+  auto summary = trace::summarize(*files, warnings);
+  std::map<std::pair<std::string, std::string>, std::uint64_t> matched;
+  for (const auto& e : summary.edges)
+    matched[{e.sender, e.receiver}] = e.matched;
+  EXPECT_EQ((matched[{"driver", "worker0/cpu/stage0"}]), 8u) << trace::format_summary(summary);
+  EXPECT_EQ((matched[{"worker0/cpu/stage0", "worker0/cpu/stage1"}]), 8u);
+  EXPECT_EQ((matched[{"worker0/cpu/stage1", "worker0/cpu/stage0"}]), 8u);
+  int stages_seen = 0;
+  for (const auto& a : summary.actors)
+    if (a.actor == "worker0/cpu/stage0" || a.actor == "worker0/cpu/stage1") {
+      ++stages_seen;
+      EXPECT_EQ(a.handled, 16u) << a.actor; // 2 steps x 4 micro-batches x (forward, backward)
+      ASSERT_TRUE(a.bubble_fraction.has_value()) << a.actor;
+      EXPECT_GT(*a.bubble_fraction, 0.0);
+      EXPECT_LT(*a.bubble_fraction, 1.0);
+    }
+  EXPECT_EQ(stages_seen, 2);
+  std::filesystem::remove_all(dir);
 }
 
 /// A layer that runs a callback on every forward (to act mid-step).

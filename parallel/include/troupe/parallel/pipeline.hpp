@@ -51,6 +51,7 @@
 
 #include "troupe/actors/fwd.hpp"
 #include "troupe/actors/place.hpp"
+#include "troupe/actors/trace.hpp"
 #include "troupe/autograd/nn/sequential.hpp"
 #include "troupe/autograd/optim/adam.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
@@ -152,6 +153,8 @@ private:
   std::vector<std::string> names_;
   std::vector<actors::place> places_;
   actors::place driver_place_;
+  trace::name_id driver_trace_;
+  std::vector<trace::name_id> stage_traces_;
   std::uint64_t step_ = 0;
   /// Set once a step failed: the stages' state is no longer consistent.
   std::optional<troupe::error> broken_;
