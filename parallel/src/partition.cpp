@@ -210,6 +210,12 @@ expected<partition> balance_by_profile(const std::vector<layer_profile>& profile
   return with_prediction(std::move(out), profile, options);
 }
 
+expected<partition> balance_by_time(nn::sequential& model, const tensor& sample,
+                                    const balance_options& options,
+                                    const profile_options& profiling) {
+  return balance_by_profile(profile_layers(model, sample, profiling), options);
+}
+
 partition with_prediction(partition split, const std::vector<layer_profile>& profile,
                           const balance_options& options) {
   require(split.layers() == profile.size(),

@@ -135,7 +135,9 @@ TEST(Partition, ProfiledModelWithUnevenWidthsSeparatesTheHeavyLayers) {
     add(32, 32);
   generator gen{5};
   auto sample = randn({64, 32}, gen);
-  auto profile = profile_layers(*model, sample);
+  profile_options profiling;
+  profiling.repetitions = 5; // the minimum of 5: robust to a busy machine
+  auto profile = profile_layers(*model, sample, profiling);
   ASSERT_EQ(profile.size(), 12u);
   EXPECT_EQ(profile[1].parameter_bytes, (256u * 256u + 256u) * 4u);
   EXPECT_EQ(profile[0].activation_bytes, 64u * 256u * 4u);
@@ -147,6 +149,13 @@ TEST(Partition, ProfiledModelWithUnevenWidthsSeparatesTheHeavyLayers) {
   ASSERT_TRUE(split.has_value());
   EXPECT_EQ(split->end(0), 2u) << to_string(*split);
   EXPECT_LE(split->bottleneck_ms(), with_prediction(even(2, 12), profile).bottleneck_ms());
+  // The same in one call (timings differ run to run: only the shape is
+  // checked here).
+  auto three = balance_by_time(*model, sample, stages_of(3));
+  ASSERT_TRUE(three.has_value());
+  EXPECT_EQ(three->stages(), 3u);
+  EXPECT_EQ(three->layers(), 12u);
+  EXPECT_EQ(three->predicted_ms.size(), 3u);
 }
 
 } // namespace

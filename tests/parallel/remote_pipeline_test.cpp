@@ -218,6 +218,29 @@ TEST(RemotePipelineFailure, KilledStageProcessIsReportedByNameWithinTheTimeout) 
   pipe->reset();
 }
 
+TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {
+  cluster cl;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
+  auto options = remote_options(*cl.coordinator, recipe());
+  options.places = {"worker0/cpu", "worker1/cpu"};
+  options.micro_batches = 2;
+  options.timeout = 1s;
+  auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
+  ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message();
+  auto b = make_batch(0);
+  ASSERT_TRUE((*pipe)->train_step(b.inputs, b.targets).has_value());
+  cl.worker.signal(SIGSTOP); // alive but silent: no down message, only the timeout
+  auto started = std::chrono::steady_clock::now();
+  auto loss = (*pipe)->train_step(b.inputs, b.targets);
+  auto elapsed = std::chrono::steady_clock::now() - started;
+  ASSERT_FALSE(loss.has_value());
+  EXPECT_THAT(loss.error_value().message(), HasSubstr("no progress for 1000 ms"));
+  EXPECT_THAT(loss.error_value().message(), HasSubstr("stage 1 (worker1/cpu/stage1)"));
+  EXPECT_LT(elapsed, 3s);
+  pipe->reset();
+  cl.worker.signal(SIGKILL);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {

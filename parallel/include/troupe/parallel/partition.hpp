@@ -96,6 +96,12 @@ struct balance_options {
 expected<partition> balance_by_profile(const std::vector<layer_profile>& profile,
                                        const balance_options& options);
 
+/// profile_layers on `sample` (one micro-batch), then balance_by_profile:
+/// the automatic partition in one call (torchgpipe's balance_by_time).
+expected<partition> balance_by_time(nn::sequential& model, const tensor& sample,
+                                    const balance_options& options,
+                                    const profile_options& profiling = {});
+
 /// Fills predicted_ms / predicted_bytes of `split` from `profile` (for
 /// printing a manual partition beside the automatic one).
 partition with_prediction(partition split, const std::vector<layer_profile>& profile,
