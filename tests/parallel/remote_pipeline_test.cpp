@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -124,6 +126,28 @@ double digest(const nn::module& layers) {
   return sum;
 }
 
+/// True once every thread of `pid` is in the stopped state ('T').
+bool all_threads_stopped(pid_t pid, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto tasks = std::filesystem::path("/proc") / std::to_string(pid) / "task";
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      auto close = line.rfind(')');
+      if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T')
+        all = false;
+    }
+    if (all && !ec)
+      return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
 struct remote_case {
   schedule_kind schedule;
   std::vector<std::string> places;
@@ -230,6 +254,12 @@ TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {
   auto b = make_batch(0);
   ASSERT_TRUE((*pipe)->train_step(b.inputs, b.targets).has_value());
   cl.worker.signal(SIGSTOP); // alive but silent: no down message, only the timeout
+  struct kill_at_exit {
+    child_process& worker;
+    ~kill_at_exit() { worker.signal(SIGKILL); }
+  } guard{cl.worker};
+  // kill() returns before every thread has stopped: wait until they have.
+  ASSERT_TRUE(all_threads_stopped(cl.worker.pid(), 5s)) << "worker1 did not stop";
   auto started = std::chrono::steady_clock::now();
   auto loss = (*pipe)->train_step(b.inputs, b.targets);
   auto elapsed = std::chrono::steady_clock::now() - started;
@@ -238,7 +268,6 @@ TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {
   EXPECT_THAT(loss.error_value().message(), HasSubstr("stage 1 (worker1/cpu/stage1)"));
   EXPECT_LT(elapsed, 3s);
   pipe->reset();
-  cl.worker.signal(SIGKILL);
 }
 
 } // namespace
