@@ -3,6 +3,7 @@
 // [1, ld], e.g. a transposed view) as Trans. Only a layout that is neither
 // (a broadcast, a doubly strided slice) is copied first.
 #include <algorithm>
+#include <cstdlib>
 
 #include <cblas.h>
 
@@ -45,9 +46,20 @@ blas_operand present(const tensor& t) {
   return {copy, CblasNoTrans, static_cast<blasint>(std::max<std::int64_t>(cols, 1))};
 }
 
+/// One BLAS thread per calling thread unless the user chose otherwise
+/// (OPENBLAS_NUM_THREADS or OMP_NUM_THREADS): in troupe every compute actor
+/// is a thread of its own, and OpenBLAS's default (a thread per core inside
+/// every GEMM) would oversubscribe the cores several times over.
+bool configure_blas_threads() {
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr)
+    openblas_set_num_threads(1);
+  return true;
+}
+
 } // namespace
 
 void cpu_backend::gemm(const tensor& a, const tensor& b, tensor& out, double alpha, double beta) {
+  [[maybe_unused]] static const bool configured = configure_blas_threads();
   const auto m = a.size(0);
   const auto k = a.size(1);
   const auto n = b.size(1);

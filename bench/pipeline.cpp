@@ -1,0 +1,204 @@
+// Pipeline-parallel training throughput: the MLP of ../shared/BASELINES.md
+// (8 x (Linear(1024, 1024) + ReLU), batch 256, MSE, SGD lr 0.05, one compute
+// thread per stage) split 4 + 4 over two stage actors, micro-batches 1, 2, 4
+// and 8 with GPipe and 1F1B, beside troupe in one process without a
+// pipeline and PyTorch's RPC pipeline (../shared/peers/rpc_pipeline.py) in
+// the same run. Bubble fraction per configuration: measured (1 − the busier
+// stage's compute time / step time, from the stages' own counters) next to
+// GPipe's (p−1)/(m+p−1).
+//
+//   OPENBLAS_NUM_THREADS=1 build/bench/pipeline [--json] [--steps=3] [--no-peers]
+//
+// The stages are detached actors (one thread each) in this process: the
+// same stage code runs across processes through the tensor router
+// (parallel/remote.hpp); on two cores, two threads or two processes use the
+// same two cores.
+#include <filesystem>
+
+#include <caf/all.hpp>
+
+#include "baselines.hpp"
+#include "report.hpp"
+#include "troupe/actors/message_types.hpp"
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/linear.hpp"
+#include "troupe/autograd/nn/relu.hpp"
+#include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/parallel/pipeline.hpp"
+
+using namespace troupe;
+
+namespace {
+
+constexpr std::int64_t dim = 1024, batch = 256;
+
+std::shared_ptr<nn::sequential> make_model() {
+  auto model = std::make_shared<nn::sequential>();
+  for (int i = 0; i < 8; ++i) {
+    model->append(nn::make<nn::linear>(dim, dim, 0));
+    model->append(nn::make<nn::relu>());
+  }
+  model->reset_parameters(0);
+  return model;
+}
+
+/// Best (highest) samples/s of PyTorch's RPC pipeline, and its one-process
+/// figure, from the peer script's JSON lines.
+struct torch_figures {
+  std::optional<double> local;
+  std::optional<double> best_rpc;
+  std::string best_rpc_case;
+};
+
+torch_figures pytorch_pipeline(int steps) {
+  torch_figures figures;
+  auto script = std::string(TROUPE_SOURCE_DIR) + "/../shared/peers/rpc_pipeline.py";
+  if (!std::filesystem::exists(script))
+    return figures;
+  auto output = bench::run_command(
+      fmt::format("/usr/bin/python3 {} --modes local,rpc --micro-batches 1,2,4,8 --steps {} --rpc-transports uv",
+                  script, steps),
+      300);
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{' || line.find("\"train_samples_per_s\"") == std::string::npos)
+      continue;
+    auto median = bench::json_number(line, "median");
+    auto mb = bench::json_number(line, "micro_batches");
+    if (!median)
+      continue;
+    if (line.find("\"mode\": \"local\"") != std::string::npos) {
+      figures.local = *median;
+    } else if (line.find("\"mode\": \"rpc\"") != std::string::npos &&
+               (!figures.best_rpc || *median > *figures.best_rpc)) {
+      figures.best_rpc = *median;
+      figures.best_rpc_case = fmt::format("RPC pipeline m={}", mb ? static_cast<int>(*mb) : 0);
+    }
+  }
+  return figures;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  bench::report out("pipeline", argc, argv);
+  const int steps = std::stoi(bench::option(argc, argv, "steps", "3"));
+  bool peers = true;
+  for (int i = 1; i < argc; ++i)
+    peers &= std::string_view(argv[i]) != "--no-peers";
+
+  generator data_gen{1234};
+  auto x = randn({batch, dim}, data_gen);
+  auto y = randn({batch, dim}, data_gen);
+
+  // troupe in one process, no pipeline.
+  auto local_model = make_model();
+  optim::sgd sgd(local_model->named_parameters(), {.lr = 0.05});
+  auto local_step = [&] {
+    sgd.zero_grad();
+    auto loss = autograd::mse_loss((*local_model)(autograd::variable(x)), autograd::variable(y));
+    autograd::backward(loss);
+    sgd.step();
+    return loss.item();
+  };
+
+  caf::actor_system_config config;
+  actors::add_message_types(config);
+  caf::actor_system system{config};
+
+  struct configuration {
+    std::string name;
+    parallel::schedule_kind schedule;
+    std::size_t micro_batches;
+    std::unique_ptr<parallel::pipeline> pipe;
+    std::vector<double> seconds;
+    std::vector<double> bubbles;
+    double first_loss = 0, last_loss = 0;
+  };
+  std::vector<configuration> configurations;
+  for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b}) {
+    for (std::size_t m : {1, 2, 4, 8}) {
+      parallel::pipeline_options options;
+      options.model = make_model();
+      options.places = {"worker0/cpu", "worker0/cpu"};
+      options.split = parallel::from_balance({8, 8}, options.model->size());
+      options.schedule = schedule;
+      options.micro_batches = m;
+      options.optimizer = parallel::sgd_factory({.lr = 0.05});
+      options.loss = parallel::mse_loss_function();
+      auto pipe = parallel::pipeline::create(system, std::move(options));
+      if (!pipe) {
+        fmt::print(stderr, "pipeline: {}\n", pipe.error().message());
+        return 1;
+      }
+      auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
+      configurations.push_back({name, schedule, m, std::move(*pipe), {}, {}, 0, 0});
+    }
+  }
+
+  // Round-robin: one timed step of every configuration per round, so the
+  // machine's drift hits all alike. One warm-up step each first.
+  std::vector<double> local_seconds;
+  double local_first = local_step(), local_last = local_first;
+  for (auto& c : configurations) {
+    auto loss = c.pipe->train_step(x, y);
+    if (!loss) {
+      fmt::print(stderr, "pipeline {}: {}\n", c.name, loss.error().message());
+      return 1;
+    }
+    c.first_loss = c.last_loss = *loss;
+  }
+  for (int round = 0; round < steps; ++round) {
+    auto start = bench::now_seconds();
+    local_last = local_step();
+    local_seconds.push_back(bench::now_seconds() - start);
+    for (auto& c : configurations) {
+      start = bench::now_seconds();
+      auto loss = c.pipe->train_step(x, y);
+      auto elapsed = bench::now_seconds() - start;
+      if (!loss) {
+        fmt::print(stderr, "pipeline {}: {}\n", c.name, loss.error().message());
+        return 1;
+      }
+      c.last_loss = *loss;
+      c.seconds.push_back(elapsed);
+      if (auto stats = c.pipe->stats()) {
+        double busiest = 0;
+        for (const auto& s : *stats)
+          busiest = std::max(busiest, s.busy_ms / 1e3);
+        c.bubbles.push_back(1.0 - busiest / elapsed);
+      }
+    }
+  }
+
+  torch_figures torch;
+  if (peers) {
+    torch = pytorch_pipeline(steps);
+    if (!torch.local && !torch.best_rpc)
+      out.note("PyTorch peer unavailable (python3-torch and ../shared/peers/rpc_pipeline.py needed)");
+  }
+
+  auto local_rate = batch / bench::median(local_seconds);
+  out.add({"troupe, one process, no pipeline", "samples/s", local_rate, "samples/s",
+           torch.local ? "PyTorch one process" : "", torch.local,
+           fmt::format("loss {:.4f} -> {:.4f}", local_first, local_last)});
+  for (auto& c : configurations) {
+    auto rate = batch / bench::median(c.seconds);
+    const double p = 2;
+    auto gpipe_bubble = (p - 1) / (double(c.micro_batches) + p - 1);
+    // Correctness column: the pipelined loss equals the one-process loss
+    // (same model, seed and data; float summation order aside).
+    bool same = std::abs(c.last_loss - local_last) <= 1e-4 * std::abs(local_last);
+    auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); loss {:.5f}{}", bench::median(c.bubbles),
+                            gpipe_bubble, c.last_loss, same ? "" : " WRONG (differs from one process)");
+    out.add({"pipeline 2 stages, " + c.name, "samples/s", rate, "samples/s", "troupe one process", local_rate, note});
+    if (torch.best_rpc)
+      out.add({"pipeline 2 stages, " + c.name, "samples/s", rate, "samples/s", "PyTorch " + torch.best_rpc_case,
+               torch.best_rpc, ""});
+  }
+  out.print();
+  configurations.clear(); // stop the stages before the actor system goes
+  return 0;
+}
