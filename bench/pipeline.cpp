@@ -69,9 +69,9 @@ torch_figures pytorch_pipeline(int steps) {
     auto mb = bench::json_number(line, "micro_batches");
     if (!median)
       continue;
-    if (line.find("\"mode\": \"local\"") != std::string::npos) {
+    if (line.find("\"mode\": \"local_single_process\"") != std::string::npos) {
       figures.local = *median;
-    } else if (line.find("\"mode\": \"rpc\"") != std::string::npos &&
+    } else if (line.find("\"mode\": \"rpc_pipeline\"") != std::string::npos &&
                (!figures.best_rpc || *median > *figures.best_rpc)) {
       figures.best_rpc = *median;
       figures.best_rpc_case = fmt::format("RPC pipeline m={}", mb ? static_cast<int>(*mb) : 0);
