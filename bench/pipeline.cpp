@@ -7,17 +7,21 @@
 // stage's compute time / step time, from the stages' own counters) next to
 // GPipe's (p−1)/(m+p−1).
 //
-//   OPENBLAS_NUM_THREADS=1 build/bench/pipeline [--json] [--steps=3] [--no-peers]
+//   OPENBLAS_NUM_THREADS=1 build/bench/pipeline [--json] [--steps=3] [--no-peers] [--processes=2]
 //
 // The stages are detached actors (one thread each) in this process: the
 // same stage code runs across processes through the tensor router
 // (parallel/remote.hpp); on two cores, two threads or two processes use the
-// same two cores.
+// same two cores. With --processes=2 the bench also re-executes itself as a
+// second node (worker1, on 127.0.0.1) and adds the same configurations with
+// stage 0 here and stage 1 there ("2 processes" rows).
 #include <filesystem>
+#include <iostream>
 
 #include <caf/all.hpp>
 
 #include "baselines.hpp"
+#include "peer_process.hpp"
 #include "report.hpp"
 #include "troupe/actors/message_types.hpp"
 #include "troupe/autograd/backward.hpp"
@@ -26,6 +30,7 @@
 #include "troupe/autograd/nn/relu.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/remote.hpp"
 
 using namespace troupe;
 
@@ -41,6 +46,33 @@ std::shared_ptr<nn::sequential> make_model() {
   }
   model->reset_parameters(0);
   return model;
+}
+
+parallel::stage_recipe recipe() {
+  return {make_model, parallel::sgd_factory({.lr = 0.05}), parallel::mse_loss_function()};
+}
+
+/// --processes=2: the second node (worker1), hosting stage 1 until its stdin
+/// says quit or closes.
+int run_stage_process(int argc, char** argv) {
+  auto options = actors::node_options::from(argc, argv);
+  if (!options) {
+    std::printf("ERROR %s\n", options.error().message().c_str());
+    return 2;
+  }
+  auto started = actors::node::start(*options);
+  if (!started) {
+    std::printf("ERROR %s\n", started.error().message().c_str());
+    return 1;
+  }
+  parallel::register_stage_factory(**started, recipe());
+  std::printf("READY\n");
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+  }
+  (*started)->stop();
+  return 0;
 }
 
 /// Best (highest) samples/s of PyTorch's RPC pipeline, and its one-process
@@ -83,8 +115,15 @@ torch_figures pytorch_pipeline(int steps) {
 } // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "--stage-process")
+    return run_stage_process(argc - 1, argv + 1);
   bench::report out("pipeline", argc, argv);
   const int steps = std::stoi(bench::option(argc, argv, "steps", "3"));
+  const int processes = std::stoi(bench::option(argc, argv, "processes", "1"));
+  if (processes != 1 && processes != 2) {
+    fmt::print(stderr, "pipeline: --processes is {} but must be 1 or 2\n", processes);
+    return 2;
+  }
   bool peers = true;
   for (int i = 1; i < argc; ++i)
     peers &= std::string_view(argv[i]) != "--no-peers";
@@ -108,69 +147,138 @@ int main(int argc, char** argv) {
   actors::add_message_types(config);
   caf::actor_system system{config};
 
+  // --processes=2: this process is worker0 (coordinator, stage 0), the
+  // child worker1 (stage 1); both build the model from the same seed.
+  std::unique_ptr<actors::node> node;
+  std::unique_ptr<bench::peer_process> stage_process;
+  if (processes == 2) {
+    actors::node_options node_options;
+    node_options.name = "worker0";
+    node_options.world_size = 2;
+    node_options.listen_address = "127.0.0.1";
+    auto started = actors::node::start(node_options);
+    if (!started) {
+      fmt::print(stderr, "pipeline: {}\n", started.error().message());
+      return 1;
+    }
+    node = std::move(*started);
+    parallel::register_stage_factory(*node, recipe());
+    stage_process = std::make_unique<bench::peer_process>(std::vector<std::string>{
+        std::filesystem::read_symlink("/proc/self/exe").string(), "--stage-process",
+        "--troupe.coordinator=127.0.0.1:" + std::to_string(node->port()), "--troupe.rank=1",
+        "--troupe.world-size=2", "--troupe.listen-address=127.0.0.1", "--troupe.name=worker1"});
+    auto ready = stage_process->started() ? stage_process->read_line(30000) : std::nullopt;
+    if (!ready || *ready != "READY" || !node->wait_for_nodes(2, std::chrono::seconds(10))) {
+      fmt::print(stderr, "pipeline: the stage process did not start: {}\n", ready.value_or("no answer"));
+      return 1;
+    }
+  }
+
   struct configuration {
+    std::string prefix;
     std::string name;
     parallel::schedule_kind schedule;
     std::size_t micro_batches;
+    bool remote;
     std::unique_ptr<parallel::pipeline> pipe;
     std::vector<double> seconds;
     std::vector<double> bubbles;
     double first_loss = 0, last_loss = 0;
   };
-  std::vector<configuration> configurations;
-  for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b}) {
-    for (std::size_t m : {1, 2, 4, 8}) {
-      parallel::pipeline_options options;
+  auto make_pipe = [&](const configuration& c) {
+    parallel::pipeline_options options;
+    if (c.remote) {
+      options = parallel::remote_options(*node, recipe());
+      options.places = {"worker0/cpu", "worker1/cpu"};
+    } else {
       options.model = make_model();
       options.places = {"worker0/cpu", "worker0/cpu"};
-      options.split = parallel::from_balance({8, 8}, options.model->size());
-      options.schedule = schedule;
-      options.micro_batches = m;
       options.optimizer = parallel::sgd_factory({.lr = 0.05});
       options.loss = parallel::mse_loss_function();
-      auto pipe = parallel::pipeline::create(system, std::move(options));
-      if (!pipe) {
-        fmt::print(stderr, "pipeline: {}\n", pipe.error().message());
-        return 1;
+    }
+    options.split = parallel::from_balance({8, 8}, options.model->size());
+    options.schedule = c.schedule;
+    options.micro_batches = c.micro_batches;
+    return parallel::pipeline::create(c.remote ? node->system() : system, std::move(options));
+  };
+  // One step of `c`: untimed (the warm-up) or timed, with the bubble from
+  // the stages' counters. False (and a message) when the step fails.
+  auto step = [&](configuration& c, bool timed) {
+    auto start = bench::now_seconds();
+    auto loss = c.pipe->train_step(x, y);
+    auto elapsed = bench::now_seconds() - start;
+    if (!loss) {
+      fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name, loss.error().message());
+      return false;
+    }
+    if (!timed)
+      c.first_loss = *loss;
+    c.last_loss = *loss;
+    if (!timed)
+      return true;
+    c.seconds.push_back(elapsed);
+    if (auto stats = c.pipe->stats()) {
+      double busiest = 0;
+      for (const auto& s : *stats)
+        busiest = std::max(busiest, s.busy_ms / 1e3);
+      c.bubbles.push_back(1.0 - busiest / elapsed);
+    }
+    return true;
+  };
+  std::vector<configuration> configurations;
+  for (bool remote : {false, true}) {
+    if (remote && !node)
+      break;
+    for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b}) {
+      for (std::size_t m : {1, 2, 4, 8}) {
+        auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
+        configuration c{remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, remote, nullptr,
+                        {}, {}, 0, 0};
+        if (!remote) {
+          auto pipe = make_pipe(c);
+          if (!pipe) {
+            fmt::print(stderr, "pipeline: {}\n", pipe.error().message());
+            return 1;
+          }
+          c.pipe = std::move(*pipe);
+        }
+        configurations.push_back(std::move(c));
       }
-      auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
-      configurations.push_back({name, schedule, m, std::move(*pipe), {}, {}, 0, 0});
     }
   }
 
-  // Round-robin: one timed step of every configuration per round, so the
-  // machine's drift hits all alike. One warm-up step each first.
+  // Round-robin: one timed step of every in-process configuration per round,
+  // so the machine's drift hits all alike. One warm-up step each first.
   std::vector<double> local_seconds;
   double local_first = local_step(), local_last = local_first;
-  for (auto& c : configurations) {
-    auto loss = c.pipe->train_step(x, y);
-    if (!loss) {
-      fmt::print(stderr, "pipeline {}: {}\n", c.name, loss.error().message());
+  for (auto& c : configurations)
+    if (c.pipe && !step(c, false))
       return 1;
-    }
-    c.first_loss = c.last_loss = *loss;
-  }
   for (int round = 0; round < steps; ++round) {
     auto start = bench::now_seconds();
     local_last = local_step();
     local_seconds.push_back(bench::now_seconds() - start);
-    for (auto& c : configurations) {
-      start = bench::now_seconds();
-      auto loss = c.pipe->train_step(x, y);
-      auto elapsed = bench::now_seconds() - start;
-      if (!loss) {
-        fmt::print(stderr, "pipeline {}: {}\n", c.name, loss.error().message());
+    for (auto& c : configurations)
+      if (c.pipe && !step(c, true))
         return 1;
-      }
-      c.last_loss = *loss;
-      c.seconds.push_back(elapsed);
-      if (auto stats = c.pipe->stats()) {
-        double busiest = 0;
-        for (const auto& s : *stats)
-          busiest = std::max(busiest, s.busy_ms / 1e3);
-        c.bubbles.push_back(1.0 - busiest / elapsed);
-      }
+  }
+  // Across processes, one configuration at a time: stage names are per node
+  // ("worker1/cpu/stage1"), so two pipelines over the same nodes cannot live
+  // at once. Each starts from the seed, so its loss after the same number of
+  // steps is again the one-process loss.
+  for (auto& c : configurations) {
+    if (!c.remote)
+      continue;
+    auto pipe = make_pipe(c);
+    if (!pipe) {
+      fmt::print(stderr, "pipeline: {}, {}: {}\n", c.prefix, c.name, pipe.error().message());
+      return 1;
     }
+    c.pipe = std::move(*pipe);
+    for (int round = 0; round <= steps; ++round)
+      if (!step(c, round > 0))
+        return 1;
+    c.pipe.reset();
   }
 
   torch_figures torch;
@@ -193,12 +301,15 @@ int main(int argc, char** argv) {
     bool same = std::abs(c.last_loss - local_last) <= 1e-4 * std::abs(local_last);
     auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); loss {:.5f}{}", bench::median(c.bubbles),
                             gpipe_bubble, c.last_loss, same ? "" : " WRONG (differs from one process)");
-    out.add({"pipeline 2 stages, " + c.name, "samples/s", rate, "samples/s", "troupe one process", local_rate, note});
+    out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "troupe one process", local_rate, note});
     if (torch.best_rpc)
-      out.add({"pipeline 2 stages, " + c.name, "samples/s", rate, "samples/s", "PyTorch " + torch.best_rpc_case,
+      out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "PyTorch " + torch.best_rpc_case,
                torch.best_rpc, ""});
   }
   out.print();
   configurations.clear(); // stop the stages before the actor system goes
+  stage_process.reset();  // "quit": worker1 stops its node, then this one
+  if (node)
+    node->stop();
   return 0;
 }
