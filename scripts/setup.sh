@@ -59,7 +59,18 @@ cmake --build build -j "$jobs"
 export OPENBLAS_NUM_THREADS=1
 
 case "$action" in
-  demo) exec build/examples/char_lm "${@:2}" ;;
+  demo)
+    # The small GPT of examples/char_lm.cpp split over four stage actors in
+    # four processes (pipeline parallelism, 1F1B), traced; then the trace's
+    # summary (bubble fraction per stage) and its picture.
+    trace_dir=build/demo-trace
+    rm -rf "$trace_dir"
+    TROUPE_TRACE_DIR=$trace_dir UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n \
+      build/bin/troupe-launch -n 4 --timeout 600 -- build/examples/pipeline_demo "${@:2}"
+    build/bin/troupe-trace summary -q "$trace_dir"
+    build/bin/troupe-trace svg -q -o build/demo-trace.svg "$trace_dir"
+    echo "trace: $trace_dir (timeline: build/demo-trace.svg; Perfetto: build/bin/troupe-trace merge -o t.json $trace_dir)"
+    ;;
   test) exec ctest --test-dir build --output-on-failure -j "$jobs" --timeout 300 ;;
   bench) exec bash bench/run_all.sh "${@:2}" ;;
   build) ;;
