@@ -1,0 +1,20 @@
+#pragma once
+// All-gather over a reducer_group: phase 3 of the ring allreduce
+// (ring_allreduce.hpp) on its own. Rank r places its tensor at segment r of
+// the output, sends it right, and for N-1 steps receives segment r-s-1 from
+// the left, copies it in, and forwards the received tensor unchanged.
+#include <cstdint>
+
+#include "troupe/parallel/reducer_group.hpp"
+
+namespace troupe::parallel {
+
+struct all_gather_options {
+  std::uint64_t context_id = 0; ///< 0: the group's next_id()
+};
+
+/// Concatenates every rank's `mine` (contiguous float32 or float64, the same
+/// numel on every rank) in rank order into one flat tensor.
+expected<tensor> all_gather(reducer_group& group, const tensor& mine, all_gather_options options = {});
+
+} // namespace troupe::parallel

@@ -1,0 +1,118 @@
+#pragma once
+// A ring of reducer actors, one per replica (DESIGN.md, "reducer"). Each rank
+// owns one reducer, registered under `<node>/cpu/<prefix><rank>`, and the
+// ring is rank order: rank r receives from r-1 and sends to r+1 (mod N).
+//
+//   reducer_group_options o;
+//   o.rank = 1;
+//   o.places = {"worker0/cpu/reducer0", "worker1/cpu/reducer1"};  // every member, by rank
+//   auto group = reducer_group::join(node, o);                      // waits until all are registered
+//   auto ok = ring_allreduce((*group), gradients, {.op = reduce_op::average});
+//
+// The collectives (ring_allreduce.hpp, reduce_scatter.hpp, all_gather.hpp,
+// broadcast.hpp; collectives.hpp includes them all) run on the calling thread
+// and block it, every wait bounded by `timeout`; `*_async` variants return a
+// std::future. Call them from a plain thread or from a detached actor (never
+// from an event-based actor's handler: they block).
+//
+// Planes. Every chunk goes through the node's tensor_router to the next
+// reducer's place: in one process a zero-copy CAF message, across processes
+// the UCX data plane. The reducer actor (detached) files each arriving chunk
+// in a mailbox keyed by (collective id, ring step, chunk index), so
+// concurrent collectives with different ids never mix; the collective
+// running on the caller's thread takes its chunks from there.
+//
+// Failure. A member's node lost (node::on_peer_lost), a refused send, or no
+// chunk from the left neighbour within `timeout` fails the collective with
+// an error naming the replica (rank and place); nothing waits forever.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/place.hpp"
+#include "troupe/actors/tensor_message.hpp"
+#include "troupe/tensor/expected.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::parallel {
+
+struct reducer_group_options {
+  /// This replica's rank in the ring, 0 <= rank < places.size().
+  std::uint32_t rank = 0;
+  /// Every member's place, by rank (`<node>/cpu/reducer<k>`). places[rank]
+  /// must be on this node. Several members may share a node (tests).
+  std::vector<std::string> places;
+  /// Bytes per chunk: each ring segment is cut into chunks this large so
+  /// that sending chunk k+1 overlaps reducing chunk k.
+  std::size_t chunk_bytes = 512 << 10;
+  /// Bound on every wait: joining, and each chunk of a collective.
+  std::chrono::milliseconds timeout{10000};
+};
+
+/// The default places for `size` members with one rank per node:
+/// `<node_names[k]>/cpu/reducer<k>`.
+std::vector<std::string> reducer_places(const std::vector<std::string>& node_names);
+
+class reducer_group {
+public:
+  /// Spawns this rank's reducer (detached), registers it under its place,
+  /// and waits (at most `timeout`) until every other member is registered.
+  static expected<std::unique_ptr<reducer_group>> join(actors::node& node, reducer_group_options options);
+
+  /// Unregisters and stops this rank's reducer.
+  ~reducer_group();
+  reducer_group(const reducer_group&) = delete;
+  reducer_group& operator=(const reducer_group&) = delete;
+
+  std::uint32_t rank() const noexcept { return options_.rank; }
+  std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(places_.size()); }
+  const reducer_group_options& options() const noexcept { return options_; }
+  const actors::place& place_of(std::uint32_t rank) const { return places_.at(rank); }
+  /// "replica 2 (worker2/cpu/reducer2)".
+  std::string describe(std::uint32_t rank) const;
+
+  /// A fresh collective id (same sequence on every rank when every rank
+  /// issues its collectives in the same order). Explicit ids passed in the
+  /// options must stay below 2^63.
+  std::uint64_t next_id() noexcept;
+
+  // ---- the ring's plumbing, used by the collectives -------------------------
+
+  /// Where a chunk belongs: collective, ring step, chunk index.
+  using key = std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>;
+
+  /// Sends `chunk` (contiguous; the group never writes it afterwards) to the
+  /// right neighbour's reducer. Retries on back-pressure until `timeout`.
+  expected<void> send_right(std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index, tensor chunk);
+  /// Sends to any member (broadcast's root to its successor is the same call).
+  expected<void> send_to(std::uint32_t rank, std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,
+                         tensor chunk);
+  /// Waits (at most `timeout`) for the chunk from rank `from`.
+  expected<tensor> receive(std::uint32_t from, std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index);
+  /// Drops what is left of a collective (after a failure).
+  void forget(std::uint64_t id);
+
+  struct state; // shared with the reducer actor and the peer-lost handler
+
+private:
+  reducer_group(actors::node& node, reducer_group_options options, std::vector<actors::place> places);
+
+  actors::node& node_;
+  reducer_group_options options_;
+  std::vector<actors::place> places_;
+  std::shared_ptr<state> state_;
+  caf::actor reducer_;
+  std::uint64_t next_id_ = 0;
+};
+
+} // namespace troupe::parallel

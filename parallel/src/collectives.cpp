@@ -1,0 +1,258 @@
+// The ring collectives (ring_allreduce.hpp, reduce_scatter.hpp,
+// all_gather.hpp, broadcast.hpp). One engine runs the ring: phase 1
+// (reduce-scatter) and/or phase 3 (all-gather), chunk by chunk.
+#include <algorithm>
+#include <cstring>
+#include <span>
+
+#include <fmt/format.h>
+
+#include "troupe/parallel/collectives.hpp"
+
+namespace troupe::parallel {
+
+ring_range ring_segment(std::int64_t count, std::uint32_t n, std::uint32_t k) {
+  const std::int64_t base = count / n;
+  const std::int64_t extra = count % n;
+  const std::int64_t begin = k * base + std::min<std::int64_t>(k, extra);
+  return {begin, begin + base + (static_cast<std::int64_t>(k) < extra ? 1 : 0)};
+}
+
+namespace {
+
+/// Chunk c of segment `seg`: every rank cuts every segment into the same
+/// number of chunks, so both ends of a link agree on ranges without asking.
+struct layout {
+  std::int64_t count;
+  std::uint32_t n;
+  std::uint32_t chunks;
+
+  layout(std::int64_t count_, std::uint32_t n_, std::size_t chunk_elems) : count(count_), n(n_) {
+    auto longest = (count + n - 1) / n;
+    chunks = static_cast<std::uint32_t>(
+      std::max<std::int64_t>(1, (longest + static_cast<std::int64_t>(chunk_elems) - 1) /
+                                  static_cast<std::int64_t>(chunk_elems)));
+  }
+  ring_range chunk(std::uint32_t seg, std::uint32_t c) const {
+    auto s = ring_segment(count, n, seg);
+    auto len = s.end - s.begin;
+    return {s.begin + len * c / chunks, s.begin + len * (c + 1) / chunks};
+  }
+};
+
+std::uint32_t mod(std::int64_t x, std::uint32_t n) {
+  auto m = x % static_cast<std::int64_t>(n);
+  return static_cast<std::uint32_t>(m < 0 ? m + n : m);
+}
+
+expected<void> check(const tensor& t, const char* what) {
+  if (!t.defined() || !t.is_contiguous() || t.where() != device::cpu())
+    return make_error(errc::invalid_argument, "{}: the tensor must be a defined, contiguous CPU tensor", what);
+  if (t.type() != dtype::float32 && t.type() != dtype::float64)
+    return make_error(errc::unsupported_dtype, "{}: float32 or float64 only", what);
+  return {};
+}
+
+template <class T> tensor copy_of(const T* data, std::int64_t n) {
+  return tensor::from(std::span<const T>(data, static_cast<std::size_t>(n)), {n});
+}
+
+/// Runs the ring over the flat buffer `base[0, count)`. Ring steps are
+/// numbered 0..N-2 for reduce-scatter and N..2N-2 for all-gather.
+template <class T>
+expected<void> ring(reducer_group& g, T* base, std::int64_t count, std::uint64_t id, bool reduce, bool gather,
+                    bool average) {
+  const std::uint32_t n = g.size();
+  const std::uint32_t r = g.rank();
+  if (n == 1)
+    return {};
+  const std::uint32_t left = mod(std::int64_t{r} - 1, n);
+  layout lay(count, n, std::max<std::size_t>(1, g.options().chunk_bytes / sizeof(T)));
+
+  auto send = [&](std::uint32_t step, std::uint32_t seg, std::uint32_t c) -> expected<void> {
+    auto range = lay.chunk(seg, c);
+    if (range.begin == range.end)
+      return {}; // empty chunks (count < N) are skipped by both ends
+    return g.send_right(id, step, c, copy_of(base + range.begin, range.end - range.begin));
+  };
+  auto receive = [&](std::uint32_t step, ring_range range, std::uint32_t c) -> expected<tensor> {
+    auto got = g.receive(left, id, step, c);
+    if (!got)
+      return got;
+    if (got->numel() != range.end - range.begin || got->type() != tensor::from(std::span<const T>(), {0}).type())
+      return make_error(errc::malformed_message, "reducer{}: chunk {} of step {} from {} has {} elements, want {}",
+                        r, c, step, g.describe(left), got->numel(), range.end - range.begin);
+    return got;
+  };
+
+  if (reduce) {
+    // Step 0: this rank's own values of segment r-1 go right.
+    for (std::uint32_t c = 0; c < lay.chunks; ++c)
+      if (auto ok = send(0, mod(std::int64_t{r} - 1, n), c); !ok)
+        return ok;
+    for (std::uint32_t s = 0; s + 1 < n; ++s) {
+      const auto seg = mod(std::int64_t{r} - s - 2, n);
+      for (std::uint32_t c = 0; c < lay.chunks; ++c) {
+        auto range = lay.chunk(seg, c);
+        if (range.begin == range.end)
+          continue;
+        // Wait for the left neighbour's partial sum of this chunk ...
+        auto got = receive(s, range, c);
+        if (!got)
+          return got.error();
+        // ... add it (one fixed order per element on every rank) ...
+        T* dst = base + range.begin;
+        const T* src = got->template data<T>();
+        const auto len = range.end - range.begin;
+        for (std::int64_t i = 0; i < len; ++i)
+          dst[i] = src[i] + dst[i];
+        if (s + 2 < n) {
+          // ... and pass it on at once: the next chunk is still on its way.
+          if (auto ok = send(s + 1, seg, c); !ok)
+            return ok;
+          continue;
+        }
+        // Last step: seg == r is final here. Average once, on the owner.
+        if (average)
+          for (std::int64_t i = 0; i < len; ++i)
+            dst[i] = dst[i] / static_cast<T>(n);
+        // Allreduce: the all-gather starts chunk by chunk, right now.
+        if (gather)
+          if (auto ok = send(n, seg, c); !ok)
+            return ok;
+      }
+    }
+  } else if (gather) {
+    // All-gather on its own: segment r is this rank's contribution.
+    for (std::uint32_t c = 0; c < lay.chunks; ++c)
+      if (auto ok = send(n, r, c); !ok)
+        return ok;
+  }
+
+  if (gather) {
+    for (std::uint32_t s = 0; s + 1 < n; ++s) {
+      const auto seg = mod(std::int64_t{r} - s - 1, n);
+      for (std::uint32_t c = 0; c < lay.chunks; ++c) {
+        auto range = lay.chunk(seg, c);
+        if (range.begin == range.end)
+          continue;
+        auto got = receive(n + s, range, c);
+        if (!got)
+          return got.error();
+        // Copy the owner's final values (never recompute them) ...
+        std::memcpy(base + range.begin, got->template data<T>(),
+                    static_cast<std::size_t>(range.end - range.begin) * sizeof(T));
+        // ... and forward the same tensor unchanged.
+        if (s + 2 < n)
+          if (auto ok = g.send_right(id, n + s + 1, c, *got); !ok)
+            return ok;
+      }
+    }
+  }
+  return {};
+}
+
+template <class F> expected<void> typed(const tensor& t, F&& f) {
+  if (t.type() == dtype::float32)
+    return f(t.data<float>());
+  return f(t.data<double>());
+}
+
+std::uint64_t pick(reducer_group& g, std::uint64_t id) { return id ? id : g.next_id(); }
+
+expected<void> finish(reducer_group& g, std::uint64_t id, expected<void> result) {
+  if (!result)
+    g.forget(id);
+  return result;
+}
+
+} // namespace
+
+expected<void> ring_allreduce(reducer_group& group, const tensor& data, allreduce_options options) {
+  if (auto ok = check(data, "ring_allreduce"); !ok)
+    return ok;
+  auto id = pick(group, options.context_id);
+  return finish(group, id, typed(data, [&](auto* base) {
+                  return ring(group, base, data.numel(), id, true, true, options.op == reduce_op::average);
+                }));
+}
+
+std::future<expected<void>> ring_allreduce_async(reducer_group& group, tensor data, allreduce_options options) {
+  // Take the id now, on the caller's thread, so ids follow call order.
+  if (!options.context_id)
+    options.context_id = group.next_id();
+  return std::async(std::launch::async,
+                    [&group, data = std::move(data), options] { return ring_allreduce(group, data, options); });
+}
+
+expected<tensor> reduce_scatter(reducer_group& group, const tensor& input, reduce_scatter_options options) {
+  if (auto ok = check(input, "reduce_scatter"); !ok)
+    return ok.error();
+  auto id = pick(group, options.context_id);
+  auto work = input.clone();
+  auto ok = finish(group, id, typed(work, [&](auto* base) {
+                     return ring(group, base, work.numel(), id, true, false, options.op == reduce_op::average);
+                   }));
+  if (!ok)
+    return ok.error();
+  auto seg = ring_segment(work.numel(), group.size(), group.rank());
+  return work.flatten().slice(0, seg.begin, seg.end).clone();
+}
+
+expected<tensor> all_gather(reducer_group& group, const tensor& mine, all_gather_options options) {
+  if (auto ok = check(mine, "all_gather"); !ok)
+    return ok.error();
+  auto id = pick(group, options.context_id);
+  const auto m = mine.numel();
+  auto out = tensor::empty({m * group.size()}, mine.type());
+  out.slice(0, m * group.rank(), m * (group.rank() + 1)).copy_from(mine.flatten());
+  auto ok = finish(group, id, typed(out, [&](auto* base) {
+                     return ring(group, base, out.numel(), id, false, true, false);
+                   }));
+  if (!ok)
+    return ok.error();
+  return out;
+}
+
+expected<void> broadcast(reducer_group& group, const tensor& data, broadcast_options options) {
+  if (auto ok = check(data, "broadcast"); !ok)
+    return ok;
+  if (options.root >= group.size())
+    return make_error(errc::invalid_argument, "broadcast: root {} is outside the group of {}", options.root,
+                      group.size());
+  auto id = pick(group, options.context_id);
+  const std::uint32_t n = group.size();
+  if (n == 1)
+    return {};
+  const auto position = mod(std::int64_t{group.rank()} - options.root, n); // 0 = root
+  const std::uint32_t left = mod(std::int64_t{group.rank()} - 1, n);
+  return finish(group, id, typed(data, [&](auto* base) -> expected<void> {
+                  using T = std::remove_pointer_t<decltype(base)>;
+                  const auto count = data.numel();
+                  const auto chunk = static_cast<std::int64_t>(std::max<std::size_t>(1, group.options().chunk_bytes / sizeof(T)));
+                  for (std::int64_t b = 0, c = 0; b < count; b += chunk, ++c) {
+                    const auto len = std::min(chunk, count - b);
+                    const auto index = static_cast<std::uint32_t>(c);
+                    if (position == 0) {
+                      // The root: every chunk right, without waiting.
+                      if (auto ok = group.send_right(id, 0, index, copy_of(base + b, len)); !ok)
+                        return ok;
+                      continue;
+                    }
+                    // The others: copy each chunk in as it arrives, pass it on.
+                    auto got = group.receive(left, id, 0, index);
+                    if (!got)
+                      return got.error();
+                    if (got->numel() != len)
+                      return make_error(errc::malformed_message, "broadcast: chunk {} from {} has {} elements, want {}",
+                                        c, group.describe(left), got->numel(), len);
+                    std::memcpy(base + b, got->template data<T>(), static_cast<std::size_t>(len) * sizeof(T));
+                    if (position + 1 < n)
+                      if (auto ok = group.send_right(id, 0, index, *got); !ok)
+                        return ok;
+                  }
+                  return {};
+                }));
+}
+
+} // namespace troupe::parallel

@@ -1,0 +1,193 @@
+#include "troupe/parallel/reducer_group.hpp"
+
+#include <thread>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/actors/tensor_router.hpp"
+
+namespace troupe::parallel {
+
+using namespace std::chrono_literals;
+
+struct reducer_group::state {
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::map<reducer_group::key, tensor> mailbox;
+  std::optional<std::string> failure; // sticky: a lost replica or a failed send
+  std::shared_ptr<actors::tensor_router> router;
+
+  void put(const actors::tensor_message& m) {
+    {
+      std::lock_guard lock(mutex);
+      mailbox[{m.meta.context_id, static_cast<std::uint32_t>(m.meta.step), m.meta.micro_batch}] = m.value;
+    }
+    arrived.notify_all();
+  }
+
+  void fail(std::string why) {
+    {
+      std::lock_guard lock(mutex);
+      if (!failure)
+        failure = std::move(why);
+    }
+    arrived.notify_all();
+  }
+};
+
+std::vector<std::string> reducer_places(const std::vector<std::string>& node_names) {
+  std::vector<std::string> out;
+  for (std::size_t k = 0; k < node_names.size(); ++k)
+    out.push_back(fmt::format("{}/cpu/reducer{}", node_names[k], k));
+  return out;
+}
+
+reducer_group::reducer_group(actors::node& node, reducer_group_options options, std::vector<actors::place> places)
+    : node_(node), options_(std::move(options)), places_(std::move(places)), state_(std::make_shared<state>()) {}
+
+std::string reducer_group::describe(std::uint32_t rank) const {
+  return fmt::format("replica {} ({})", rank, places_.at(rank).to_string());
+}
+
+std::uint64_t reducer_group::next_id() noexcept { return (std::uint64_t{1} << 63) | ++next_id_; }
+
+expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node, reducer_group_options options) {
+  if (options.places.empty() || options.rank >= options.places.size())
+    return make_error(errc::invalid_argument, "reducer_group: rank {} is outside the {} places", options.rank,
+                      options.places.size());
+  if (options.chunk_bytes < 64)
+    return make_error(errc::invalid_argument, "reducer_group: chunk_bytes {} is below 64", options.chunk_bytes);
+  std::vector<actors::place> places;
+  for (const auto& text : options.places) {
+    auto p = actors::place::parse_named(text);
+    if (!p)
+      return make_error(errc::invalid_argument, "reducer_group: {}", p.error().message());
+    places.push_back(*p);
+  }
+  const auto& mine = places[options.rank];
+  if (mine.node != node.name())
+    return make_error(errc::invalid_argument, "reducer_group: rank {}'s place {} is not on this node ({})",
+                      options.rank, mine.to_string(), node.name());
+  auto router = node.router();
+  if (!router)
+    return make_error(errc::invalid_argument, "reducer_group: the node has no tensor router");
+  std::unique_ptr<reducer_group> group(new reducer_group(node, std::move(options), std::move(places)));
+  group->state_->router = router;
+
+  // The reducer actor only files arriving chunks; the collective that
+  // waits for them runs on its caller's thread.
+  auto st = group->state_;
+  group->reducer_ = node.system().spawn<caf::detached>([st](caf::event_based_actor*) -> caf::behavior {
+    return {[st](const actors::tensor_message& m) { st->put(m); }};
+  });
+  // Attach before the registry learns the place, so that a neighbour that
+  // resolves it can never send to a place this node does not know yet.
+  router->attach(mine.to_string(), group->reducer_);
+  if (auto ok = node.register_actor(mine, group->reducer_); !ok)
+    return make_error(ok.error().code(), "reducer_group: registering {} failed: {}", mine.to_string(),
+                      ok.error().message());
+
+  std::weak_ptr<state> weak = group->state_;
+  auto places_copy = group->places_;
+  node.on_peer_lost([weak, places_copy](const actors::peer_lost& lost) {
+    auto s = weak.lock();
+    if (!s)
+      return;
+    for (std::size_t k = 0; k < places_copy.size(); ++k)
+      if (places_copy[k].node == lost.node) {
+        s->fail(fmt::format("replica {} ({}) was lost: node {} went away ({})", k, places_copy[k].to_string(),
+                            lost.node, lost.reason));
+        return;
+      }
+  });
+
+  // Wait until every member is registered (bounded).
+  auto deadline = std::chrono::steady_clock::now() + group->options_.timeout;
+  for (std::uint32_t k = 0; k < group->size(); ++k) {
+    while (true) {
+      auto found = node.lookup(group->places_[k]);
+      if (found && *found)
+        break;
+      if (std::chrono::steady_clock::now() > deadline)
+        return make_error(errc::io_error, "reducer_group: {} did not join within {} ms", group->describe(k),
+                          group->options_.timeout.count());
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  return group;
+}
+
+reducer_group::~reducer_group() {
+  (void)node_.unregister_actor(places_[options_.rank]);
+  if (reducer_)
+    caf::anon_send_exit(reducer_, caf::exit_reason::user_shutdown);
+}
+
+expected<void> reducer_group::send_right(std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,
+                                         tensor chunk) {
+  return send_to((rank() + 1) % size(), id, step, chunk_index, std::move(chunk));
+}
+
+expected<void> reducer_group::send_to(std::uint32_t to, std::uint64_t id, std::uint32_t step,
+                                      std::uint32_t chunk_index, tensor chunk) {
+  actors::tensor_message m;
+  m.meta.kind = message_kind::gradient_bucket;
+  m.meta.context_id = id;
+  m.meta.step = step;
+  m.meta.micro_batch = chunk_index;
+  m.value = std::move(chunk);
+  std::weak_ptr<state> weak = state_;
+  auto who = describe(to);
+  auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  while (true) {
+    {
+      std::lock_guard lock(state_->mutex);
+      if (state_->failure)
+        return make_error(errc::io_error, "reducer{}: {}", rank(), *state_->failure);
+    }
+    auto sent = state_->router->send(places_[to], m, [weak, who](expected<void> r) {
+      if (!r)
+        if (auto s = weak.lock())
+          s->fail(fmt::format("sending to {} failed: {}", who, r.error().message()));
+    });
+    if (sent)
+      return {};
+    // Back-pressure: wait for completions, bounded.
+    if (sent.error().code() == errc::size_limit_exceeded && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(100us);
+      continue;
+    }
+    return make_error(sent.error().code(), "reducer{}: sending to {} failed: {}", rank(), who,
+                      sent.error().message());
+  }
+}
+
+expected<tensor> reducer_group::receive(std::uint32_t from, std::uint64_t id, std::uint32_t step,
+                                        std::uint32_t chunk_index) {
+  std::unique_lock lock(state_->mutex);
+  key k{id, step, chunk_index};
+  auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  while (true) {
+    if (auto it = state_->mailbox.find(k); it != state_->mailbox.end()) {
+      auto value = std::move(it->second);
+      state_->mailbox.erase(it);
+      return value;
+    }
+    if (state_->failure)
+      return make_error(errc::io_error, "reducer{}: {}", rank(), *state_->failure);
+    if (state_->arrived.wait_until(lock, deadline) == std::cv_status::timeout &&
+        state_->mailbox.find(k) == state_->mailbox.end() && !state_->failure)
+      return make_error(errc::io_error,
+                        "reducer{}: nothing from {} for {} ms (collective {:#x}, step {}, chunk {})", rank(),
+                        describe(from), options_.timeout.count(), id, step, chunk_index);
+  }
+}
+
+void reducer_group::forget(std::uint64_t id) {
+  std::lock_guard lock(state_->mutex);
+  for (auto it = state_->mailbox.begin(); it != state_->mailbox.end();)
+    it = std::get<0>(it->first) == id ? state_->mailbox.erase(it) : std::next(it);
+}
+
+} // namespace troupe::parallel

@@ -1,0 +1,348 @@
+// Ring collectives (issue 5): allreduce, reduce-scatter, all-gather and
+// broadcast over a ring of reducer actors, element by element against a
+// float64 reference, bitwise equal across ranks; in one process (zero-copy
+// messages) and across processes (this binary re-executes itself as the
+// other nodes; chunks go over the UCX data plane).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "../actors/process_support.hpp"
+#include "troupe/parallel/collectives.hpp"
+
+using namespace std::chrono_literals;
+using namespace troupe;
+using namespace troupe::parallel;
+using troupe::test::child_process;
+using ::testing::HasSubstr;
+
+namespace {
+
+/// Rank r's input: small integers (exact float32 sums) plus a fraction so
+/// the order of additions matters for bitwise comparisons.
+float value(std::uint32_t rank, std::int64_t i) {
+  return static_cast<float>((i * 7 + rank * 13) % 23) + 0.1f * static_cast<float>(rank + 1);
+}
+
+tensor input(std::uint32_t rank, std::int64_t count) {
+  std::vector<float> v(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i)
+    v[static_cast<std::size_t>(i)] = value(rank, i);
+  return tensor::from(v, {count});
+}
+
+double reference(std::uint32_t n, std::int64_t i) {
+  double sum = 0;
+  for (std::uint32_t r = 0; r < n; ++r)
+    sum += static_cast<double>(value(r, i));
+  return sum;
+}
+
+/// N reducers in this process, on one node.
+struct local_ring {
+  std::unique_ptr<actors::node> node;
+  std::vector<std::unique_ptr<reducer_group>> groups;
+
+  explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024) {
+    actors::node_options options;
+    options.name = "worker0";
+    options.world_size = 1;
+    options.listen_address = "127.0.0.1";
+    auto started = actors::node::start(options);
+    EXPECT_TRUE(started) << started.error().message();
+    if (!started)
+      return;
+    node = std::move(*started);
+    std::vector<std::string> places;
+    for (std::uint32_t k = 0; k < n; ++k)
+      places.push_back("worker0/cpu/reducer" + std::to_string(k));
+    groups.resize(n);
+    std::vector<std::thread> joins;
+    for (std::uint32_t k = 0; k < n; ++k)
+      joins.emplace_back([&, k] {
+        reducer_group_options o{.rank = k, .places = places, .chunk_bytes = chunk_bytes, .timeout = 5000ms};
+        auto g = reducer_group::join(*node, o);
+        if (g)
+          groups[k] = std::move(*g);
+        else
+          ADD_FAILURE() << g.error().message();
+      });
+    for (auto& t : joins)
+      t.join();
+  }
+  ~local_ring() {
+    groups.clear();
+    if (node)
+      node->stop();
+  }
+
+  /// Runs `f(rank)` on one thread per rank.
+  template <class F> void each(F&& f) {
+    std::vector<std::thread> threads;
+    for (std::uint32_t k = 0; k < groups.size(); ++k)
+      threads.emplace_back([&, k] { f(k); });
+    for (auto& t : threads)
+      t.join();
+  }
+};
+
+bool bitwise_equal(const tensor& a, const tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+std::vector<std::int64_t> sizes_for(std::int64_t n) {
+  return {1, 2, 3, 7, n - 1, n, n + 1, 1000, 4099, (1 << 20) / 4};
+}
+
+class Collectives : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(Collectives, AllreduceSumMatchesReferenceAndIsBitwiseEqual) {
+  const auto n = GetParam();
+  local_ring ring(n);
+  ASSERT_TRUE(ring.node);
+  for (auto count : sizes_for(n)) {
+    std::vector<tensor> data(n);
+    std::vector<std::string> errors(n);
+    ring.each([&](std::uint32_t k) {
+      data[k] = input(k, count);
+      auto ok = ring_allreduce(*ring.groups[k], data[k]);
+      if (!ok)
+        errors[k] = ok.error().message();
+    });
+    for (std::uint32_t k = 0; k < n; ++k)
+      ASSERT_EQ(errors[k], "") << "rank " << k << " count " << count;
+    auto got = data[0].to_vector<float>();
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_NEAR(got[static_cast<std::size_t>(i)], reference(n, i), 1e-5 * reference(n, i))
+        << "element " << i << " of " << count;
+    for (std::uint32_t k = 1; k < n; ++k)
+      EXPECT_TRUE(bitwise_equal(data[0], data[k])) << "rank " << k << " count " << count;
+  }
+}
+
+TEST_P(Collectives, AllreduceAverageFloat64) {
+  const auto n = GetParam();
+  local_ring ring(n);
+  ASSERT_TRUE(ring.node);
+  const std::int64_t count = 4099;
+  std::vector<tensor> data(n);
+  ring.each([&](std::uint32_t k) {
+    data[k] = input(k, count).to(dtype::float64);
+    EXPECT_TRUE(ring_allreduce(*ring.groups[k], data[k], {.op = reduce_op::average}));
+  });
+  auto got = data[0].to_vector<double>();
+  for (std::int64_t i = 0; i < count; ++i)
+    ASSERT_NEAR(got[static_cast<std::size_t>(i)], reference(n, i) / n, 1e-12);
+  for (std::uint32_t k = 1; k < n; ++k)
+    EXPECT_TRUE(bitwise_equal(data[0], data[k]));
+}
+
+TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
+  const auto n = GetParam();
+  local_ring ring(n);
+  ASSERT_TRUE(ring.node);
+  for (auto count : sizes_for(n)) {
+    std::vector<tensor> scattered(n), gathered(n), broadcasted(n);
+    ring.each([&](std::uint32_t k) {
+      auto rs = reduce_scatter(*ring.groups[k], input(k, count));
+      EXPECT_TRUE(rs) << rs.error().message();
+      if (rs)
+        scattered[k] = *rs;
+      auto ag = all_gather(*ring.groups[k], input(k, count));
+      EXPECT_TRUE(ag) << ag.error().message();
+      if (ag)
+        gathered[k] = *ag;
+      broadcasted[k] = input(k, count);
+      EXPECT_TRUE(broadcast(*ring.groups[k], broadcasted[k], {.root = n - 1}));
+    });
+    for (std::uint32_t k = 0; k < n; ++k) {
+      auto seg = ring_segment(count, n, k);
+      ASSERT_EQ(scattered[k].numel(), seg.end - seg.begin);
+      auto rs = scattered[k].to_vector<float>();
+      for (std::int64_t i = seg.begin; i < seg.end; ++i)
+        ASSERT_NEAR(rs[static_cast<std::size_t>(i - seg.begin)], reference(n, i), 1e-5 * reference(n, i));
+      ASSERT_EQ(gathered[k].numel(), count * n);
+      auto ag = gathered[k].to_vector<float>();
+      for (std::uint32_t r = 0; r < n; ++r)
+        for (std::int64_t i = 0; i < count; ++i)
+          ASSERT_EQ(ag[static_cast<std::size_t>(r * count + i)], value(r, i));
+      EXPECT_TRUE(bitwise_equal(broadcasted[k], input(n - 1, count))) << "rank " << k << " count " << count;
+    }
+  }
+}
+
+TEST_P(Collectives, ConcurrentCollectivesWithDifferentIdsDoNotMix) {
+  const auto n = GetParam();
+  local_ring ring(n, 256);
+  ASSERT_TRUE(ring.node);
+  const std::int64_t count = 5000;
+  std::vector<tensor> a(n), b(n);
+  ring.each([&](std::uint32_t k) {
+    a[k] = input(k, count);
+    b[k] = tensor::full({count}, k + 1.0);
+    // Issued in opposite orders on even and odd ranks.
+    auto fa = ring_allreduce_async(*ring.groups[k], k % 2 ? b[k] : a[k], {.context_id = k % 2 ? 2u : 1u});
+    auto fb = ring_allreduce_async(*ring.groups[k], k % 2 ? a[k] : b[k], {.context_id = k % 2 ? 1u : 2u});
+    EXPECT_TRUE(fa.get());
+    EXPECT_TRUE(fb.get());
+  });
+  for (std::uint32_t k = 0; k < n; ++k) {
+    auto va = a[k].to_vector<float>();
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_NEAR(va[static_cast<std::size_t>(i)], reference(n, i), 1e-5 * reference(n, i));
+    for (float v : b[k].to_vector<float>())
+      ASSERT_EQ(v, n * (n + 1) / 2.0f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ring, Collectives, ::testing::Values(2u, 3u, 4u));
+
+TEST(Collectives, SilentNeighbourTimesOutNamingIt) {
+  local_ring ring(2);
+  ASSERT_TRUE(ring.node);
+  auto data = input(0, 100);
+  // Rank 1 never calls: rank 0 waits at most the timeout.
+  auto start = std::chrono::steady_clock::now();
+  auto ok = ring_allreduce(*ring.groups[0], data);
+  ASSERT_FALSE(ok);
+  EXPECT_THAT(ok.error().message(), HasSubstr("replica 1 (worker0/cpu/reducer1)"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 8s);
+}
+
+// ---- across processes -------------------------------------------------------
+
+std::vector<std::string> places_for(std::uint32_t n) {
+  std::vector<std::string> names;
+  for (std::uint32_t k = 0; k < n; ++k)
+    names.push_back("worker" + std::to_string(k));
+  return reducer_places(names);
+}
+
+/// Runs the cross-process allreduces as `rank`; "" when every one is right.
+std::string run_allreduces(reducer_group& g) {
+  for (std::int64_t bytes : {std::int64_t{4} << 10, std::int64_t{16} << 20}) {
+    auto count = bytes / 4;
+    auto data = input(g.rank(), count);
+    auto ok = ring_allreduce(g, data);
+    if (!ok)
+      return ok.error().message();
+    auto got = data.to_vector<float>();
+    for (std::int64_t i = 0; i < count; ++i)
+      if (std::abs(got[static_cast<std::size_t>(i)] - reference(g.size(), i)) > 1e-5 * reference(g.size(), i))
+        return "wrong element " + std::to_string(i) + " of " + std::to_string(count);
+  }
+  return "";
+}
+
+int run_child(int argc, char** argv) {
+  auto options = actors::node_options::from(argc, argv);
+  if (!options)
+    return 2;
+  auto started = actors::node::start(*options);
+  if (!started) {
+    std::printf("START ERROR %s\n", started.error().message().c_str());
+    return 3;
+  }
+  {
+    auto n = (*started)->options().world_size;
+    auto group = reducer_group::join(**started, {.rank = (*started)->rank(), .places = places_for(n),
+                                                 .timeout = 10000ms});
+    if (!group) {
+      std::printf("JOIN ERROR %s\n", group.error().message().c_str());
+      std::fflush(stdout);
+    } else {
+      std::printf("READY\n");
+      std::fflush(stdout);
+      if (std::string_view(argv[1]) == "--reducer-child") {
+        auto result = run_allreduces(**group);
+        std::printf("%s\n", result.empty() ? "ALLREDUCE OK" : ("ALLREDUCE FAILED " + result).c_str());
+        std::fflush(stdout);
+      }
+      char byte;
+      while (read(0, &byte, 1) > 0) {
+      }
+    }
+  }
+  (*started)->stop();
+  return 0;
+}
+
+struct cluster {
+  std::unique_ptr<actors::node> coordinator;
+  std::vector<child_process> workers;
+  ~cluster() {
+    for (auto& w : workers) {
+      w.close_stdin();
+      (void)w.exited(10s);
+      w.kill_and_reap();
+    }
+    if (coordinator)
+      coordinator->stop();
+  }
+};
+
+void start_cluster(cluster& c, std::uint32_t n, const char* mode) {
+  actors::node_options options;
+  options.name = "worker0";
+  options.world_size = n;
+  options.listen_address = "127.0.0.1";
+  auto started = actors::node::start(options);
+  ASSERT_TRUE(started) << started.error().message();
+  c.coordinator = std::move(*started);
+  for (std::uint32_t k = 1; k < n; ++k) {
+    std::vector<std::string> args{mode,
+                                  "--troupe.coordinator=127.0.0.1:" + std::to_string(c.coordinator->port()),
+                                  "--troupe.rank=" + std::to_string(k), "--troupe.world-size=" + std::to_string(n),
+                                  "--troupe.listen-address=127.0.0.1", "--troupe.name=worker" + std::to_string(k)};
+    c.workers.push_back(child_process::start(child_process::self_path(), args,
+                                             {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=",
+                                              "TROUPE_NODE_NAME="}));
+  }
+  ASSERT_TRUE(c.coordinator->wait_for_nodes(n, 15s));
+}
+
+class CrossProcess : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(CrossProcess, AllreduceCorrectOnEveryRank) {
+  const auto n = GetParam();
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, n, "--reducer-child"));
+  auto group = reducer_group::join(*c.coordinator, {.rank = 0, .places = places_for(n), .timeout = 10000ms});
+  ASSERT_TRUE(group) << group.error().message() << "\n" << c.workers[0].output() << "\n" << c.workers.back().output();
+  EXPECT_EQ(run_allreduces(**group), "");
+  for (auto& w : c.workers)
+    EXPECT_TRUE(w.wait_for("ALLREDUCE OK", 20s)) << w.output();
+  group->reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ring, CrossProcess, ::testing::Values(2u, 3u));
+
+TEST(CrossProcess, KilledPeerFailsNamingIt) {
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, 2, "--reducer-idle"));
+  auto group = reducer_group::join(*c.coordinator, {.rank = 0, .places = places_for(2), .timeout = 3000ms});
+  ASSERT_TRUE(group) << group.error().message();
+  ASSERT_TRUE(c.workers[0].wait_for("READY", 10s)) << c.workers[0].output();
+  c.workers[0].signal(SIGKILL);
+  auto data = input(0, 1 << 16);
+  auto start = std::chrono::steady_clock::now();
+  auto ok = ring_allreduce(**group, data);
+  ASSERT_FALSE(ok);
+  EXPECT_THAT(ok.error().message(), HasSubstr("replica 1 (worker1/cpu/reducer1)"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  group->reset();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && (std::string_view(argv[1]) == "--reducer-child" || std::string_view(argv[1]) == "--reducer-idle"))
+    return run_child(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
