@@ -45,6 +45,46 @@
 //  5. S's ack handler returns the credits and posts more from the queue.
 // So at most `credit_window_bytes` are unacknowledged per edge, plus
 // `max_queued_sends` messages waiting, plus what the receive handler holds.
+// Two refinements, both only tighter bounds:
+//  - At most `max_rendezvous_in_flight` (4) rendezvous sends per peer are
+//    in UCX at once (posted, send not yet complete), whatever the window.
+//  - R coalesces acks per peer: it sends one ack (bytes, messages) when 16
+//    messages or 256 KiB are owed, or when the progress burst that produced
+//    them ends — always before the transport thread can sleep — so a credit
+//    is never held back longer than that.
+//
+// Measured (2026-11, this 2-core VM, UCX 1.13, loopback, a two-process
+// driver like bench/transport's plane_session: 400 x 1 MiB / 10000 x 4 KiB
+// after a warm-up, old and new builds alternated within the same minute;
+// the machine was loaded (load average 3-5 from other builds), so single
+// figures swing by 2x and only the alternated comparisons mean anything):
+//  - Where the time goes (perf record -g, 1 MiB over tcp): UCX 1.13's tcp
+//    rendezvous is put_zcopy, the receiver recv()s straight into our lent
+//    buffer; its thread is ~50% _copy_to_iter (the kernel copy), the
+//    sender's ~25% _copy_from_iter. Neither thread was saturated: the gap
+//    to ucx_perftest is waiting (wake-ups), not work. The receiver's
+//    page faults (memmove into fresh pages) scale with the window, not the
+//    message count: 64 MiB of first-touched buffers when 64 rendezvous are
+//    in flight, then host_allocator's cache hits.
+//  - Rendezvous in flight: with the 64 MiB window, 64 x 1 MiB rendezvous
+//    were in flight. Over tcp, three alternated rounds: a window of 4
+//    messages 4.1-5.4 GB/s against 1.8-4.9 with 64; a cap of 4 (window
+//    64 MiB) 3.9-5.2 against 3.2-4.4 without it. Over sm,self 4.3-11.7
+//    (mostly 10-11) against 5.1-8.3 GB/s. 16 and 64 MiB messages are bounded by the window
+//    (3 and 1 in flight) before the cap, so they are unchanged.
+//  - Acks: one ack per message cost 4 KiB over tcp about a third of its
+//    rate (0.30-0.86 GB/s coalesced against 0.28-0.55 with the same code
+//    acking every message, 0.15-0.42 before both changes; alternated).
+//    At 1 MiB each ack goes at once (256 KiB bound), as before. The byte
+//    bound matters: coalescing only until the end of the progress burst
+//    halved 16 MiB over tcp (4.1 -> 2.4 GB/s), because while a stream of
+//    put data keeps ucp_worker_progress busy the burst does not end.
+//  - Did not help: spinning before sleeping (spin_before_sleep 20 and 100
+//    us: 3.5-4.2 and 3.2-4.1 GB/s against 3.8-4.8 with 0 at 1 MiB tcp; two
+//    spinning threads on two cores take the CPU the copies need; default
+//    stays 0, so idle CPU stays 0), eager at 1 MiB (rendezvous_threshold
+//    4 MB: 3.0-3.5 against 3.4-4.2 GB/s). The 64 KiB rendezvous threshold and UCX's defaults
+//    (RNDV_THRESH=auto, tcp put_zcopy, TX/RX seg 8K/64K) were kept.
 
 namespace troupe::actors {
 
@@ -94,6 +134,10 @@ public:
     ucp_ep_h reply_ep = nullptr; // the peer's endpoint towards us (from its hello)
     std::uint64_t remote_id = 0; // the peer's id for us, echoed in acks
     credit_window credits;
+    std::size_t rendezvous_in_flight = 0; // posted, not completed (mutex_)
+    // acks owed to this peer, sent by flush_acks() (transport thread)
+    std::size_t ack_bytes = 0;
+    std::size_t ack_messages = 0;
     std::atomic<std::size_t> in_flight{0};
     std::atomic<std::size_t> high_water{0};
     explicit peer(std::size_t window) : credits(window) {}
@@ -105,6 +149,7 @@ public:
     peer_id to = 0;
     encoded_message encoded;
     std::size_t credit_bytes = 0;
+    bool rendezvous = false; // counted in peer::rendezvous_in_flight
     completion_callback done;
     std::int64_t start_ns = 0; // trace: when send() took it
     std::uint64_t flow = 0;
@@ -277,6 +322,7 @@ public:
                         "data plane: message of {} bytes to peer {} is above the limit {}",
                         op->encoded.payload().size(), to, options_.max_message_bytes);
     op->credit_bytes = op->encoded.size();
+    op->rendezvous = op->encoded.payload().size() >= options_.rendezvous_threshold;
     op->done = std::move(done);
     {
       std::lock_guard guard(mutex_);
@@ -401,6 +447,7 @@ private:
     for (;;) {
       while (ucp_worker_progress(worker_) != 0) {
       }
+      flush_acks();
       if (!drain()) {
         shutdown();
         return;
@@ -466,6 +513,12 @@ private:
       for (auto& p : peers_) {
         while (!p->queued.empty() && p->ep() &&
                p->credits.can_send(p->queued.front()->credit_bytes)) {
+          if (p->queued.front()->rendezvous) {
+            if (options_.max_rendezvous_in_flight != 0 &&
+                p->rendezvous_in_flight >= options_.max_rendezvous_in_flight)
+              break; // complete_send() frees a slot; drain() pumps again
+            ++p->rendezvous_in_flight;
+          }
           p->credits.acquire(p->queued.front()->credit_bytes);
           p->in_flight = p->credits.in_flight();
           p->high_water = p->credits.high_water();
@@ -488,7 +541,7 @@ private:
     param.datatype = ucp_dt_make_contig(1);
     // REPLY: the receiver learns which endpoint (so which peer) sent it.
     param.flags = UCP_AM_SEND_FLAG_REPLY;
-    if (payload.size() >= options_.rendezvous_threshold)
+    if (op->rendezvous)
       param.flags |= UCP_AM_SEND_FLAG_RNDV;
     param.cb.send = &impl::on_send_done;
     param.user_data = op.get();
@@ -496,7 +549,10 @@ private:
                                     header.size(), payload.empty() ? nullptr : payload.data(),
                                     payload.size(), &param);
     if (request == nullptr) {
+      bool freed_slot = op->rendezvous;
       complete_send(std::move(op), UCS_OK);
+      if (freed_slot)
+        wake(); // a rendezvous slot came free inside pump_all(): pump again
     } else if (UCS_PTR_IS_ERR(request)) {
       complete_send(std::move(op), UCS_PTR_STATUS(request));
     } else {
@@ -518,6 +574,8 @@ private:
     auto* p = find_locked(op->to);
     {
       std::lock_guard guard(mutex_);
+      if (p && op->rendezvous && p->rendezvous_in_flight > 0)
+        --p->rendezvous_in_flight;
       if (status == UCS_OK) {
         ++stats_.messages_sent;
         stats_.bytes_sent += op->encoded.payload().size();
@@ -905,13 +963,35 @@ private:
     send_ack(p, op->credit_bytes);
   }
 
+  /// Owes `p` an ack for `bytes`: acks are coalesced per peer and sent by
+  /// flush_acks() when the progress burst that produced them ends (before
+  /// the thread can sleep), or at once after max_coalesced_acks messages,
+  /// so a credit is never held back longer than one burst.
   void send_ack(peer* p, std::size_t bytes) {
     if (!p || closing_now_)
       return;
-    auto* ep = p->reply_ep ? p->reply_ep : p->own_ep;
-    if (!ep)
+    if (p->ack_messages == 0)
+      acks_owed_.push_back(p);
+    p->ack_bytes += bytes;
+    if (++p->ack_messages >= max_coalesced_acks || p->ack_bytes >= max_coalesced_ack_bytes)
+      flush_ack(*p);
+  }
+
+  void flush_acks() {
+    for (auto* p : acks_owed_)
+      flush_ack(*p);
+    acks_owed_.clear();
+  }
+
+  void flush_ack(peer& p) {
+    if (p.ack_messages == 0)
       return;
-    ack_header a{p->remote_id, bytes, 1};
+    ack_header a{p.remote_id, p.ack_bytes, p.ack_messages};
+    p.ack_bytes = 0;
+    p.ack_messages = 0;
+    auto* ep = p.reply_ep ? p.reply_ep : p.own_ep;
+    if (!ep || closing_now_)
+      return;
     std::vector<std::byte> header(sizeof a);
     std::memcpy(header.data(), &a, sizeof a);
     send_control(ep, data_plane_wire::ack_am, std::move(header));
@@ -1049,6 +1129,9 @@ private:
   bool running_ = false;
 
   // transport thread only
+  static constexpr std::size_t max_coalesced_acks = 16;
+  static constexpr std::size_t max_coalesced_ack_bytes = std::size_t{256} << 10;
+  std::vector<peer*> acks_owed_; // peers with ack_messages > 0
   std::unordered_map<ucp_ep_h, peer_id> by_reply_ep_;
   bool closing_now_ = false;
 
