@@ -11,6 +11,8 @@
 // others on stdin what to run; each iteration every rank refills its buffer
 // with rank+1 (untimed), the ranks meet in the collective, and rank 0 times
 // it: the ring cannot finish on one rank before every rank has sent.
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -99,7 +101,10 @@ int child(int argc, char** argv) {
       in >> count >> iters;
       std::int64_t wrong = 0;
       auto times = run_case(**group, count, iters, wrong);
-      std::printf("%s %lld\n", times ? "DONE" : "FAILED", static_cast<long long>(wrong));
+      if (times)
+        std::printf("DONE %lld\n", static_cast<long long>(wrong));
+      else
+        std::printf("FAILED %s\n", times.error().message().c_str());
       std::fflush(stdout);
       line.clear();
     }
@@ -144,6 +149,8 @@ std::map<std::string, double> peers(std::uint32_t n, const std::vector<std::int6
 }
 
 int parent(int argc, char** argv) {
+  // A rank that died must end in an error naming it, not in SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   bench::report out("allreduce", argc, argv);
   bool quick = false, no_peers = false;
   for (int i = 1; i < argc; ++i) {
@@ -168,6 +175,8 @@ int parent(int argc, char** argv) {
       peer = peers(n, sizes, quick);
       if (peer.empty())
         out.note("allreduce.py gave no figures for n={} (python3-torch / openmpi missing?): peer columns skipped", n);
+      else if (std::none_of(peer.begin(), peer.end(), [](const auto& kv) { return kv.first.starts_with("mpi-shm/"); }))
+        out.note("allreduce.py gave no Open MPI figures for n={} (openmpi-bin / python3-mpi4py missing?): mpi-shm column skipped", n);
     }
     actors::node_options options;
     options.name = "worker0";
@@ -200,7 +209,7 @@ int parent(int argc, char** argv) {
         std::int64_t wrong = 0;
         auto times = run_case(**group, count, iters, wrong);
         if (!times)
-          throw std::runtime_error(times.error().message());
+          throw std::runtime_error(fmt::format("{} procs, {}: {}", n, human(bytes), times.error().message()));
         for (auto& c : children) {
           auto line = c->read_line(120'000).value_or("FAILED no answer");
           std::istringstream in(line);
@@ -208,7 +217,7 @@ int parent(int argc, char** argv) {
           std::int64_t theirs = 0;
           in >> word >> theirs;
           if (word != "DONE")
-            throw std::runtime_error("rank failed: " + line);
+            throw std::runtime_error(fmt::format("{} procs, {}: a rank failed: {}", n, human(bytes), line));
           wrong += theirs;
         }
         const double t = bench::median(*times);
