@@ -4,7 +4,7 @@
 // element against the expected sum), beside Gloo and Open MPI over shared
 // memory from ../shared/peers/allreduce.py in the same run.
 //
-//   build/bench/allreduce [--json] [--quick] [--no-peers]
+//   build/bench/allreduce [--json] [--quick] [--no-peers] [--chunk-kib=512]
 //
 // This process is rank 0 and re-executes itself as ranks 1..n-1
 // (--child=rank); chunks travel over the UCX data plane. Rank 0 tells the
@@ -36,6 +36,9 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+/// Chunk size of the ring (--chunk-kib=N, default the group's).
+std::size_t chunk_bytes = reducer_group_options{}.chunk_bytes;
 
 std::vector<std::string> places_for(std::uint32_t n) {
   std::vector<std::string> names;
@@ -77,7 +80,7 @@ int child(int argc, char** argv) {
   }
   auto& node = **started;
   {
-    auto group = reducer_group::join(node, {.rank = node.rank(), .places = places_for(options->world_size)});
+    auto group = reducer_group::join(node, {.rank = node.rank(), .places = places_for(options->world_size), .chunk_bytes = chunk_bytes});
     if (!group) {
       std::printf("ERROR %s\n", group.error().message().c_str());
       std::fflush(stdout);
@@ -191,9 +194,10 @@ int parent(int argc, char** argv) {
       children.push_back(std::make_unique<bench::peer_process>(std::vector<std::string>{
         self_path(), "--child=rank", fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()),
         fmt::format("--troupe.rank={}", k), fmt::format("--troupe.world-size={}", n),
-        fmt::format("--troupe.name=worker{}", k), "--troupe.listen-address=127.0.0.1"}));
+        fmt::format("--troupe.name=worker{}", k), "--troupe.listen-address=127.0.0.1",
+        fmt::format("--chunk-kib={}", chunk_bytes >> 10)}));
     {
-      auto group = reducer_group::join(*node, {.rank = 0, .places = places_for(n)});
+      auto group = reducer_group::join(*node, {.rank = 0, .places = places_for(n), .chunk_bytes = chunk_bytes});
       if (!group)
         throw std::runtime_error(group.error().message());
       for (auto& c : children) {
@@ -255,6 +259,7 @@ int parent(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
+  chunk_bytes = std::stoull(bench::option(argc, argv, "chunk-kib", std::to_string(chunk_bytes >> 10))) << 10;
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")
       return child(argc, argv);
