@@ -138,6 +138,7 @@ public:
     // acks owed to this peer, sent by flush_acks() (transport thread)
     std::size_t ack_bytes = 0;
     std::size_t ack_messages = 0;
+    bool ack_listed = false; // in acks_owed_
     std::atomic<std::size_t> in_flight{0};
     std::atomic<std::size_t> high_water{0};
     explicit peer(std::size_t window) : credits(window) {}
@@ -965,21 +966,26 @@ private:
 
   /// Owes `p` an ack for `bytes`: acks are coalesced per peer and sent by
   /// flush_acks() when the progress burst that produced them ends (before
-  /// the thread can sleep), or at once after max_coalesced_acks messages,
-  /// so a credit is never held back longer than one burst.
+  /// the thread can sleep), or at once after max_coalesced_acks messages or
+  /// max_coalesced_ack_bytes, so a credit is never held back longer than
+  /// one burst and a long burst (streaming put data) still returns credits.
   void send_ack(peer* p, std::size_t bytes) {
     if (!p || closing_now_)
       return;
-    if (p->ack_messages == 0)
+    if (!p->ack_listed) {
+      p->ack_listed = true;
       acks_owed_.push_back(p);
+    }
     p->ack_bytes += bytes;
     if (++p->ack_messages >= max_coalesced_acks || p->ack_bytes >= max_coalesced_ack_bytes)
       flush_ack(*p);
   }
 
   void flush_acks() {
-    for (auto* p : acks_owed_)
+    for (auto* p : acks_owed_) {
+      p->ack_listed = false;
       flush_ack(*p);
+    }
     acks_owed_.clear();
   }
 
