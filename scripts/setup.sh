@@ -31,7 +31,7 @@ packages=(
 )
 # The peers the benchmarks run beside troupe in the same run.
 if [[ "$action" == bench ]]; then
-  packages+=(python3-torch python3-numpy openmpi-bin)
+  packages+=(python3-torch python3-numpy openmpi-bin libopenmpi-dev python3-mpi4py)
 fi
 
 missing=()
