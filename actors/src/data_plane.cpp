@@ -79,6 +79,13 @@
 //    bound matters: coalescing only until the end of the progress burst
 //    halved 16 MiB over tcp (4.1 -> 2.4 GB/s), because while a stream of
 //    put data keeps ucp_worker_progress busy the burst does not end.
+//  - bench/transport --quick --no-peers, the parent commit's build and
+//    this one alternated, ucx_perftest ucp_am_bw -w 4 -O 4 -n 400 right
+//    after each pair (4 rounds, load easing from 5 to 2): tcp 1 MiB
+//    1.2-2.1 -> 3.6-8.2 GB/s (last two rounds 8.21 vs perftest 7.80 and
+//    7.57 vs 8.98); sm,self 1 MiB 2.1-2.8 -> 7.2-14.2 GB/s (14.15 vs
+//    15.74, 11.95 vs 11.97); 4 KiB tcp 0.21-0.36 -> 0.44-0.83 GB/s; 16 MiB
+//    tcp 2.3-3.8 -> 3.0-5.6 GB/s; RTT unchanged (30-47 us, epoll sleep).
 //  - Did not help: spinning before sleeping (spin_before_sleep 20 and 100
 //    us: 3.5-4.2 and 3.2-4.1 GB/s against 3.8-4.8 with 0 at 1 MiB tcp; two
 //    spinning threads on two cores take the CPU the copies need; default
