@@ -85,8 +85,11 @@ int main(int argc, char** argv) {
   // Compute runs detached (its own thread): heavy work never blocks CAF's scheduler.
   auto actor = n.rank() == 1 ? n.system().spawn<caf::detached>(behaviour) : n.system().spawn(behaviour);
   (void)n.register_actor(self_place, actor);
-  for (auto deadline = steady_clock::now() + 30s; !n.lookup(next) && steady_clock::now() < deadline;)
-    std::this_thread::sleep_for(50ms); // until the next stage is registered
+  // Start only once every stage is registered: a tensor for a place nobody
+  // has registered yet is dropped by the receiving node's router.
+  for (const auto& p : stage)
+    for (auto deadline = steady_clock::now() + 30s; !n.lookup(p) && steady_clock::now() < deadline;)
+      std::this_thread::sleep_for(50ms);
   auto t0 = steady_clock::now();
   if (n.rank() == 0)
     for (std::int64_t c = 0; c < *credits; ++c)

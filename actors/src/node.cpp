@@ -468,12 +468,19 @@ void node::on_peer_lost(peer_lost_handler handler) {
 }
 
 troupe::expected<void> node::register_actor(const place& where, const caf::actor& handle) {
+  // Attach to the local router first: once the registry knows the name,
+  // peers may send to it at once, and a tensor arriving before the router
+  // knew the actor would be dropped.
+  auto local = where.node == options_.name ? router() : nullptr;
+  if (local)
+    local->attach(where.to_string(), handle);
   auto ok = ask<caf::ok_atom>(*system_, registry_, options_.request_timeout, "register " + where.to_string(),
                               reg_name_atom_v, where.to_string(), handle);
-  if (!ok)
+  if (!ok) {
+    if (local)
+      local->detach(where.to_string());
     return ok.error();
-  if (auto r = router(); r && where.node == options_.name)
-    r->attach(where.to_string(), handle);
+  }
   return {};
 }
 
