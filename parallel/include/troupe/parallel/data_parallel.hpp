@@ -1,0 +1,167 @@
+#pragma once
+// Data parallelism (issue 5): every replica holds the whole model (or one
+// pipeline stage), computes gradients on its own shard of the batch, and the
+// replicas average their gradients through a ring of reducer actors while
+// backward is still running.
+//
+//   auto group = parallel::reducer_group::join(node, {.rank = r, .places = reducer_places(names)});
+//   auto dp = parallel::data_parallel::create(model->named_parameters(), **group);
+//   optim::sgd opt(model->named_parameters(), {.lr = 0.05});
+//   for (...) {
+//     opt.zero_grad();
+//     auto loss = nn::mse_loss(model->forward(my_shard), my_targets);
+//     if (auto ok = (*dp)->backward(loss); !ok) { /* names the lost replica */ }
+//     opt.step();                               // same gradients everywhere
+//   }
+//
+// How it overlaps. The parameters are grouped into buckets (gradient_bucket.hpp,
+// reverse order of registration). A grad-ready hook on every parameter copies
+// its gradient into its bucket's flat buffer the moment backward has finished
+// it; when a bucket's last gradient is in, the bucket is queued for a ring
+// allreduce (average) on this object's reduction thread, and backward goes on
+// with earlier layers. Buckets are queued strictly in bucket order (a full
+// bucket waits for the ones before it), so every replica issues the same
+// collectives in the same order and the collective ids match without a
+// message. After backward, synchronize() waits for the rest and makes every
+// parameter's gradient a view of its bucket's averaged values.
+//
+// Equal results. The ring reduces each element exactly once, on its owner, in
+// one fixed order, and the others copy the owner's result: every replica gets
+// bitwise the same averaged gradient, so identical optimizers keep the
+// replicas bitwise identical. At creation rank 0's parameters are broadcast
+// to all (as PyTorch DDP does), so replicas start identical even if their
+// initialisation differed. With equal shards, the average of the replicas'
+// mean-loss gradients is the gradient of the whole batch's mean loss:
+// N replicas with batch b train like one process with batch N·b.
+//
+// Accumulation. set_final_pass(false) makes the hooks do nothing: gradients
+// accumulate locally over several backward passes (PyTorch's no_sync), and
+// synchronize() then reduces the accumulated values. Parameters that got no
+// gradient in a pass contribute zeros.
+//
+// Failure. A replica that dies or hangs fails its neighbours' collectives
+// within the group's timeout with an error naming it (reducer_group.hpp);
+// backward()/synchronize() return that error, and the object refuses to
+// continue (its replicas are no longer in step).
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/actors/trace.hpp"
+#include "troupe/autograd/nn/module.hpp"
+#include "troupe/autograd/variable.hpp"
+#include "troupe/parallel/gradient_bucket.hpp"
+#include "troupe/parallel/reducer_group.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::parallel {
+
+struct data_parallel_options {
+  bucket_options buckets;
+  /// Copy rank 0's parameters to every replica at creation.
+  bool broadcast_parameters = true;
+  /// For errors and traces; default "replica <rank>".
+  std::string name;
+};
+
+/// Timings of the last synchronized step (steady clock, milliseconds).
+struct data_parallel_stats {
+  std::size_t buckets = 0;
+  std::uint64_t bytes = 0;
+  /// backward(): its autograd pass; 0 when the caller ran backward itself.
+  double backward_ms = 0;
+  /// Time the bucket collectives ran, summed.
+  double reduce_ms = 0;
+  /// The part of reduce_ms before backward ended (hidden behind it).
+  double hidden_ms = 0;
+  /// How long synchronize() waited after backward ended.
+  double exposed_ms = 0;
+  double hidden_fraction() const { return reduce_ms > 0 ? hidden_ms / reduce_ms : 0.0; }
+};
+
+class data_parallel {
+public:
+  /// Installs the hooks and starts the reduction thread; with
+  /// `broadcast_parameters`, copies rank 0's parameters to every replica
+  /// first (a collective: every replica must call create). `group` must
+  /// outlive the object. Throws usage_error for a parameter list
+  /// plan_buckets refuses; errors from the ring are values.
+  static expected<std::unique_ptr<data_parallel>> create(nn::named_variables parameters, reducer_group& group,
+                                                         data_parallel_options options = {});
+
+  /// Removes the hooks, finishes the collective in progress (bounded by the
+  /// group's timeout) and stops the reduction thread.
+  ~data_parallel();
+  data_parallel(const data_parallel&) = delete;
+  data_parallel& operator=(const data_parallel&) = delete;
+
+  /// autograd::backward(loss) with buckets reducing as it runs, then
+  /// synchronize(). Records both in the trace (kinds "backward" and
+  /// "allreduce") when tracing is on.
+  expected<void> backward(const autograd::variable& loss);
+
+  /// Waits for every bucket of this pass (queuing the ones backward did not
+  /// complete), then sets each parameter's gradient to the replicas'
+  /// average. Errors name the replica that failed.
+  expected<void> synchronize();
+
+  /// false: backward passes only accumulate locally (see "Accumulation").
+  void set_final_pass(bool final_pass) noexcept { final_pass_ = final_pass; }
+
+  const std::vector<gradient_bucket>& buckets() const noexcept { return buckets_; }
+  const nn::named_variables& parameters() const noexcept { return parameters_; }
+  reducer_group& group() noexcept { return group_; }
+  const std::string& name() const noexcept { return name_; }
+  data_parallel_stats last_stats() const;
+
+private:
+  using clock = std::chrono::steady_clock;
+  struct bucket_state {
+    tensor flat;                ///< this pass's gradients, then their average
+    std::vector<bool> filled;   ///< per slot
+    std::size_t pending = 0;    ///< slots not yet filled
+    bool queued = false;
+    std::uint64_t id = 0;       ///< collective id
+    clock::time_point started, finished;
+  };
+
+  data_parallel(nn::named_variables parameters, reducer_group& group, data_parallel_options options);
+  void gradient_ready(std::size_t parameter);
+  /// Queues every bucket, in order, up to the first incomplete one.
+  void queue_ready_buckets();
+  void queue(std::size_t bucket);
+  void reduction_loop();
+  void reset_pass();
+
+  nn::named_variables parameters_;
+  reducer_group& group_;
+  data_parallel_options options_;
+  std::string name_;
+  std::vector<gradient_bucket> buckets_;
+  /// parameter index -> (bucket, slot)
+  std::vector<std::pair<std::size_t, std::size_t>> where_;
+  std::vector<std::size_t> hook_ids_;
+  bool final_pass_ = true;
+  trace::name_id trace_name_, trace_backward_, trace_allreduce_;
+
+  // Shared with the reduction thread (mutex_).
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<bucket_state> state_;
+  std::size_t next_to_queue_ = 0;
+  std::deque<std::size_t> work_;
+  std::size_t done_ = 0;
+  std::optional<troupe::error> failure_;
+  bool stopping_ = false;
+  data_parallel_stats stats_;
+  std::thread reducer_thread_;
+};
+
+} // namespace troupe::parallel

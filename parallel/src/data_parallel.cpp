@@ -1,0 +1,225 @@
+// Data parallelism: buckets filled by grad-ready hooks and reduced on a
+// thread of their own while backward runs (data_parallel.hpp).
+#include "troupe/parallel/data_parallel.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "troupe/autograd/backward.hpp"
+#include "troupe/parallel/broadcast.hpp"
+#include "troupe/parallel/ring_allreduce.hpp"
+#include "troupe/tensor/error.hpp"
+
+namespace troupe::parallel {
+
+namespace {
+
+double ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+} // namespace
+
+expected<std::unique_ptr<data_parallel>> data_parallel::create(nn::named_variables parameters, reducer_group& group,
+                                                               data_parallel_options options) {
+  std::unique_ptr<data_parallel> dp(new data_parallel(std::move(parameters), group, std::move(options)));
+  if (dp->options_.broadcast_parameters) {
+    // Rank 0's values, bucket by bucket, in the same order on every rank.
+    for (const auto& bucket : dp->buckets_) {
+      auto flat = pack_parameters(bucket, dp->parameters_);
+      if (auto ok = broadcast(group, flat, {.root = 0}); !ok)
+        return make_error(ok.error().code(), "{}: copying rank 0's parameters failed: {}", dp->name_,
+                          ok.error().message());
+      if (group.rank() != 0)
+        unpack_parameters(bucket, flat, dp->parameters_);
+    }
+  }
+  return dp;
+}
+
+data_parallel::data_parallel(nn::named_variables parameters, reducer_group& group, data_parallel_options options)
+    : parameters_(std::move(parameters)), group_(group), options_(std::move(options)),
+      name_(options_.name.empty() ? fmt::format("replica {}", group.rank()) : options_.name),
+      buckets_(plan_buckets(parameters_, options_.buckets)), where_(parameters_.size()),
+      trace_name_(trace::intern(name_)), trace_backward_(trace::intern("backward")),
+      trace_allreduce_(trace::intern("allreduce")) {
+  for (std::size_t b = 0; b < buckets_.size(); ++b)
+    for (std::size_t s = 0; s < buckets_[b].slots.size(); ++s)
+      where_[buckets_[b].slots[s].parameter] = {b, s};
+  state_.resize(buckets_.size());
+  reset_pass();
+  for (std::size_t k = 0; k < parameters_.size(); ++k)
+    hook_ids_.push_back(parameters_[k].second.add_grad_ready_hook([this, k](autograd::variable&) { gradient_ready(k); }));
+  reducer_thread_ = std::thread([this] { reduction_loop(); });
+}
+
+data_parallel::~data_parallel() {
+  for (std::size_t k = 0; k < parameters_.size(); ++k)
+    parameters_[k].second.remove_grad_ready_hook(hook_ids_[k]);
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  reducer_thread_.join();
+}
+
+void data_parallel::reset_pass() {
+  // Called with no collective in flight (creation, end of synchronize).
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    auto& st = state_[b];
+    st.flat = tensor{};
+    st.filled.assign(buckets_[b].slots.size(), false);
+    st.pending = buckets_[b].slots.size();
+    st.queued = false;
+  }
+  next_to_queue_ = 0;
+  done_ = 0;
+}
+
+void data_parallel::gradient_ready(std::size_t parameter) {
+  if (!final_pass_)
+    return; // accumulating locally; synchronize() packs the sums
+  const auto [b, s] = where_[parameter];
+  auto& st = state_[b];
+  const auto& slot = buckets_[b].slots[s];
+  require(!st.queued && !st.filled[s],
+          "{}: the gradient of {} became ready twice before synchronize(); call set_final_pass(false) "
+          "for the backward passes that only accumulate",
+          name_, parameters_[parameter].first);
+  // A fresh buffer per pass (the caching allocator makes it cheap): the
+  // previous pass's gradients are views of the old one and stay valid.
+  if (!st.flat.defined())
+    st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type);
+  st.flat.slice(0, slot.offset, slot.offset + slot.numel)
+    .copy_from(parameters_[parameter].second.grad().reshape({slot.numel}));
+  st.filled[s] = true;
+  if (--st.pending == 0)
+    queue_ready_buckets();
+}
+
+void data_parallel::queue_ready_buckets() {
+  while (next_to_queue_ < buckets_.size() && state_[next_to_queue_].pending == 0)
+    queue(next_to_queue_++);
+}
+
+void data_parallel::queue(std::size_t b) {
+  auto& st = state_[b];
+  // The id is taken here, in bucket order, on the thread that runs backward:
+  // the same sequence on every replica.
+  st.id = group_.next_id();
+  st.queued = true;
+  {
+    std::lock_guard lock(mutex_);
+    work_.push_back(b);
+  }
+  wake_.notify_all();
+}
+
+void data_parallel::reduction_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !work_.empty(); });
+    if (work_.empty())
+      return; // stopping, nothing queued
+    const auto b = work_.front();
+    work_.pop_front();
+    auto& st = state_[b];
+    const bool skip = failure_.has_value(); // the ring is broken: do not wait on it again
+    lock.unlock();
+    st.started = clock::now();
+    expected<void> ok;
+    if (!skip) {
+      trace::handler_start(trace_name_, trace::message_info(trace_allreduce_, {}, buckets_[b].bytes()));
+      ok = ring_allreduce(group_, st.flat, {.op = reduce_op::average, .context_id = st.id});
+      trace::handler_end(trace_name_, trace_allreduce_);
+    }
+    st.finished = clock::now();
+    lock.lock();
+    if (!ok && !failure_)
+      failure_ = make_error(ok.error().code(), "{}: reducing gradient bucket {} failed: {}", name_, b,
+                            ok.error().message());
+    ++done_;
+    wake_.notify_all();
+  }
+}
+
+expected<void> data_parallel::backward(const autograd::variable& loss) {
+  const auto started = clock::now();
+  trace::handler_start(trace_name_, trace::message_info(trace_backward_));
+  autograd::backward(loss);
+  trace::handler_end(trace_name_, trace_backward_);
+  const auto backward_ms = ms(clock::now() - started);
+  auto ok = synchronize();
+  std::lock_guard lock(mutex_);
+  stats_.backward_ms = backward_ms;
+  return ok;
+}
+
+expected<void> data_parallel::synchronize() {
+  const auto backward_end = clock::now();
+  {
+    std::lock_guard lock(mutex_);
+    if (failure_ && done_ == next_to_queue_)
+      return *failure_;
+  }
+  // Buckets backward did not complete: slots whose hook did not fire (an
+  // accumulation pass, or a parameter this pass did not use) take the
+  // parameter's accumulated gradient, or zeros.
+  for (std::size_t b = next_to_queue_; b < buckets_.size(); ++b) {
+    auto& st = state_[b];
+    if (!st.flat.defined())
+      st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type);
+    for (std::size_t s = 0; s < buckets_[b].slots.size(); ++s) {
+      if (st.filled[s])
+        continue;
+      const auto& slot = buckets_[b].slots[s];
+      auto part = st.flat.slice(0, slot.offset, slot.offset + slot.numel);
+      auto grad = parameters_[slot.parameter].second.grad();
+      if (grad.defined())
+        part.copy_from(grad.reshape({slot.numel}));
+      else
+        part.fill(0.0);
+      st.filled[s] = true;
+    }
+    st.pending = 0;
+  }
+  queue_ready_buckets();
+
+  std::optional<troupe::error> failed;
+  {
+    std::unique_lock lock(mutex_);
+    wake_.wait(lock, [&] { return done_ == buckets_.size(); });
+    failed = failure_;
+  }
+  const auto waited = clock::now();
+  if (failed) {
+    reset_pass();
+    return *failed;
+  }
+  data_parallel_stats stats;
+  stats.buckets = buckets_.size();
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const auto& st = state_[b];
+    stats.bytes += buckets_[b].bytes();
+    stats.reduce_ms += ms(st.finished - st.started);
+    stats.hidden_ms += ms(std::max(st.started, std::min(st.finished, backward_end)) - st.started);
+    for (const auto& slot : buckets_[b].slots) {
+      auto averaged = st.flat.slice(0, slot.offset, slot.offset + slot.numel).view(slot.shape);
+      parameters_[slot.parameter].second.set_grad(std::move(averaged));
+    }
+  }
+  stats.exposed_ms = ms(waited - backward_end);
+  reset_pass();
+  std::lock_guard lock(mutex_);
+  stats_ = stats;
+  return {};
+}
+
+data_parallel_stats data_parallel::last_stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+} // namespace troupe::parallel

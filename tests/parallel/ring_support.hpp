@@ -1,0 +1,117 @@
+#pragma once
+// Scaffolding shared by the reducer-ring tests: N reducers on one node in
+// this process (ranks as threads, as Gloo's tests do), and a cluster of
+// child processes (this test binary re-executed as the other nodes).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../actors/process_support.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/parallel/reducer_group.hpp"
+
+namespace troupe::test {
+
+using namespace std::chrono_literals;
+using parallel::reducer_group;
+using parallel::reducer_group_options;
+
+/// N reducers in this process, on one node.
+struct local_ring {
+  std::unique_ptr<actors::node> node;
+  std::vector<std::unique_ptr<reducer_group>> groups;
+
+  explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024,
+                      std::chrono::milliseconds timeout = 5000ms) {
+    actors::node_options options;
+    options.name = "worker0";
+    options.world_size = 1;
+    options.listen_address = "127.0.0.1";
+    auto started = actors::node::start(options);
+    EXPECT_TRUE(started) << started.error().message();
+    if (!started)
+      return;
+    node = std::move(*started);
+    std::vector<std::string> places;
+    for (std::uint32_t k = 0; k < n; ++k)
+      places.push_back("worker0/cpu/reducer" + std::to_string(k));
+    groups.resize(n);
+    std::vector<std::thread> joins;
+    for (std::uint32_t k = 0; k < n; ++k)
+      joins.emplace_back([&, k] {
+        reducer_group_options o{.rank = k, .places = places, .chunk_bytes = chunk_bytes, .timeout = timeout};
+        auto g = reducer_group::join(*node, o);
+        if (g)
+          groups[k] = std::move(*g);
+        else
+          ADD_FAILURE() << g.error().message();
+      });
+    for (auto& t : joins)
+      t.join();
+  }
+  ~local_ring() {
+    groups.clear();
+    if (node)
+      node->stop();
+  }
+
+  /// Runs `f(rank)` on one thread per rank.
+  template <class F> void each(F&& f) {
+    std::vector<std::thread> threads;
+    for (std::uint32_t k = 0; k < groups.size(); ++k)
+      threads.emplace_back([&, k] { f(k); });
+    for (auto& t : threads)
+      t.join();
+  }
+};
+
+/// Reducer places worker0/cpu/reducer0 ... for one rank per node.
+inline std::vector<std::string> places_for(std::uint32_t n) {
+  std::vector<std::string> names;
+  for (std::uint32_t k = 0; k < n; ++k)
+    names.push_back("worker" + std::to_string(k));
+  return parallel::reducer_places(names);
+}
+
+/// The coordinator (rank 0, this process) and the child processes.
+struct cluster {
+  std::unique_ptr<actors::node> coordinator;
+  std::vector<child_process> workers;
+  ~cluster() {
+    for (auto& w : workers) {
+      w.close_stdin();
+      (void)w.exited(10s);
+      w.kill_and_reap();
+    }
+    if (coordinator)
+      coordinator->stop();
+  }
+};
+
+/// Starts ranks 1..n-1 as `self <mode> --troupe.*` children and waits
+/// until every node has joined.
+inline void start_cluster(cluster& c, std::uint32_t n, const char* mode) {
+  actors::node_options options;
+  options.name = "worker0";
+  options.world_size = n;
+  options.listen_address = "127.0.0.1";
+  auto started = actors::node::start(options);
+  ASSERT_TRUE(started) << started.error().message();
+  c.coordinator = std::move(*started);
+  for (std::uint32_t k = 1; k < n; ++k) {
+    std::vector<std::string> args{mode,
+                                  "--troupe.coordinator=127.0.0.1:" + std::to_string(c.coordinator->port()),
+                                  "--troupe.rank=" + std::to_string(k), "--troupe.world-size=" + std::to_string(n),
+                                  "--troupe.listen-address=127.0.0.1", "--troupe.name=worker" + std::to_string(k)};
+    c.workers.push_back(child_process::start(child_process::self_path(), args,
+                                             {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=",
+                                              "TROUPE_NODE_NAME="}));
+  }
+  ASSERT_TRUE(c.coordinator->wait_for_nodes(n, 15s));
+}
+
+
+} // namespace troupe::test
