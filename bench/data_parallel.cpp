@@ -1,0 +1,260 @@
+// Data-parallel training throughput: the MLP of ../shared/BASELINES.md
+// (8 x (Linear(1024, 1024) + ReLU), MSE, SGD(lr = 0.05), batch 256 per
+// replica, one compute thread per process) on 1, 2 and 4 replica processes
+// with troupe's data_parallel (gradient buckets reduced by the ring of
+// reducer actors while backward runs), beside PyTorch DDP over Gloo
+// (bench/peers/ddp_torch.py) in the same run. Per configuration: samples/s
+// (replicas x 256 / median step time on rank 0), the median share of the
+// reduction's time that ran before backward ended ("hidden"), how long the
+// step then still waited for it ("exposed"), and #wrong = replicas whose
+// parameters are not bitwise equal to rank 0's at the end.
+//
+//   OPENBLAS_NUM_THREADS=1 build/bench/data_parallel [--json] [--steps=6] [--replicas=1,2,4]
+//                                                    [--bucket-mib=25] [--no-peers]
+//
+// This process is rank 0 and re-executes itself as the other replicas
+// (--child=replica); gradient chunks travel over the UCX data plane. With
+// TROUPE_TRACE_DIR set every replica writes a trace: its "backward" and
+// "allreduce" spans are the intervals these figures come from.
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "baselines.hpp"
+#include "peer_process.hpp"
+#include "report.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/linear.hpp"
+#include "troupe/autograd/nn/relu.hpp"
+#include "troupe/autograd/nn/sequential.hpp"
+#include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/parallel/data_parallel.hpp"
+
+using namespace troupe;
+using namespace troupe::parallel;
+
+namespace {
+
+constexpr std::int64_t dim = 1024, layers = 8, batch = 256;
+constexpr int warmup = 2;
+
+struct settings {
+  int steps = 6;
+  double bucket_mib = 25;
+};
+
+struct replica_result {
+  std::vector<double> step_seconds;
+  std::vector<double> hidden;   ///< per step, fraction
+  std::vector<double> exposed_ms, backward_ms, reduce_ms;
+  std::uint64_t digest = 0;     ///< FNV-1a of every parameter's bytes
+  std::size_t buckets = 0;
+};
+
+std::vector<std::string> places_for(std::uint32_t n) {
+  std::vector<std::string> names;
+  for (std::uint32_t k = 0; k < n; ++k)
+    names.push_back("worker" + std::to_string(k));
+  return reducer_places(names);
+}
+
+std::uint64_t fnv1a(const nn::sequential& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& p : model.parameters()) {
+    const auto* bytes = static_cast<const unsigned char*>(p.data().raw_data());
+    for (std::size_t i = 0; i < p.data().nbytes(); ++i)
+      h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+/// One replica's training loop (every rank runs it; rank 0 reports).
+expected<replica_result> train(actors::node& node, std::uint32_t replicas, const settings& s) {
+  auto group = reducer_group::join(node, {.rank = node.rank(), .places = places_for(replicas)});
+  if (!group)
+    return group.error();
+  auto model = std::make_shared<nn::sequential>();
+  for (std::int64_t i = 0; i < layers; ++i) {
+    model->append(nn::make<nn::linear>(dim, dim, /*seed=*/0));
+    model->append(nn::make<nn::relu>());
+  }
+  model->reset_parameters(0);
+  data_parallel_options options;
+  options.buckets.bucket_bytes = static_cast<std::size_t>(s.bucket_mib * (1 << 20));
+  auto dp = data_parallel::create(model->named_parameters(), **group, options);
+  if (!dp)
+    return dp.error();
+  optim::sgd sgd(model->named_parameters(), {.lr = 0.05});
+  generator gen{1234 + node.rank()}; // every replica its own shard
+  autograd::variable x(randn({batch, dim}, gen));
+  autograd::variable y(randn({batch, dim}, gen));
+  replica_result out;
+  out.buckets = (*dp)->buckets().size();
+  for (int step = 0; step < warmup + s.steps; ++step) {
+    const auto start = bench::now_seconds();
+    sgd.zero_grad();
+    auto loss = autograd::mse_loss((*model)(x), y);
+    if (auto ok = (*dp)->backward(loss); !ok)
+      return ok.error();
+    sgd.step();
+    if (step < warmup)
+      continue;
+    out.step_seconds.push_back(bench::now_seconds() - start);
+    auto st = (*dp)->last_stats();
+    out.hidden.push_back(st.hidden_fraction());
+    out.exposed_ms.push_back(st.exposed_ms);
+    out.backward_ms.push_back(st.backward_ms);
+    out.reduce_ms.push_back(st.reduce_ms);
+  }
+  out.digest = fnv1a(*model);
+  dp->reset();
+  return out;
+}
+
+settings parse(int argc, char** argv) {
+  settings s;
+  s.steps = std::stoi(bench::option(argc, argv, "steps", "6"));
+  s.bucket_mib = std::stod(bench::option(argc, argv, "bucket-mib", "25"));
+  return s;
+}
+
+int child(int argc, char** argv) {
+  auto options = actors::node_options::from(argc, argv);
+  if (!options)
+    return 2;
+  auto started = actors::node::start(*options);
+  if (!started) {
+    std::printf("ERROR %s\n", started.error().message().c_str());
+    return 3;
+  }
+  auto result = train(**started, options->world_size, parse(argc, argv));
+  if (result)
+    std::printf("DONE %llu\n", static_cast<unsigned long long>(result->digest));
+  else
+    std::printf("FAILED %s\n", result.error().message().c_str());
+  std::fflush(stdout);
+  // Stay until rank 0 has everything (our last chunks may still be on the way).
+  char c;
+  while (read(0, &c, 1) == 1 && c != 'q') {
+  }
+  (*started)->stop();
+  return 0;
+}
+
+/// PyTorch DDP's samples/s for `replicas`, or nullopt.
+std::optional<double> torch_ddp(std::uint32_t replicas, const settings& s, bench::report& out) {
+  auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/ddp_torch.py";
+  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --replicas {} --steps {} --bucket-mib {}", script,
+                                               replicas, s.steps, s.bucket_mib),
+                                   300);
+  auto rate = bench::json_number(output, "samples_per_s");
+  if (!rate)
+    out.note("PyTorch DDP peer gave no figure for {} replicas (python3-torch missing?)", replicas);
+  else if (output.find("\"identical\": true") == std::string::npos)
+    out.note("PyTorch DDP's replicas ended with different parameters ({} replicas)", replicas);
+  return rate;
+}
+
+int parent(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  bench::report out("data_parallel", argc, argv);
+  const auto s = parse(argc, argv);
+  bool no_peers = false;
+  for (int i = 1; i < argc; ++i)
+    no_peers |= std::string_view(argv[i]) == "--no-peers";
+  std::vector<std::uint32_t> counts;
+  {
+    std::istringstream list(bench::option(argc, argv, "replicas", "1,2,4"));
+    std::string item;
+    while (std::getline(list, item, ','))
+      counts.push_back(static_cast<std::uint32_t>(std::stoul(item)));
+  }
+  bool any_wrong = false;
+  std::vector<std::string> table;
+  table.push_back(fmt::format("{:>8} {:>7} {:>10} {:>9} {:>11} {:>9} {:>8} {:>10} {:>7} {:>10} {:>6}", "replicas",
+                              "buckets", "samples/s", "step ms", "backward ms", "reduce ms", "hidden", "exposed ms",
+                              "#wrong", "torch DDP", "ratio"));
+  for (auto n : counts) {
+    actors::node_options options;
+    options.name = "worker0";
+    options.world_size = n;
+    options.listen_address = "127.0.0.1";
+    auto started = actors::node::start(options);
+    if (!started)
+      throw std::runtime_error(started.error().message());
+    auto node = std::move(*started);
+    std::vector<std::unique_ptr<bench::peer_process>> children;
+    for (std::uint32_t k = 1; k < n; ++k)
+      children.push_back(std::make_unique<bench::peer_process>(std::vector<std::string>{
+        std::filesystem::read_symlink("/proc/self/exe").string(), "--child=replica",
+        fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()), fmt::format("--troupe.rank={}", k),
+        fmt::format("--troupe.world-size={}", n), fmt::format("--troupe.name=worker{}", k),
+        "--troupe.listen-address=127.0.0.1", fmt::format("--steps={}", s.steps),
+        fmt::format("--bucket-mib={}", s.bucket_mib)}));
+    auto mine = train(*node, n, s);
+    if (!mine)
+      throw std::runtime_error(fmt::format("{} replicas: {}", n, mine.error().message()));
+    std::int64_t wrong = 0;
+    for (auto& c : children) {
+      auto line = c->read_line(300'000).value_or("FAILED no answer");
+      std::istringstream in(line);
+      std::string word;
+      unsigned long long digest = 0;
+      in >> word >> digest;
+      if (word != "DONE")
+        throw std::runtime_error(fmt::format("{} replicas: a replica failed: {}", n, line));
+      wrong += digest != mine->digest;
+    }
+    for (auto& c : children)
+      c->ask("q", 0);
+    children.clear();
+    node->stop();
+
+    const double step = bench::median(mine->step_seconds);
+    const double rate = n * batch / step;
+    const double hidden = bench::median(mine->hidden);
+    auto peer = no_peers ? std::nullopt : torch_ddp(n, s, out);
+    any_wrong |= wrong != 0;
+    const auto wrong_text = wrong ? fmt::format("{} WRONG", wrong) : std::string("0");
+    table.push_back(fmt::format("{:>8} {:>7} {:>10.1f} {:>9.1f} {:>11.1f} {:>9.1f} {:>7.0f}% {:>10.1f} {:>7} {:>10} {:>6}",
+                                n, mine->buckets, rate, step * 1e3, bench::median(mine->backward_ms),
+                                bench::median(mine->reduce_ms), hidden * 100, bench::median(mine->exposed_ms),
+                                wrong_text, peer ? fmt::format("{:.1f}", *peer) : "-",
+                                peer ? fmt::format("{:.2f}x", rate / *peer) : "-"));
+    const auto name = fmt::format("troupe data_parallel, {} replicas", n);
+    const auto note = wrong ? wrong_text + " (replicas differ)" : std::string("replicas bitwise equal");
+    out.add({name, "samples/s", rate, "samples/s", peer ? "torch DDP (gloo)" : "", peer, note});
+    if (n > 1)
+      out.add({name, "reduction hidden behind backward", hidden * 100, "%", "", std::nullopt,
+               fmt::format("exposed {:.1f} ms per step", bench::median(mine->exposed_ms))});
+  }
+  if (!out.json()) {
+    fmt::print("# data-parallel MLP 8x1024, batch {} per replica, {} timed steps, buckets of {} MiB\n", batch, s.steps,
+               s.bucket_mib);
+    for (const auto& l : table)
+      fmt::print("{}\n", l);
+  }
+  out.print();
+  return any_wrong ? 1 : 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--child=replica")
+      return child(argc, argv);
+  try {
+    return parent(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "data_parallel: {}\n", e.what());
+    return 1;
+  }
+}
