@@ -3,6 +3,9 @@
 #include <array>
 
 #include "cpu_backend.hpp"
+#ifdef TROUPE_HAVE_CUDA
+#include "cuda/cuda_backend.hpp"
+#endif
 #include "troupe/tensor/error.hpp"
 #include "troupe/tensor/tensor.hpp"
 
@@ -17,13 +20,39 @@ void backend::bmm(const tensor& a, const tensor& b, tensor& out) {
   }
 }
 
+std::shared_ptr<storage> backend::allocate(std::size_t, device where) {
+  throw usage_error(fmt::format("storage::allocate: not implemented by the {} backend (device {})", name(), where));
+}
+
+void backend::fill(tensor& out, double) {
+  throw usage_error(fmt::format("fill: not implemented by the {} backend (device {})", name(), out.where()));
+}
+
+void backend::copy(const tensor& source, tensor& out) {
+  throw usage_error(fmt::format("copy_from: not implemented by the {} backend ({} to {})", name(),
+                                source.where(), out.where()));
+}
+
+void backend::transfer(const tensor& source, tensor& out) {
+  throw usage_error(fmt::format("to: not implemented by the {} backend ({} to {})", name(), source.where(),
+                                out.where()));
+}
+
 namespace {
 
 // One slot per device_kind. Registration happens at start-up, before ops
 // run, so the table needs no lock.
 std::array<backend*, 2>& registry() {
   static detail::cpu_backend cpu;
+#ifdef TROUPE_HAVE_CUDA
+  // Registered here rather than by a static initialiser in the CUDA sources,
+  // which the linker would drop from the static library. The backend
+  // touches no CUDA API until a cuda:N tensor is made, so a machine without
+  // a driver pays nothing.
+  static std::array<backend*, 2> table{&cpu, &detail::cuda_backend_instance()};
+#else
   static std::array<backend*, 2> table{&cpu, nullptr};
+#endif
   return table;
 }
 

@@ -1,13 +1,14 @@
 #include "troupe/tensor/storage.hpp"
 
+#include "troupe/tensor/backend.hpp"
 #include "troupe/tensor/error.hpp"
 #include "troupe/tensor/host_allocator.hpp"
 
 namespace troupe {
 
 std::shared_ptr<storage> storage::allocate(std::size_t bytes, device where) {
-  require(where.kind == device_kind::cpu,
-          "storage::allocate: no allocator for device {} in this build", where);
+  if (where.kind != device_kind::cpu)
+    return backend_for(where, "storage::allocate").allocate(bytes, where);
   auto& allocator = host_allocator::instance();
   void* data = allocator.allocate(bytes);
   return std::shared_ptr<storage>(

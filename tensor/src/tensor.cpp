@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "dispatch.hpp"
+#include "troupe/tensor/backend.hpp"
 
 namespace troupe {
 
@@ -150,6 +151,8 @@ double tensor::item() const {
 }
 
 template <class T> std::vector<T> tensor::to_vector() const {
+  if (where().kind != device_kind::cpu)
+    return to(device::cpu()).to_vector<T>();
   auto c = to(dtype_of_v<T>).contiguous();
   auto* p = c.template data<T>();
   return std::vector<T>(p, p + c.numel());
@@ -384,11 +387,30 @@ tensor tensor::to(dtype type) const {
   return out;
 }
 
+tensor tensor::to(device target) const {
+  require(defined(), "to: undefined tensor");
+  if (target == where())
+    return *this;
+  // The backend of the side that is not the CPU moves the bytes; the source
+  // is made contiguous on its own device first.
+  auto& kernels = backend_for(target.kind != device_kind::cpu ? target : where(), "to");
+  auto source = contiguous();
+  auto out = empty(shape_, dtype_, target);
+  if (numel_ > 0)
+    kernels.transfer(source, out);
+  return out;
+}
+
 void tensor::copy_from(const tensor& source) {
   require(defined() && source.defined(), "copy_from: undefined tensor");
-  require(where() == source.where(), "copy_from: devices differ: {} and {}", where(), source.where());
-  require(where().kind == device_kind::cpu, "copy_from: no kernel for device {} in this build", where());
+  require(where() == source.where(), "copy_from: devices differ: {} and {} (move one with to(device))",
+          where(), source.where());
   auto src = source.expand(shape_);
+  if (where().kind != device_kind::cpu) {
+    if (numel_ > 0)
+      backend_for(where(), "copy_from").copy(src, *this);
+    return;
+  }
   detail::dispatch_any(dtype_, [&](auto dst_tag) {
     using D = typename decltype(dst_tag)::type;
     detail::dispatch_any(src.dtype_, [&](auto src_tag) {
@@ -413,7 +435,11 @@ void tensor::copy_from(const tensor& source) {
 
 void tensor::fill(double value) {
   require(defined(), "fill: undefined tensor");
-  require(where().kind == device_kind::cpu, "fill: no kernel for device {} in this build", where());
+  if (where().kind != device_kind::cpu) {
+    if (numel_ > 0)
+      backend_for(where(), "fill").fill(*this, value);
+    return;
+  }
   detail::dispatch_any(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto v = detail::convert<T>(value);

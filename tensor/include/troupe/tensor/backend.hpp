@@ -13,7 +13,9 @@
 // - kernels are single-threaded and deterministic: the same inputs and
 //   shapes give bitwise the same result (distributed runs compare against
 //   local ones).
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "troupe/tensor/device.hpp"
@@ -70,6 +72,26 @@ public:
 
   /// "cpu", "cuda", ... for messages.
   virtual std::string_view name() const = 0;
+
+  // -- memory and copies (devices other than the CPU) -------------------------------
+  //
+  // The CPU's allocation, fill and copy live in storage.cpp and tensor.cpp;
+  // storage::allocate, tensor::fill, tensor::copy_from and tensor::to(device)
+  // call these for every other device. The defaults throw usage_error
+  // "<op>: not implemented by the <name> backend".
+
+  /// `bytes` of uninitialised memory on `where` (this backend's kind); throws
+  /// usage_error naming the device when it is not available.
+  virtual std::shared_ptr<storage> allocate(std::size_t bytes, device where);
+  /// Sets every element of `out` (any layout) to `value`.
+  virtual void fill(tensor& out, double value);
+  /// out = source converted to out's dtype; source has out's shape (possibly
+  /// broadcast) and lives on out's device.
+  virtual void copy(const tensor& source, tensor& out);
+  /// Copies contiguous `source` into contiguous `out` of the same dtype and
+  /// numel on another device (the CPU, or another device of this kind); one
+  /// of the two is on this backend's kind. Returns when `out` holds the data.
+  virtual void transfer(const tensor& source, tensor& out);
 
   // -- elementwise -----------------------------------------------------------
 
@@ -157,7 +179,9 @@ public:
 
 /// The backend for `where`'s device kind; throws usage_error
 /// "<op>: no backend for device cuda:0 in this build" when none is
-/// registered.
+/// registered. (A registered backend whose device is missing fails where
+/// memory is allocated: "storage::allocate: device cuda:0 is not
+/// available: <reason>".)
 backend& backend_for(device where, const char* op = "backend_for");
 
 /// Installs the backend of a device kind (not owned; it must outlive every

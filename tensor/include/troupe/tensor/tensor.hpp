@@ -104,6 +104,7 @@ public:
   double at(std::initializer_list<std::int64_t> index) const;
   double item() const;
   /// All elements in row-major order, converted to T (slow; for tests).
+  /// Tensors on another device are copied to the CPU first.
   template <class T> std::vector<T> to_vector() const;
 
   // -- views (share storage) -----------------------------------------------
@@ -138,6 +139,11 @@ public:
   tensor clone() const;
   /// Converted to `type` (a copy; this tensor when the dtype already matches).
   tensor to(dtype type) const;
+  /// A contiguous copy on `where` (this tensor when already there), for
+  /// example `t.to(device::cuda(0))` and back with `t.to(device::cpu())`.
+  /// Returns once the copy has landed. Throws usage_error naming the device
+  /// when this build or this machine has no such device.
+  tensor to(device where) const;
   /// Copies `source` (broadcast to this shape, converted to this dtype) into
   /// this tensor's elements, in place.
   void copy_from(const tensor& source);

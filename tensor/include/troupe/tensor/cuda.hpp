@@ -1,0 +1,44 @@
+#pragma once
+// What the CUDA backend can offer this process. Everything else about CUDA
+// stays inside tensor/src/cuda/: tensors on `cuda:N` are made and moved
+// with the ordinary API (`tensor::zeros(shape, type, device::cuda(0))`,
+// `t.to(device::cuda(0))`, `t.to(device::cpu())`).
+//
+// Every function here is safe to call in a build without CUDA, on a machine
+// without a driver or without a device: they report "none" instead of
+// throwing.
+#include <stdexcept>
+#include <string>
+
+#include "troupe/tensor/device.hpp"
+
+namespace troupe {
+
+/// A CUDA runtime or library call failed (out of memory, a failed launch,
+/// a lost device). The message names the call and the runtime's reason:
+/// `cudaMallocAsync(&data, bytes, stream) failed on cuda:0: out of memory`.
+class cuda_error : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// True when this build compiled and registered the CUDA backend.
+bool cuda_backend_built() noexcept;
+
+/// Number of CUDA devices this process can use; 0 without the backend, a
+/// driver or a device. Never throws.
+int cuda_device_count() noexcept;
+
+/// Why there is no CUDA device ("" when there is one), for skip messages
+/// and errors: "this build has no CUDA backend", or the runtime's answer
+/// ("cudaGetDeviceCount: CUDA driver version is insufficient for CUDA
+/// runtime version").
+std::string cuda_unavailable_reason();
+
+/// Blocks until every kernel and copy the backend queued on `where` has
+/// finished (the backend runs all work of a device, in order, on one stream
+/// of its own). Throws cuda_error when that work failed, usage_error when
+/// `where` is not an available CUDA device.
+void cuda_synchronize(device where);
+
+} // namespace troupe

@@ -1,0 +1,296 @@
+// The CUDA elementwise kernels (cuda_kernels.hpp): fill, copy with dtype
+// conversion, unary and binary functions, axpy and where. Each mirrors the
+// CPU kernel of the same name (cpu_elementwise.cpp, tensor.cpp) so that the
+// op-conformance test (tests/tensor/cuda_backend_test.cpp) can compare them
+// within float tolerance.
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda_check.hpp"
+#include "cuda_kernels.hpp"
+
+namespace troupe::detail::cuda {
+
+namespace {
+
+constexpr int block_size = 256;
+// Enough blocks to fill any current GPU; the grid-stride loop does the rest.
+constexpr std::int64_t max_blocks = 65535;
+
+/// bfloat16 as stored: the upper half of a float32.
+struct bf16 {
+  std::uint16_t bits;
+};
+
+__device__ inline float to_float(bf16 v) {
+  return __uint_as_float(static_cast<std::uint32_t>(v.bits) << 16);
+}
+
+// Rounds to nearest, ties to even; NaN stays a quiet NaN (as dtype.hpp).
+__device__ inline bf16 to_bf16(float f) {
+  auto u = __float_as_uint(f);
+  if (f != f)
+    return bf16{static_cast<std::uint16_t>((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return bf16{static_cast<std::uint16_t>(u >> 16)};
+}
+
+template <class To, class From> __device__ inline To convert(From v) {
+  if constexpr (std::is_same_v<To, From>)
+    return v;
+  else if constexpr (std::is_same_v<From, bf16>)
+    return static_cast<To>(to_float(v));
+  else if constexpr (std::is_same_v<To, bf16>)
+    return to_bf16(static_cast<float>(v));
+  else
+    return static_cast<To>(v);
+}
+
+__device__ inline std::int64_t offset_of(std::int64_t i, const index_space& s, const operand& o) {
+  if (s.contiguous)
+    return i;
+  std::int64_t offset = 0;
+  for (int d = s.rank - 1; d >= 0; --d) {
+    const auto size = s.sizes[d];
+    offset += (i % size) * o.strides[d];
+    i /= size;
+  }
+  return offset;
+}
+
+template <class T> __device__ inline T& at(const operand& o, std::int64_t offset) {
+  return static_cast<T*>(o.data)[offset];
+}
+
+// Grid-stride loop over the index space.
+#define TROUPE_FOR_EACH_INDEX(i, shape)                                                             \
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;         \
+       i < (shape).numel; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+
+template <class T> __global__ void fill_kernel(index_space shape, operand out, double value) {
+  const T v = convert<T>(value);
+  TROUPE_FOR_EACH_INDEX(i, shape)
+  at<T>(out, offset_of(i, shape, out)) = v;
+}
+
+template <class D, class S> __global__ void copy_kernel(index_space shape, operand out, operand in) {
+  TROUPE_FOR_EACH_INDEX(i, shape)
+  at<D>(out, offset_of(i, shape, out)) = convert<D>(at<S>(in, offset_of(i, shape, in)));
+}
+
+// Math in the operand's own precision (expf for float32, exp for float64).
+template <class T> __device__ inline T exp_of(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return expf(x);
+  else
+    return exp(x);
+}
+
+template <class T> __device__ inline T erf_of(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return erff(x);
+  else
+    return erf(x);
+}
+
+constexpr double sqrt1_2 = 0.70710678118654752440;     // sqrt(2) / 2
+constexpr double inv_sqrt_2pi = 0.39894228040143267794; // 1 / sqrt(2 pi)
+
+template <class T> __device__ inline T unary_value(unary_kernel op, T x, T s) {
+  switch (op) {
+    case unary_kernel::neg: return T(-x);
+    case unary_kernel::abs: return x < T(0) ? T(-x) : x;
+    case unary_kernel::add_scalar: return T(x + s);
+    case unary_kernel::mul_scalar: return T(x * s);
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case unary_kernel::pow:
+        if constexpr (std::is_same_v<T, float>)
+          return powf(x, s);
+        else
+          return pow(x, s);
+      case unary_kernel::exp: return exp_of(x);
+      case unary_kernel::log:
+        if constexpr (std::is_same_v<T, float>)
+          return logf(x);
+        else
+          return log(x);
+      case unary_kernel::tanh:
+        if constexpr (std::is_same_v<T, float>)
+          return tanhf(x);
+        else
+          return tanh(x);
+      case unary_kernel::sqrt:
+        if constexpr (std::is_same_v<T, float>)
+          return sqrtf(x);
+        else
+          return sqrt(x);
+      case unary_kernel::relu: return x > T(0) ? x : T(0);
+      case unary_kernel::gelu: return T(0.5) * x * (T(1) + erf_of(x * T(sqrt1_2)));
+      case unary_kernel::sigmoid: return T(1) / (T(1) + exp_of(-x));
+      default: break;
+    }
+  }
+  return T(0); // unreachable: the ops check dtypes before a kernel runs
+}
+
+template <class T> __device__ inline T gelu_derivative(T x) {
+  const T cdf = T(0.5) * (T(1) + erf_of(x * T(sqrt1_2)));
+  const T pdf = exp_of(T(-0.5) * x * x) * T(inv_sqrt_2pi);
+  return cdf + x * pdf;
+}
+
+template <class T> __device__ inline T binary_value(binary_kernel op, T x, T y) {
+  switch (op) {
+    case binary_kernel::add: return T(x + y);
+    case binary_kernel::sub: return T(x - y);
+    case binary_kernel::mul: return T(x * y);
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case binary_kernel::div: return x / y;
+      case binary_kernel::maximum: return (x > y || x != x) ? x : y; // NaN propagates
+      case binary_kernel::greater: return x > y ? T(1) : T(0);
+      case binary_kernel::relu_backward: return y > T(0) ? x : T(0);
+      case binary_kernel::gelu_backward: return x * gelu_derivative(y);
+      case binary_kernel::sigmoid_backward: return x * y * (T(1) - y);
+      case binary_kernel::tanh_backward: return x * (T(1) - y * y);
+      default: break;
+    }
+  }
+  return T(0); // unreachable, as above
+}
+
+template <class T>
+__global__ void unary_kernel_of(unary_kernel op, index_space shape, operand out, operand a, double scalar) {
+  const T s = static_cast<T>(scalar);
+  TROUPE_FOR_EACH_INDEX(i, shape)
+  at<T>(out, offset_of(i, shape, out)) = unary_value<T>(op, at<T>(a, offset_of(i, shape, a)), s);
+}
+
+template <class T>
+__global__ void binary_kernel_of(binary_kernel op, index_space shape, operand out, operand a, operand b) {
+  TROUPE_FOR_EACH_INDEX(i, shape)
+  at<T>(out, offset_of(i, shape, out)) =
+    binary_value<T>(op, at<T>(a, offset_of(i, shape, a)), at<T>(b, offset_of(i, shape, b)));
+}
+
+template <class T> __global__ void axpy_kernel(index_space shape, operand a, operand b, double alpha) {
+  const T s = static_cast<T>(alpha);
+  const bool plain = alpha == 1.0;
+  TROUPE_FOR_EACH_INDEX(i, shape) {
+    T& x = at<T>(a, offset_of(i, shape, a));
+    const T y = at<T>(b, offset_of(i, shape, b));
+    x = plain ? T(x + y) : T(x + s * y);
+  }
+}
+
+template <class T, class C>
+__global__ void where_kernel(index_space shape, operand out, operand cond, operand a, operand b) {
+  TROUPE_FOR_EACH_INDEX(i, shape) {
+    const bool pick = convert<double>(at<C>(cond, offset_of(i, shape, cond))) != 0.0;
+    at<T>(out, offset_of(i, shape, out)) =
+      pick ? at<T>(a, offset_of(i, shape, a)) : at<T>(b, offset_of(i, shape, b));
+  }
+}
+
+template <class T> struct tag {
+  using type = T;
+};
+
+/// f(tag<T>{}) for the C++ type of any element type.
+template <class F> void dispatch_any(element type, F&& f) {
+  switch (type) {
+    case element::float32: return f(tag<float>{});
+    case element::float64: return f(tag<double>{});
+    case element::int64: return f(tag<std::int64_t>{});
+    case element::int32: return f(tag<std::int32_t>{});
+    case element::uint8: return f(tag<std::uint8_t>{});
+    case element::bfloat16: return f(tag<bf16>{});
+  }
+}
+
+/// f(tag<T>{}) for the arithmetic types; the backend checks dtypes first.
+template <class F> void dispatch_arithmetic(element type, F&& f) {
+  switch (type) {
+    case element::float32: return f(tag<float>{});
+    case element::float64: return f(tag<double>{});
+    case element::int64: return f(tag<std::int64_t>{});
+    case element::int32: return f(tag<std::int32_t>{});
+    default: break;
+  }
+}
+
+unsigned blocks_for(const index_space& shape) {
+  auto blocks = (shape.numel + block_size - 1) / block_size;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
+}
+
+} // namespace
+
+// A launch reports a bad configuration at once; a fault inside the kernel
+// surfaces at the next synchronising call, which is checked too.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), const index_space& shape, cudaStream_t stream, Args... args) {
+  if (shape.numel == 0)
+    return;
+  kernel<<<blocks_for(shape), block_size, 0, stream>>>(args...);
+  TROUPE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_fill(const index_space& shape, const operand& out, double value, cudaStream_t stream) {
+  dispatch_any(out.type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch(fill_kernel<T>, shape, stream, shape, out, value);
+  });
+}
+
+void launch_copy(const index_space& shape, const operand& out, const operand& in, cudaStream_t stream) {
+  dispatch_any(out.type, [&](auto d) {
+    using D = typename decltype(d)::type;
+    dispatch_any(in.type, [&](auto s) {
+      using S = typename decltype(s)::type;
+      launch(copy_kernel<D, S>, shape, stream, shape, out, in);
+    });
+  });
+}
+
+void launch_unary(unary_kernel op, const index_space& shape, const operand& out, const operand& a,
+                  double scalar, cudaStream_t stream) {
+  dispatch_arithmetic(out.type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch(unary_kernel_of<T>, shape, stream, op, shape, out, a, scalar);
+  });
+}
+
+void launch_binary(binary_kernel op, const index_space& shape, const operand& out, const operand& a,
+                   const operand& b, cudaStream_t stream) {
+  dispatch_arithmetic(out.type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch(binary_kernel_of<T>, shape, stream, op, shape, out, a, b);
+  });
+}
+
+void launch_axpy(const index_space& shape, const operand& a, const operand& b, double alpha,
+                 cudaStream_t stream) {
+  dispatch_arithmetic(a.type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch(axpy_kernel<T>, shape, stream, shape, a, b, alpha);
+  });
+}
+
+void launch_where(const index_space& shape, const operand& out, const operand& cond, const operand& a,
+                  const operand& b, cudaStream_t stream) {
+  dispatch_arithmetic(out.type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    dispatch_any(cond.type, [&](auto c) {
+      using C = typename decltype(c)::type;
+      launch(where_kernel<T, C>, shape, stream, shape, out, cond, a, b);
+    });
+  });
+}
+
+} // namespace troupe::detail::cuda

@@ -1,0 +1,26 @@
+// cuda.hpp in a build without the CUDA backend (TROUPE_CUDA=OFF or no
+// toolkit): no devices, and cuda:N tensors fail in storage::allocate with
+// "no backend for device cuda:0 in this build".
+#include "troupe/tensor/cuda.hpp"
+
+#include "troupe/tensor/error.hpp"
+
+namespace troupe {
+
+bool cuda_backend_built() noexcept {
+  return false;
+}
+
+int cuda_device_count() noexcept {
+  return 0;
+}
+
+std::string cuda_unavailable_reason() {
+  return "this build has no CUDA backend (configured without the CUDA toolkit or with TROUPE_CUDA=OFF)";
+}
+
+void cuda_synchronize(device where) {
+  throw usage_error(fmt::format("cuda_synchronize: no backend for device {} in this build", where));
+}
+
+} // namespace troupe

@@ -1,0 +1,345 @@
+// The CUDA backend against the CPU (ggml's op-conformance idea): every
+// kernel the CUDA backend implements runs on both devices on contiguous,
+// strided and broadcast operands, and the results must agree within float
+// tolerance. These tests skip, visibly, without a CUDA device.
+//
+// The tests named *WithoutDevice* / *Table* run everywhere: asking for a
+// cuda tensor where there is none, or for a kernel the CUDA backend lacks,
+// is a usage_error that names the op and the device — never a crash or a
+// silently wrong result.
+#include <cstring>
+#include <vector>
+
+#include "test_util.hpp"
+#include "troupe/tensor/backend.hpp"
+#include "troupe/tensor/cuda.hpp"
+
+namespace troupe {
+namespace {
+
+using test::expect_close;
+using test::sample;
+using test::values;
+using testing::AnyOf;
+using testing::HasSubstr;
+
+const device gpu = device::cuda(0);
+
+double tolerance(dtype type) {
+  return type == dtype::float32 ? 1e-5 : 1e-12;
+}
+
+class CudaBackend : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  }
+};
+
+TEST_F(CudaBackend, FillZerosOnesFullMatchTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64, dtype::int64, dtype::int32, dtype::uint8, dtype::bfloat16}) {
+    EXPECT_EQ(values(tensor::zeros({3, 4}, type, gpu)), values(tensor::zeros({3, 4}, type))) << name_of(type);
+    EXPECT_EQ(values(tensor::ones({5}, type, gpu)), values(tensor::ones({5}, type))) << name_of(type);
+    EXPECT_EQ(values(tensor::full({2, 3}, 7.0, type, gpu)), values(tensor::full({2, 3}, 7.0, type))) << name_of(type);
+  }
+  // A strided view: only its elements change.
+  auto on_gpu = tensor::zeros({4, 6}, dtype::float32, gpu);
+  auto on_cpu = tensor::zeros({4, 6});
+  on_gpu.slice(1, 1, 6, 2).fill(2.5);
+  on_cpu.slice(1, 1, 6, 2).fill(2.5);
+  EXPECT_EQ(values(on_gpu), values(on_cpu));
+}
+
+TEST_F(CudaBackend, RoundTripThroughTheDeviceIsExactForEveryDtype) {
+  for (auto type : {dtype::float32, dtype::float64, dtype::int64, dtype::int32, dtype::uint8, dtype::bfloat16}) {
+    auto x = mul(sample({7, 9}, 3), 100.0).to(type);
+    auto there = x.to(gpu);
+    EXPECT_EQ(there.where(), gpu);
+    EXPECT_EQ(there.type(), type);
+    auto back = there.to(device::cpu());
+    EXPECT_EQ(back.where(), device::cpu());
+    ASSERT_EQ(back.nbytes(), x.nbytes());
+    EXPECT_EQ(std::memcmp(back.raw_data(), x.raw_data(), x.nbytes()), 0) << name_of(type);
+  }
+  // A transposed (non-contiguous) source arrives contiguous, same values.
+  auto t = sample({5, 3}, 4).t();
+  expect_close(t.to(gpu), t, 0.0);
+  // Empty tensors travel too.
+  EXPECT_EQ(tensor::zeros({0, 3}).to(gpu).to(device::cpu()).shape(), (dims{0, 3}));
+}
+
+TEST_F(CudaBackend, DtypeConversionMatchesTheCpu) {
+  const auto types = {dtype::float32, dtype::float64, dtype::int64, dtype::int32, dtype::uint8, dtype::bfloat16};
+  auto x = add(mul(abs(sample({4, 5}, 5)), 200.0), 0.25); // in [0.25, 200.25): fits every type
+  for (auto from : types)
+    for (auto to : types) {
+      auto source = x.to(from);
+      auto expected = source.to(to);
+      auto got = source.to(gpu).to(to);
+      EXPECT_EQ(got.type(), to);
+      EXPECT_EQ(values(got), values(expected)) << name_of(from) << " -> " << name_of(to);
+    }
+  // Strided and broadcast copies on the device.
+  auto y = sample({3, 4}, 6, dtype::float32).to(gpu);
+  auto target = tensor::zeros({2, 3, 4}, dtype::float64, gpu);
+  target.copy_from(y);
+  auto expected = tensor::zeros({2, 3, 4}, dtype::float64);
+  expected.copy_from(y.to(device::cpu()));
+  expect_close(target, expected, 0.0);
+}
+
+TEST_F(CudaBackend, UnaryOpsMatchTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    auto x = sample({6, 7}, 7, type);
+    auto positive = add(abs(x), 0.5);
+    auto check = [&](const char* name, auto f, const tensor& in) {
+      SCOPED_TRACE(name);
+      expect_close(f(in.to(gpu)), f(in), tolerance(type));
+      // The same op on a transposed (strided) view.
+      expect_close(f(in.t().to(gpu).t()), f(in), tolerance(type));
+    };
+    check("neg", [](const tensor& a) { return neg(a); }, x);
+    check("abs", [](const tensor& a) { return abs(a); }, x);
+    check("add_scalar", [](const tensor& a) { return add(a, 1.5); }, x);
+    check("mul_scalar", [](const tensor& a) { return mul(a, -3.0); }, x);
+    check("pow", [](const tensor& a) { return pow(a, 1.5); }, positive);
+    check("exp", [](const tensor& a) { return exp(a); }, x);
+    check("log", [](const tensor& a) { return log(a); }, positive);
+    check("tanh", [](const tensor& a) { return tanh(a); }, x);
+    check("sqrt", [](const tensor& a) { return sqrt(a); }, positive);
+    check("relu", [](const tensor& a) { return relu(a); }, x);
+    check("gelu", [](const tensor& a) { return gelu(a); }, x);
+    check("sigmoid", [](const tensor& a) { return sigmoid(a); }, x);
+  }
+  for (auto type : {dtype::int64, dtype::int32}) {
+    auto x = mul(sample({4, 4}, 8), 50.0).to(type);
+    EXPECT_EQ(values(neg(x.to(gpu))), values(neg(x))) << name_of(type);
+    EXPECT_EQ(values(abs(x.to(gpu))), values(abs(x))) << name_of(type);
+    EXPECT_EQ(values(add(x.to(gpu), 3.0)), values(add(x, 3.0))) << name_of(type);
+    EXPECT_EQ(values(mul(x.to(gpu), 2.0)), values(mul(x, 2.0))) << name_of(type);
+  }
+}
+
+TEST_F(CudaBackend, BinaryOpsMatchTheCpuWithBroadcasting) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    auto a = sample({5, 6}, 9, type);
+    auto b = sample({5, 6}, 10, type);
+    auto row = sample({6}, 11, type);
+    auto column = sample({5, 1}, 12, type);
+    auto away_from_zero = add(abs(b), 0.5);
+    auto check = [&](const char* name, auto f, const tensor& x, const tensor& y) {
+      SCOPED_TRACE(name);
+      expect_close(f(x.to(gpu), y.to(gpu)), f(x, y), tolerance(type));
+    };
+    auto all = [&](const char* name, auto f) {
+      check(name, f, a, b);
+      check(name, f, a, row);    // row-vector broadcast (bias add)
+      check(name, f, column, a); // column broadcast on the left
+      check(name, f, a.t().contiguous().t(), b); // strided left operand
+    };
+    all("add", [](const tensor& x, const tensor& y) { return add(x, y); });
+    all("sub", [](const tensor& x, const tensor& y) { return sub(x, y); });
+    all("mul", [](const tensor& x, const tensor& y) { return mul(x, y); });
+    all("maximum", [](const tensor& x, const tensor& y) { return maximum(x, y); });
+    all("greater", [](const tensor& x, const tensor& y) { return greater(x, y); });
+    all("relu_backward", [](const tensor& x, const tensor& y) { return relu_backward(x, y); });
+    all("gelu_backward", [](const tensor& x, const tensor& y) { return gelu_backward(x, y); });
+    all("sigmoid_backward", [](const tensor& x, const tensor& y) { return sigmoid_backward(x, y); });
+    all("tanh_backward", [](const tensor& x, const tensor& y) { return tanh_backward(x, y); });
+    check("div", [](const tensor& x, const tensor& y) { return div(x, y); }, a, away_from_zero);
+  }
+  for (auto type : {dtype::int64, dtype::int32}) {
+    auto a = mul(sample({3, 4}, 13), 40.0).to(type);
+    auto b = mul(sample({4}, 14), 40.0).to(type);
+    EXPECT_EQ(values(add(a.to(gpu), b.to(gpu))), values(add(a, b))) << name_of(type);
+    EXPECT_EQ(values(sub(a.to(gpu), b.to(gpu))), values(sub(a, b))) << name_of(type);
+    EXPECT_EQ(values(mul(a.to(gpu), b.to(gpu))), values(mul(a, b))) << name_of(type);
+  }
+}
+
+TEST_F(CudaBackend, InPlaceAxpyScaleAndWhereMatchTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    auto a = sample({4, 5}, 15, type);
+    auto b = sample({5}, 16, type);
+    auto on_gpu = a.to(gpu);
+    auto on_cpu = a.clone();
+    add_(on_gpu, b.to(gpu), 0.5);
+    add_(on_cpu, b, 0.5);
+    add_(on_gpu, b.to(gpu)); // alpha == 1 takes the plain sum, as on the CPU
+    add_(on_cpu, b);
+    mul_(on_gpu, -2.0);
+    mul_(on_cpu, -2.0);
+    expect_close(on_gpu, on_cpu, tolerance(type));
+    // In place on a strided view: the other elements stay.
+    auto view_gpu = on_gpu.slice(1, 0, 5, 2);
+    auto view_cpu = on_cpu.slice(1, 0, 5, 2);
+    mul_(view_gpu, 3.0);
+    mul_(view_cpu, 3.0);
+    expect_close(on_gpu, on_cpu, tolerance(type));
+
+    auto cond = greater(a, tensor::zeros({}, type));
+    expect_close(where(cond.to(gpu), a.to(gpu), b.to(gpu)), where(cond, a, b), 0.0);
+    auto cond_bytes = cond.to(dtype::uint8);
+    expect_close(where(cond_bytes.to(gpu), a.to(gpu), b.to(gpu)), where(cond_bytes, a, b), 0.0);
+  }
+}
+
+TEST_F(CudaBackend, GemmThroughCublasMatchesTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    const double tol = type == dtype::float32 ? 1e-4 : 1e-11;
+    auto a = sample({33, 17}, 17, type);
+    auto b = sample({17, 9}, 18, type);
+    expect_close(matmul(a.to(gpu), b.to(gpu)), matmul(a, b), tol);
+    // Transposed operands go to cuBLAS as transposes, not copies.
+    auto at = sample({17, 33}, 19, type).t();
+    auto bt = sample({9, 17}, 20, type).t();
+    auto at_gpu = sample({17, 33}, 19, type).to(gpu).t();
+    auto bt_gpu = sample({9, 17}, 20, type).to(gpu).t();
+    expect_close(matmul(at_gpu, bt_gpu), matmul(at, bt), tol);
+    // A broadcast operand (neither layout) is copied first.
+    auto row = sample({1, 9}, 21, type).expand({17, 9});
+    expect_close(matmul(a.to(gpu), sample({1, 9}, 21, type).to(gpu).expand({17, 9})), matmul(a, row), tol);
+    // addmm_ with beta reads the output; a strided output goes through a temporary.
+    auto c = sample({33, 9}, 22, type);
+    auto c_gpu = c.to(gpu);
+    addmm_(c_gpu, a.to(gpu), b.to(gpu), 0.5, 2.0);
+    addmm_(c, a, b, 0.5, 2.0);
+    expect_close(c_gpu, c, tol);
+    auto wide = tensor::zeros({9, 33}, type);
+    auto wide_gpu = tensor::zeros({9, 33}, type, gpu);
+    auto out_t = wide.t();
+    auto out_t_gpu = wide_gpu.t();
+    addmm_(out_t, a, b, 1.0, 0.0);
+    addmm_(out_t_gpu, a.to(gpu), b.to(gpu), 1.0, 0.0);
+    expect_close(wide_gpu, wide, tol);
+    // k == 0: the product is zero, beta still scales.
+    auto empty_a = tensor::zeros({4, 0}, type);
+    auto empty_b = tensor::zeros({0, 3}, type);
+    expect_close(matmul(empty_a.to(gpu), empty_b.to(gpu)), tensor::zeros({4, 3}, type), 0.0);
+    // bmm loops gemm.
+    auto x = sample({3, 5, 4}, 23, type);
+    auto y = sample({3, 4, 6}, 24, type);
+    expect_close(bmm(x.to(gpu), y.to(gpu)), bmm(x, y), tol);
+  }
+}
+
+TEST_F(CudaBackend, DeviceToDeviceCopy) {
+  if (cuda_device_count() < 2)
+    GTEST_SKIP() << "needs two CUDA devices, this machine has " << cuda_device_count();
+  auto x = sample({100, 3}, 25, dtype::float32);
+  auto on_second = x.to(gpu).to(device::cuda(1));
+  EXPECT_EQ(on_second.where(), device::cuda(1));
+  expect_close(on_second, x, 0.0);
+}
+
+TEST_F(CudaBackend, KernelsItLacksAreUsageErrorsNamingTheOpAndCuda) {
+  auto x = sample({3, 4}, 26, dtype::float32).to(gpu);
+  auto expect_unimplemented = [](auto f, const char* op) {
+    try {
+      f();
+      ADD_FAILURE() << op << " ran on cuda";
+    } catch (const usage_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(op));
+      EXPECT_THAT(e.what(), HasSubstr("cuda"));
+    }
+  };
+  expect_unimplemented([&] { return softmax(x, 1); }, "softmax");
+  expect_unimplemented([&] { return sum(x); }, "reduce_rows");
+  expect_unimplemented([&] { return layer_norm(x, {}, {}).output; }, "layer_norm");
+}
+
+TEST_F(CudaBackend, MixingDevicesIsAUsageError) {
+  auto a = sample({2, 2}, 27, dtype::float32);
+  EXPECT_THROW(add(a, a.to(gpu)), usage_error);
+  EXPECT_THROW(matmul(a.to(gpu), a), usage_error);
+  auto target = tensor::zeros({2, 2}, dtype::float32, gpu);
+  try {
+    target.copy_from(a);
+    ADD_FAILURE() << "copy_from across devices did not throw";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("to(device)"));
+  }
+}
+
+// -- without a device ------------------------------------------------------------------
+
+TEST(CudaWithoutDevice, CountIsZeroWithAReasonAndNothingCrashes) {
+  if (cuda_device_count() > 0)
+    GTEST_SKIP() << "this machine has " << cuda_device_count() << " CUDA device(s)";
+  EXPECT_EQ(cuda_device_count(), 0);
+  EXPECT_FALSE(cuda_unavailable_reason().empty());
+  EXPECT_THROW(cuda_synchronize(gpu), usage_error);
+}
+
+TEST(CudaWithoutDevice, CudaTensorsAreAClearUsageError) {
+  if (cuda_device_count() > 0)
+    GTEST_SKIP() << "this machine has " << cuda_device_count() << " CUDA device(s)";
+  // Without the backend: "no backend for device cuda:0 in this build";
+  // with it but no device: "device cuda:0 is not available: <runtime's reason>".
+  auto names_the_device = AllOf(HasSubstr("cuda:0"), AnyOf(HasSubstr("in this build"), HasSubstr("not available")));
+  try {
+    tensor::zeros({2, 3}, dtype::float32, gpu);
+    ADD_FAILURE() << "a cuda tensor without a device";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), names_the_device);
+  }
+  try {
+    sample({2, 3}).to(gpu);
+    ADD_FAILURE() << "to(cuda:0) without a device";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), names_the_device);
+  }
+}
+
+TEST(CudaWithoutDevice, AnOrdinalBeyondTheDevicesIsAUsageError) {
+  try {
+    tensor::empty({1}, dtype::float32, device::cuda(99));
+    ADD_FAILURE() << "cuda:99 exists?";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cuda:99"));
+  }
+}
+
+// The kernel table itself, reached with a tensor that only claims to be on
+// cuda:0 (its memory is never touched: these kernels throw first).
+TEST(CudaBackendTable, KernelsItLacksThrowNamingTheOpAndCudaEvenWithoutADevice) {
+  std::vector<float> memory(16);
+  auto fake = tensor::from_storage(storage::wrap(memory.data(), memory.size() * sizeof(float), gpu, {}), {4, 4},
+                                   {4, 1}, 0, dtype::float32);
+  if (!cuda_backend_built()) {
+    EXPECT_THAT([&] { backend_for(gpu, "softmax"); },
+                testing::ThrowsMessage<usage_error>(HasSubstr("no backend for device cuda:0 in this build")));
+    return;
+  }
+  auto& kernels = backend_for(gpu, "test");
+  EXPECT_EQ(kernels.name(), "cuda");
+  auto out = fake;
+  auto indices = fake;
+  auto expect_unimplemented = [](auto f, const char* op) {
+    EXPECT_THAT(f, testing::ThrowsMessage<usage_error>(AllOf(HasSubstr(op), HasSubstr("cuda"))));
+  };
+  expect_unimplemented([&] { kernels.softmax(fake, false, out); }, "softmax");
+  expect_unimplemented([&] { kernels.softmax_backward(fake, fake, true, out); }, "softmax_backward");
+  expect_unimplemented([&] { kernels.reduce_rows(reduce_op::sum, fake, out, indices); }, "reduce_rows");
+  expect_unimplemented([&] { kernels.index_select(fake, 0, fake, out); }, "index_select");
+  expect_unimplemented([&] { kernels.gather(fake, 0, fake, out); }, "gather");
+  expect_unimplemented([&] { kernels.scatter_add_(out, 0, fake, fake); }, "scatter_add");
+  expect_unimplemented([&] { kernels.index_add_(out, 0, fake, fake); }, "index_add_");
+  expect_unimplemented([&] { kernels.embedding_bag(fake, fake, fake, false, out); }, "embedding_bag");
+  expect_unimplemented([&] { kernels.embedding_bag_backward(fake, fake, fake, false, out); },
+                       "embedding_bag_backward");
+  expect_unimplemented([&] { kernels.im2col(fake, {}, out); }, "im2col");
+  expect_unimplemented([&] { kernels.col2im(fake, {}, out); }, "col2im");
+  expect_unimplemented([&] { kernels.max_pool2d(fake, 2, 2, out, indices); }, "max_pool2d");
+  expect_unimplemented([&] { kernels.max_pool2d_backward(fake, fake, out); }, "max_pool2d_backward");
+  expect_unimplemented([&] { kernels.layer_norm(fake, {}, {}, 1e-5, out, out, out); }, "layer_norm");
+  expect_unimplemented([&] { kernels.layer_norm_backward(fake, fake, fake, fake, {}, out, out, out); },
+                       "layer_norm_backward");
+  expect_unimplemented([&] { kernels.fill_random(random_distribution::uniform, generator{}, 0, 1, out); },
+                       "fill_random");
+}
+
+} // namespace
+} // namespace troupe
