@@ -3,12 +3,18 @@
 //   control plane   CAF request/response between two nodes (64 B)
 //   data plane      UCX active messages (tcp, and shared memory sm,self)
 //   shared arena    tensors handed over by reference (no bytes move)
+//   same host       tensor_router to a node on this host: an arena tensor (by
+//                   reference), a heap tensor through UCX, a heap tensor
+//                   copied into the arena; rounds interleaved
+//   tracing         data-plane throughput with tracing on and off in both
+//                   processes, toggled within one session, rounds interleaved
 //   TLS             tensor_message over CAF's mutual-TLS connection
 //   in process      a tensor_message between two actors (by reference)
 // Peers: ucx_perftest (ucp_am_bw / ucp_am_lat, same window) and PyTorch RPC
 // (../shared/peers/rpc_latency.py --quick, transports default and uv).
 //
-//   build/bench/transport [--json] [--quick] [--no-peers]
+//   build/bench/transport [--json] [--quick] [--no-peers] [--rounds=N]
+//                         [--only=inprocess,control,plane,samehost,tracing,tls]
 //
 // The benchmark re-executes itself as the second process (--child=...).
 #include <unistd.h>
@@ -30,6 +36,7 @@
 #include "troupe/actors/message_types.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/shared_arena.hpp"
+#include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace.hpp"
 #include "troupe/tensor/ops.hpp"
 
@@ -115,9 +122,6 @@ std::optional<arena_handoff> decode_handoff(const tensor& t) {
 /// Echoes "echo" messages, drops "sink" ones (their credits return when the
 /// handler returns), opens "arena" handoffs and releases them at once.
 int child_plane(const std::string& transports) {
-  // Traced when the parent set TROUPE_TRACE_DIR (the tracing-overhead rows).
-  if (auto traced = trace::start_from_environment("child", 1); !traced)
-    fmt::print(stderr, "transport child: {}\n", traced.error().to_string());
   std::unique_ptr<data_plane>* plane_ptr = nullptr;
   std::mutex mutex;
   std::vector<std::pair<peer_id, arena_ref>> releases;
@@ -165,7 +169,20 @@ int child_plane(const std::string& transports) {
   fmt::print("ADDRESS {}\n", to_hex((*started)->address()));
   std::fflush(stdout);
   std::string line;
+  // "trace on DIR" / "trace off": the parent toggles tracing between rounds.
   while (std::getline(std::cin, line) && line != "quit") {
+    if (line.starts_with("trace on ")) {
+      trace::options topts;
+      topts.directory = line.substr(9);
+      topts.node = "child";
+      topts.rank = 1;
+      auto ok = trace::start(topts);
+      fmt::print("{}\n", ok ? "TRACE ON" : "ERROR " + ok.error().to_string());
+    } else if (line == "trace off") {
+      trace::stop();
+      fmt::print("TRACE OFF\n");
+    }
+    std::fflush(stdout);
   }
   (*started)->close();
   trace::stop();
@@ -194,6 +211,28 @@ int child_node(int argc, char** argv) {
       return {[](const tensor_message& m) { return static_cast<std::int64_t>(m.value.nbytes()); }};
     });
   });
+  // "acker": answers each tensor with a one-element tensor to
+  // worker0/cpu/acks (same step), its context id a sample of the bytes it
+  // received (64 bytes spread over the tensor: cheap, yet a wrong mapping shows).
+  auto router = n.router();
+  n.register_factory("acker", [router](caf::actor_system& sys, const place&, const caf::message&) -> caf::expected<caf::actor> {
+    return sys.spawn([router]() -> caf::behavior {
+      auto acks = *place::parse("worker0/cpu/acks");
+      return {[router, acks](const tensor_message& m) {
+        std::uint64_t sample = 0;
+        auto* p = static_cast<const unsigned char*>(m.value.raw_data());
+        auto n = m.value.nbytes();
+        for (std::size_t i = 0; i < 64 && n > 0; ++i)
+          sample = sample * 31 + p[i * (n - 1) / 63];
+        tensor_message ack;
+        ack.meta.kind = message_kind::control;
+        ack.meta.step = m.meta.step;
+        ack.meta.context_id = sample;
+        ack.value = tensor::zeros({1});
+        (void)router->send(acks, std::move(ack));
+      }};
+    });
+  });
   fmt::print("READY {}\n", n.port());
   std::fflush(stdout);
   std::string line;
@@ -219,18 +258,9 @@ std::vector<sizes_and_counts> throughput_cases(bool quick) {
 /// The data plane to a child server over `transports`.
 class plane_session {
 public:
-  /// With `trace_dir`, both processes record a trace there (the child
-  /// inherits TROUPE_TRACE_DIR).
-  explicit plane_session(const std::string& transports, const std::string& trace_dir = {})
-      : trace_env_(trace_dir), child_({self_path(), "--child=plane", "--transports=" + transports}) {
-    if (!trace_dir.empty()) {
-      trace::options topts;
-      topts.directory = trace_dir;
-      topts.node = "parent";
-      topts.rank = 0;
-      if (auto traced = trace::start(topts); !traced)
-        throw std::runtime_error(traced.error().to_string());
-    }
+  /// Untraced; set_tracing() turns tracing on and off in both processes.
+  explicit plane_session(const std::string& transports)
+      : child_({self_path(), "--child=plane", "--transports=" + transports}) {
     data_plane_options options;
     options.node_name = "parent";
     options.token = job_token;
@@ -352,22 +382,27 @@ public:
 
   data_plane& plane() { return *plane_; }
 
+  /// Starts (dir non-empty) or stops tracing in both processes.
+  void set_tracing(const std::string& dir) {
+    if (!dir.empty()) {
+      trace::options topts;
+      topts.directory = dir;
+      topts.node = "parent";
+      topts.rank = 0;
+      if (auto ok = trace::start(topts); !ok)
+        throw std::runtime_error(ok.error().to_string());
+      if (child_.ask("trace on " + dir, 10'000).value_or("") != "TRACE ON")
+        throw std::runtime_error("the child did not start tracing");
+    } else {
+      trace::stop();
+      if (child_.ask("trace off", 10'000).value_or("") != "TRACE OFF")
+        throw std::runtime_error("the child did not stop tracing");
+    }
+  }
+
 private:
   static double now() { return bench::now_seconds(); }
 
-  /// Sets TROUPE_TRACE_DIR for the child's lifetime start only (it is read
-  /// once, when the child starts).
-  struct trace_environment {
-    explicit trace_environment(const std::string& dir) {
-      if (dir.empty())
-        ::unsetenv("TROUPE_TRACE_DIR");
-      else
-        ::setenv("TROUPE_TRACE_DIR", dir.c_str(), 1);
-    }
-    ~trace_environment() { ::unsetenv("TROUPE_TRACE_DIR"); }
-  };
-
-  trace_environment trace_env_;
   bench::peer_process child_;
   std::unique_ptr<data_plane> plane_;
   peer_id peer_ = 0;
@@ -466,6 +501,125 @@ private:
   caf::actor sink_;
 };
 
+/// Two nodes on this host through their tensor_routers (the user's path):
+/// worker0 here sends to worker1's acker in a child process, which answers
+/// every tensor through its router.
+class router_session {
+public:
+  /// How the tensors are made and sent.
+  enum class mode { arena, heap_ucx, heap_copy };
+
+  router_session() {
+    node_options options;
+    options.name = "worker0";
+    options.world_size = 2;
+    options.listen_address = "127.0.0.1";
+    auto started = node::start(options);
+    if (!started)
+      throw std::runtime_error(started.error().message());
+    node_ = std::move(*started);
+    child_ = std::make_unique<bench::peer_process>(std::vector<std::string>{
+        self_path(), "--child=node", fmt::format("--troupe.coordinator=127.0.0.1:{}", node_->port()),
+        "--troupe.rank=1", "--troupe.world-size=2", "--troupe.name=worker1", "--troupe.listen-address=127.0.0.1"});
+    auto line = child_->read_line(30'000).value_or("");
+    if (!line.starts_with("READY"))
+      throw std::runtime_error("node child did not start: " + line);
+    acks_ = node_->system().spawn([this]() -> caf::behavior {
+      return {[this](const tensor_message& m) {
+        std::lock_guard guard(mutex_);
+        ++acked_;
+        samples_.push_back({m.meta.step, m.meta.context_id});
+        cv_.notify_all();
+      }};
+    });
+    if (!node_->register_actor(*place::parse("worker0/cpu/acks"), acks_))
+      throw std::runtime_error("cannot register worker0/cpu/acks");
+    if (!node_->spawn_remote(*place::parse("worker1/cpu/acker"), "acker"))
+      throw std::runtime_error("remote spawn of the acker failed");
+  }
+  ~router_session() {
+    caf::anon_send_exit(acks_, caf::exit_reason::user_shutdown);
+    acks_ = nullptr;
+    slots_.clear();
+    child_.reset();
+    node_->stop();
+  }
+
+  tensor_router& router() { return *node_->router(); }
+
+  /// One-way GB/s of `count` tensors of `bytes`, four in flight, each
+  /// acknowledged by the acker; `wrong` counts acks whose byte sample
+  /// differs from what was sent.
+  double throughput_gbps(mode how, std::size_t bytes, int count, int& wrong) {
+    auto& r = router();
+    r.set_copy_into_arena_min_bytes(how == mode::heap_copy ? 0 : SIZE_MAX);
+    slots_.clear();
+    for (int i = 0; i < 4; ++i) {
+      tensor t;
+      if (how == mode::arena) {
+        auto a = r.arena_tensor({static_cast<std::int64_t>(bytes)}, dtype::uint8);
+        if (!a)
+          throw std::runtime_error(a.error().to_string());
+        t = *a;
+      } else {
+        t = tensor::empty({static_cast<std::int64_t>(bytes)}, dtype::uint8);
+      }
+      auto* p = static_cast<unsigned char*>(t.raw_data());
+      for (std::size_t k = 0; k < bytes; ++k)
+        p[k] = static_cast<unsigned char>((k >> 12) * 7 + static_cast<std::size_t>(i));
+      slots_.push_back(t);
+    }
+    std::vector<std::uint64_t> expected_sample;
+    for (auto& t : slots_) {
+      std::uint64_t sample = 0;
+      auto* p = static_cast<const unsigned char*>(t.raw_data());
+      for (std::size_t i = 0; i < 64; ++i)
+        sample = sample * 31 + p[i * (bytes - 1) / 63];
+      expected_sample.push_back(sample);
+    }
+    auto to = *place::parse("worker1/cpu/acker");
+    auto run = [&](int n) {
+      {
+        std::lock_guard guard(mutex_);
+        acked_ = 0;
+        samples_.clear();
+      }
+      auto start = bench::now_seconds();
+      for (int sent = 0; sent < n; ++sent) {
+        std::unique_lock lock(mutex_);
+        if (!cv_.wait_for(lock, 10s, [&] { return sent - acked_ < 4; }))
+          throw std::runtime_error("no acknowledgement within 10 s");
+        lock.unlock();
+        tensor_message m{{message_kind::forward_activation, static_cast<std::uint64_t>(sent), 0, 0, ""},
+                         slots_[static_cast<std::size_t>(sent) % 4], 0};
+        while (!r.send(to, m))
+          std::this_thread::sleep_for(20us); // back-pressure
+      }
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait_for(lock, 10s, [&] { return acked_ == n; }))
+        throw std::runtime_error("no acknowledgement within 10 s");
+      auto seconds = bench::now_seconds() - start;
+      for (auto [step, sample] : samples_)
+        wrong += sample != expected_sample[step % 4];
+      return seconds;
+    };
+    run(2);
+    auto gbps = double(bytes) * count / run(count) / 1e9;
+    slots_.clear();
+    return gbps;
+  }
+
+private:
+  std::unique_ptr<node> node_;
+  std::unique_ptr<bench::peer_process> child_;
+  caf::actor acks_;
+  std::vector<tensor> slots_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int acked_ = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> samples_;
+};
+
 /// Tensor messages per second between two actors in one process, and
 /// whether the receiver saw the sender's memory (no copy).
 std::pair<double, bool> in_process_rate(std::size_t bytes, int count) {
@@ -508,10 +662,22 @@ std::string human(std::size_t bytes) {
 int parent(int argc, char** argv) {
   bench::report out("transport", argc, argv);
   bool quick = false, peers = true;
+  std::string only;
+  int rounds = 0;
   for (int i = 1; i < argc; ++i) {
-    quick |= std::string_view(argv[i]) == "--quick";
-    peers &= std::string_view(argv[i]) != "--no-peers";
+    std::string_view arg(argv[i]);
+    quick |= arg == "--quick";
+    peers &= arg != "--no-peers";
+    if (arg.starts_with("--only="))
+      only = std::string(arg.substr(7));
+    if (arg.starts_with("--rounds="))
+      rounds = std::atoi(argv[i] + 9);
   }
+  auto section = [&](std::string_view name) {
+    return only.empty() || ("," + only + ",").find(fmt::format(",{},", name)) != std::string::npos;
+  };
+  if (rounds <= 0)
+    rounds = quick ? 5 : 11;
   auto cases = throughput_cases(quick);
   int port = 20000 + static_cast<int>(::getpid() % 20000);
   int rtt_count = quick ? 500 : 2000;
@@ -519,7 +685,7 @@ int parent(int argc, char** argv) {
   // PyTorch first: its shared-memory transport busy-polls a core, so it
   // must not overlap anything else.
   std::map<std::string, double> torch;
-  if (peers) {
+  if (peers && (section("control") || section("plane") || section("samehost"))) {
     auto script = std::string(TROUPE_SOURCE_DIR) + "/../shared/peers/rpc_latency.py";
     if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3"))
       torch = bench::pytorch_rpc(script, "default,uv");
@@ -533,13 +699,15 @@ int parent(int argc, char** argv) {
 
   // In process: the same cost at 64 B and 64 MiB (a reference count).
   for (std::size_t bytes : {std::size_t{64}, std::size_t{64} << 20}) {
+    if (!section("inprocess"))
+      break;
     auto [rate, same] = in_process_rate(bytes, quick ? 20000 : 100000);
     out.add({fmt::format("in process, {}", human(bytes)), "messages/s", rate, "msg/s", "", {},
              same ? "receiver saw the sender's memory" : "WRONG: copied"});
   }
 
   // Control plane (CAF between two processes).
-  {
+  if (section("control")) {
     node_session caf_plain(std::nullopt);
     auto rtt = caf_plain.round_trip_us(rtt_count);
     out.add({"control plane RTT (CAF)", "round trip", rtt, "us", "PyTorch rpc_sync (uv)", torch_figure("rtt/uv"), ""});
@@ -551,6 +719,8 @@ int parent(int argc, char** argv) {
 
   // Data plane over TCP and shared memory, beside ucx_perftest.
   for (std::string transports : {"tcp", "sm,self"}) {
+    if (!section("plane"))
+      break;
     plane_session session(transports);
     auto rtt = session.round_trip_us(rtt_count);
     auto perftest_rtt = peers ? bench::ucx_perftest(transports, "ucp_am_lat", 64, 2000, 1, port++) : std::nullopt;
@@ -580,18 +750,68 @@ int parent(int argc, char** argv) {
     }
   }
 
-  // Tracing: the same data-plane throughput with every process recording
-  // (send, receive and transfer records), sessions alternated so drift hits
-  // both alike. The bound: at most 5% slower.
-  {
+  // Same host through the tensor_router (what user code does): an arena
+  // tensor goes by reference, a heap tensor through UCX (shared memory or
+  // CMA, UCX's choice) or copied into the arena. Modes interleaved in every
+  // round, the order rotated; medians of `rounds`.
+  if (section("samehost")) {
+    router_session session;
+    using mode = router_session::mode;
+    const std::pair<mode, const char*> modes[] = {
+        {mode::arena, "arena tensor (by reference)"}, {mode::heap_ucx, "heap tensor, UCX"},
+        {mode::heap_copy, "heap tensor, copied into the arena"}};
+    for (auto [bytes, count] : {sizes_and_counts{1 << 20, quick ? 50 : 200}, sizes_and_counts{16 << 20, quick ? 10 : 30},
+                                sizes_and_counts{64 << 20, quick ? 4 : 10}}) {
+      std::vector<double> figures[3];
+      int wrong[3] = {0, 0, 0};
+      for (int round = 0; round < rounds; ++round)
+        for (int k = 0; k < 3; ++k) {
+          auto m = static_cast<std::size_t>((k + round) % 3);
+          figures[m].push_back(session.throughput_gbps(modes[m].first, bytes, count, wrong[m]));
+        }
+      auto torch_send = torch_figure(fmt::format("send/default/{}", bytes));
+      for (std::size_t m = 0; m < 3; ++m) {
+        auto sorted = figures[m];
+        std::sort(sorted.begin(), sorted.end());
+        auto note = fmt::format("{}; median of {} interleaved rounds, range {:.2f}-{:.2f}{}", modes[m].second,
+                                rounds, sorted.front(), sorted.back(),
+                                wrong[m] ? fmt::format(", WRONG: {} tensors damaged", wrong[m]) : "");
+        out.add({fmt::format("same host, router, {}, {}", m == 0 ? "arena" : m == 1 ? "heap/ucx" : "heap/copy",
+                             human(bytes)),
+                 "throughput", bench::median(figures[m]), "GB/s", "PyTorch rpc (default, shm)", torch_send, note});
+      }
+      // Which heap path the router should pick at this size (per-round ratio).
+      std::vector<double> copy_over_ucx;
+      for (int round = 0; round < rounds; ++round)
+        copy_over_ucx.push_back(figures[2][static_cast<std::size_t>(round)] / figures[1][static_cast<std::size_t>(round)]);
+      out.note("same host, {}: heap tensor copied into the arena / through UCX = {:.2f} (median of {} rounds)",
+               human(bytes), bench::median(copy_over_ucx), rounds);
+    }
+    auto stats = session.router().stats();
+    out.note("same host: router sent {} by reference ({} copied into the arena, {} fell back to UCX), {} over UCX",
+             stats.arena_sends, stats.arena_copies, stats.arena_fallbacks, stats.data_plane_sends);
+  }
+
+  // Tracing: data-plane throughput with both processes recording (send,
+  // receive and transfer records) or not, toggled inside one session so both
+  // see the same processes and connections; traced and untraced rounds
+  // alternate (order flipped every round) and the figure is the median of
+  // the per-round ratios. The bound: at most 5% slower.
+  if (section("tracing")) {
     auto dir = std::filesystem::temp_directory_path() / fmt::format("troupe-bench-trace-{}", ::getpid());
-    for (auto [bytes, count] : {sizes_and_counts{4 << 10, quick ? 2000 : 10000},
-                                sizes_and_counts{1 << 20, quick ? 100 : 400}}) {
-      std::vector<double> plain, traced;
-      for (int round = 0; round < 4; ++round) {
-        // Alternate which goes first, so neither always runs on a warmer machine.
-        auto measure_plain = [&] { plain.push_back(plane_session("tcp").throughput_gbps(bytes, count)); };
-        auto measure_traced = [&] { traced.push_back(plane_session("tcp", dir.string()).throughput_gbps(bytes, count)); };
+    plane_session session("tcp");
+    int trace_rounds = std::max(rounds, quick ? 7 : 15);
+    for (auto [bytes, count] : {sizes_and_counts{4 << 10, quick ? 2000 : 5000},
+                                sizes_and_counts{1 << 20, quick ? 100 : 200}}) {
+      std::vector<double> plain, traced, ratio;
+      session.throughput_gbps(bytes, count); // warm-up
+      for (int round = 0; round < trace_rounds; ++round) {
+        auto measure_plain = [&] { plain.push_back(session.throughput_gbps(bytes, count)); };
+        auto measure_traced = [&] {
+          session.set_tracing((dir / std::to_string(round)).string());
+          traced.push_back(session.throughput_gbps(bytes, count));
+          session.set_tracing({});
+        };
         if (round % 2) {
           measure_traced();
           measure_plain();
@@ -599,15 +819,23 @@ int parent(int argc, char** argv) {
           measure_plain();
           measure_traced();
         }
+        ratio.push_back(traced.back() / plain.back());
       }
+      auto sorted = ratio;
+      std::sort(sorted.begin(), sorted.end());
+      auto records = trace::stats().records;
       out.add({fmt::format("tracing on, data plane tcp, {}", human(bytes)), "throughput", bench::median(traced),
-               "GB/s", "tracing off", bench::median(plain), "median of 4 alternating sessions"});
+               "GB/s", "tracing off", bench::median(plain),
+               fmt::format("median traced/untraced ratio of {} interleaved round pairs {:.3f} (quartiles {:.3f}-{:.3f}, "
+                           "range {:.3f}-{:.3f}); {} records in the last traced round",
+                           trace_rounds, bench::median(ratio), sorted[sorted.size() / 4], sorted[sorted.size() * 3 / 4],
+                           sorted.front(), sorted.back(), records)});
     }
     std::filesystem::remove_all(dir);
   }
 
   // Mutual TLS: the price of encryption on the tensor path.
-  {
+  if (section("tls")) {
     auto dir = std::filesystem::temp_directory_path() / fmt::format("troupe-bench-certs-{}", ::getpid());
     auto made = std::system(fmt::format("sh {}/scripts/make_test_certs.sh {} >/dev/null 2>&1", TROUPE_SOURCE_DIR,
                                         dir.string()).c_str());

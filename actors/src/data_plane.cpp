@@ -119,6 +119,25 @@ struct goodbye_header {
   std::uint64_t sender_peer;
 };
 
+/// Followed by the arena's name and the Cap'n Proto header frame.
+struct arena_header {
+  std::uint64_t magic;
+  std::uint64_t offset;
+  std::uint64_t length;
+  std::uint32_t name_bytes;
+  std::uint32_t header_bytes;
+};
+
+/// Followed by the arena's name.
+struct release_header {
+  std::uint64_t magic;
+  std::uint64_t token;
+  std::uint64_t offset;
+  std::uint64_t length;
+  std::uint32_t name_bytes;
+  std::uint32_t reserved;
+};
+
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
 
 } // namespace
@@ -161,6 +180,10 @@ public:
     completion_callback done;
     std::int64_t start_ns = 0; // trace: when send() took it
     std::uint64_t flow = 0;
+    // An arena frame (send_by_reference) instead of header + payload.
+    unsigned am_id = data_plane_wire::data_am;
+    std::vector<std::byte> frame;
+    std::size_t trace_bytes = 0; // the tensor's bytes, for the trace
   };
 
   /// A small control AM (hello, ack, goodbye) whose header must outlive the
@@ -267,7 +290,9 @@ public:
         (s = handler(data_plane_wire::data_am, &impl::on_data_am, UCP_AM_FLAG_PERSISTENT_DATA)) !=
             UCS_OK ||
         (s = handler(data_plane_wire::ack_am, &impl::on_ack_am, 0)) != UCS_OK ||
-        (s = handler(data_plane_wire::goodbye_am, &impl::on_goodbye_am, 0)) != UCS_OK)
+        (s = handler(data_plane_wire::goodbye_am, &impl::on_goodbye_am, 0)) != UCS_OK ||
+        (s = handler(data_plane_wire::arena_am, &impl::on_arena_am, 0)) != UCS_OK ||
+        (s = handler(data_plane_wire::release_am, &impl::on_release_am, 0)) != UCS_OK)
       return make_error(errc::io_error, "data plane: ucp_worker_set_am_recv_handler: {}",
                         status_text(s));
 
@@ -331,7 +356,69 @@ public:
                         op->encoded.payload().size(), to, options_.max_message_bytes);
     op->credit_bytes = op->encoded.size();
     op->rendezvous = op->encoded.payload().size() >= options_.rendezvous_threshold;
+    op->trace_bytes = op->encoded.payload().size();
     op->done = std::move(done);
+    return enqueue(std::move(op));
+  }
+
+  expected<void> send_by_reference(peer_id to, tensor_message message, const arena_ref& region,
+                                   completion_callback done) {
+    if (!message.value.defined() || message.value.where().kind != device_kind::cpu)
+      return make_error(errc::invalid_argument,
+                        "data plane: send to peer {} needs a defined CPU tensor", to);
+    if (region.arena.empty() || region.arena.size() > data_plane_wire::max_arena_name_bytes ||
+        region.length != message.value.nbytes())
+      return make_error(errc::invalid_argument,
+                        "data plane: arena region '{}' ({} bytes) does not describe a {} byte tensor",
+                        region.arena, region.length, message.value.nbytes());
+    auto op = std::make_unique<send_op>();
+    op->owner = this;
+    op->to = to;
+    op->start_ns = trace::now_ns();
+    op->flow = message.flow_id;
+    op->am_id = data_plane_wire::arena_am;
+    op->trace_bytes = message.value.nbytes();
+    auto meta = std::move(message.meta);
+    meta.token = options_.token;
+    meta.flow_id = message.flow_id;
+    auto encoded = encode(meta, message.value);
+    auto header = encoded.header_bytes();
+    if (header.size() > data_plane_wire::max_arena_header_bytes)
+      return make_error(errc::size_limit_exceeded, "data plane: arena frame header of {} bytes",
+                        header.size());
+    arena_header h{data_plane_wire::magic, region.offset, region.length,
+                   static_cast<std::uint32_t>(region.arena.size()),
+                   static_cast<std::uint32_t>(header.size())};
+    op->frame.resize(sizeof h + region.arena.size() + header.size());
+    std::memcpy(op->frame.data(), &h, sizeof h);
+    std::memcpy(op->frame.data() + sizeof h, region.arena.data(), region.arena.size());
+    std::memcpy(op->frame.data() + sizeof h + region.arena.size(), header.data(), header.size());
+    op->credit_bytes = op->frame.size();
+    op->done = std::move(done);
+    return enqueue(std::move(op));
+  }
+
+  void send_release(peer_id to, const arena_ref& region) {
+    if (region.arena.empty() || region.arena.size() > data_plane_wire::max_arena_name_bytes)
+      return;
+    release_header h{data_plane_wire::magic, options_.token, region.offset, region.length,
+                     static_cast<std::uint32_t>(region.arena.size()), 0};
+    std::vector<std::byte> header(sizeof h + region.arena.size());
+    std::memcpy(header.data(), &h, sizeof h);
+    std::memcpy(header.data() + sizeof h, region.arena.data(), region.arena.size());
+    {
+      std::lock_guard guard(mutex_);
+      if (closing_)
+        return;
+      // Not bounded like sends: each release answers a handoff this node
+      // accepted, so there are never more than the handoffs received.
+      releases_out_.emplace_back(to, std::move(header));
+    }
+    wake();
+  }
+
+  expected<void> enqueue(std::unique_ptr<send_op> op) {
+    auto to = op->to;
     {
       std::lock_guard guard(mutex_);
       if (closing_)
@@ -508,8 +595,26 @@ private:
       ucp_am_data_release(worker_, data);
     for (auto& command : commands)
       command();
+    send_releases();
     pump_all();
     return !closing;
+  }
+
+  /// Sends the release messages other threads queued (send_release).
+  void send_releases() {
+    std::vector<std::pair<peer_id, std::vector<std::byte>>> out;
+    {
+      std::lock_guard guard(mutex_);
+      out.swap(releases_out_);
+    }
+    for (auto& [to, header] : out) {
+      auto* p = find_locked(to);
+      if (!p || p->closed || !p->ep())
+        continue; // the owner is gone; its arena went with it
+      send_control(p->ep(), data_plane_wire::release_am, std::move(header));
+      std::lock_guard guard(mutex_);
+      ++stats_.releases_sent;
+    }
   }
 
   /// Moves queued sends into UCX while each peer's window has room.
@@ -541,7 +646,8 @@ private:
 
   void post_send(std::unique_ptr<send_op> op) {
     auto* p = find_locked(op->to);
-    auto header = op->encoded.header_bytes();
+    auto header = op->am_id == data_plane_wire::arena_am ? std::span<const std::byte>(op->frame)
+                                                         : op->encoded.header_bytes();
     auto payload = op->encoded.payload();
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -553,7 +659,9 @@ private:
       param.flags |= UCP_AM_SEND_FLAG_RNDV;
     param.cb.send = &impl::on_send_done;
     param.user_data = op.get();
-    auto* request = ucp_am_send_nbx(p->ep(), data_plane_wire::data_am, header.data(),
+    if (op->am_id == data_plane_wire::arena_am)
+      param.flags |= UCP_AM_SEND_FLAG_EAGER;
+    auto* request = ucp_am_send_nbx(p->ep(), op->am_id, header.data(),
                                     header.size(), payload.empty() ? nullptr : payload.data(),
                                     payload.size(), &param);
     if (request == nullptr) {
@@ -587,7 +695,9 @@ private:
       if (status == UCS_OK) {
         ++stats_.messages_sent;
         stats_.bytes_sent += op->encoded.payload().size();
-        trace::data_write(trace_self_, p ? p->trace_name : trace::name_id{}, op->encoded.payload().size(),
+        if (op->am_id == data_plane_wire::arena_am)
+          ++stats_.arena_handoffs_sent;
+        trace::data_write(trace_self_, p ? p->trace_name : trace::name_id{}, op->trace_bytes,
                           op->flow, op->start_ns);
       } else {
         ++stats_.send_failures;
@@ -762,6 +872,118 @@ private:
       self->sends_waiting_ = true;
     }
     self->pump_all();
+    return UCS_OK;
+  }
+
+  /// A tensor handed over by reference: every size in the frame is checked
+  /// against the frame before anything is read, then the Cap'n Proto header
+  /// and the token like a data frame; the region itself is on_arena's to
+  /// validate against the mapping (arena_mapper::open).
+  static ucs_status_t on_arena_am(void* arg, const void* header, std::size_t header_length,
+                                  void*, std::size_t length, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<impl*>(arg);
+    auto* from = self->sender_of(param);
+    auto credit_bytes = header_length + length;
+    auto reject = [&](std::uint64_t& counter, std::string reason) {
+      self->drop(param, counter, "arena frame: " + std::move(reason));
+      self->send_ack(from, credit_bytes);
+      return UCS_OK;
+    };
+    arena_header h{};
+    if (header_length < sizeof h)
+      return reject(self->stats_.dropped_malformed,
+                    fmt::format("is {} bytes but must be at least {}", header_length, sizeof h));
+    std::memcpy(&h, header, sizeof h);
+    if (h.magic != data_plane_wire::magic || length != 0 || h.name_bytes == 0 ||
+        h.name_bytes > data_plane_wire::max_arena_name_bytes || h.header_bytes == 0 ||
+        h.header_bytes > data_plane_wire::max_arena_header_bytes ||
+        std::uint64_t{h.name_bytes} + h.header_bytes != header_length - sizeof h)
+      return reject(self->stats_.dropped_malformed,
+                    fmt::format("malformed (magic {:#x}, name {} bytes in [1, {}], header {} bytes "
+                                "in [1, {}], frame {} bytes, data {} bytes)",
+                                h.magic, h.name_bytes, data_plane_wire::max_arena_name_bytes,
+                                h.header_bytes, data_plane_wire::max_arena_header_bytes,
+                                header_length, length));
+    auto* bytes = static_cast<const std::byte*>(header);
+    arena_handoff handoff;
+    handoff.region.arena.assign(reinterpret_cast<const char*>(bytes + sizeof h), h.name_bytes);
+    handoff.region.offset = h.offset;
+    handoff.region.length = h.length;
+    handoff.header.assign(bytes + sizeof h + h.name_bytes, bytes + header_length);
+    auto parsed = decode_header(handoff.header, self->decode_options_);
+    if (!parsed) {
+      auto& counter = parsed.error().code() == errc::size_limit_exceeded
+                          ? self->stats_.dropped_oversized
+                          : self->stats_.dropped_malformed;
+      return reject(counter, parsed.error().to_string());
+    }
+    if (parsed->meta.token != self->options_.token)
+      return reject(self->stats_.dropped_bad_token, parsed->meta.token == 0
+                                                        ? "frame carries no job token"
+                                                        : "frame carries a wrong job token");
+    if (parsed->byte_count != h.length)
+      return reject(self->stats_.dropped_malformed,
+                    fmt::format("region is {} bytes but the header's byteCount is {}", h.length,
+                                parsed->byte_count));
+    if (!from)
+      return reject(self->stats_.dropped_unknown_peer, "the endpoint never said hello");
+    if (!self->options_.on_arena)
+      return reject(self->stats_.dropped_malformed, "this node accepts no handoffs by reference");
+    {
+      std::lock_guard guard(self->mutex_);
+      ++self->stats_.arena_handoffs_received;
+    }
+    trace::data_read(self->trace_self_, from->trace_name, h.length, parsed->meta.flow_id,
+                     trace::now_ns());
+    try {
+      self->options_.on_arena(from->id, std::move(handoff));
+    } catch (const std::exception& e) {
+      self->log("the arena handler threw on a handoff from '{}': {}", from->name, e.what());
+    }
+    self->send_ack(from, credit_bytes);
+    return UCS_OK;
+  }
+
+  static ucs_status_t on_release_am(void* arg, const void* header, std::size_t header_length,
+                                    void*, std::size_t, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<impl*>(arg);
+    release_header r{};
+    if (header_length < sizeof r) {
+      self->drop(param, self->stats_.dropped_malformed, "release is too short");
+      return UCS_OK;
+    }
+    std::memcpy(&r, header, sizeof r);
+    if (r.magic != data_plane_wire::magic || r.name_bytes == 0 ||
+        r.name_bytes > data_plane_wire::max_arena_name_bytes ||
+        r.name_bytes != header_length - sizeof r) {
+      self->drop(param, self->stats_.dropped_malformed,
+                 fmt::format("release is malformed (magic {:#x}, name of {} bytes in {})", r.magic,
+                             r.name_bytes, header_length));
+      return UCS_OK;
+    }
+    if (r.token != self->options_.token) {
+      self->drop(param, self->stats_.dropped_bad_token,
+                 r.token == 0 ? "release carries no job token" : "release carries a wrong job token");
+      return UCS_OK;
+    }
+    auto* from = self->sender_of(param);
+    if (!from) {
+      self->drop(param, self->stats_.dropped_unknown_peer, "release: the endpoint never said hello");
+      return UCS_OK;
+    }
+    arena_ref region{std::string(static_cast<const char*>(header) + sizeof r, r.name_bytes),
+                     r.offset, r.length};
+    {
+      std::lock_guard guard(self->mutex_);
+      ++self->stats_.releases_received;
+    }
+    if (self->options_.on_release) {
+      try {
+        self->options_.on_release(from->id, region);
+      } catch (const std::exception& e) {
+        self->log("the release handler threw on a release from '{}': {}", from->name, e.what());
+      }
+    }
     return UCS_OK;
   }
 
@@ -1136,6 +1358,7 @@ private:
   mutable std::mutex mutex_; // peers_ (the list and each queue), commands_, stats_
   std::vector<std::unique_ptr<peer>> peers_;
   std::vector<std::function<void()>> commands_;
+  std::vector<std::pair<peer_id, std::vector<std::byte>>> releases_out_; // release headers to send
   data_plane_stats stats_;
   bool sends_waiting_ = false;
   bool closing_ = false;
@@ -1181,6 +1404,15 @@ std::string data_plane::peer_name(peer_id peer) const { return impl_->peer_name(
 
 expected<void> data_plane::send(peer_id peer, tensor_message message, completion_callback done) {
   return impl_->send(peer, std::move(message), std::move(done));
+}
+
+expected<void> data_plane::send_by_reference(peer_id peer, tensor_message message,
+                                             const arena_ref& region, completion_callback done) {
+  return impl_->send_by_reference(peer, std::move(message), region, std::move(done));
+}
+
+void data_plane::send_release(peer_id peer, const arena_ref& region) {
+  impl_->send_release(peer, region);
 }
 
 void data_plane::disconnect(peer_id peer) { impl_->disconnect(peer); }

@@ -249,6 +249,15 @@ expected<arena_handoff> shared_arena::share(const message_meta& meta, const tens
   return arena_handoff{std::move(*ref), std::vector<std::byte>(header.begin(), header.end())};
 }
 
+expected<arena_ref> shared_arena::share_region(const tensor& value) { return state_->share(value); }
+
+bool shared_arena::contains(const tensor& value) const noexcept {
+  if (!value.defined() || value.where().kind != device_kind::cpu)
+    return false;
+  auto* data = static_cast<const std::byte*>(value.raw_data());
+  return data >= state_->base_ && data < state_->base_ + state_->capacity_;
+}
+
 expected<void> shared_arena::release(const arena_ref& region) { return state_->release(region); }
 
 const std::string& shared_arena::name() const noexcept { return state_->name_; }
@@ -354,6 +363,52 @@ expected<tensor_message> arena_mapper::open(const arena_handoff& handoff) {
   out.flow_id = out.meta.flow_id;
   out.value = std::move(decoded->value);
   return out;
+}
+
+// -- loans -----------------------------------------------------------------------
+
+void arena_loans::lend(const std::string& peer, const arena_ref& region) {
+  std::lock_guard guard(mutex_);
+  ++loans_[peer][key{region.arena, region.offset, region.length}];
+}
+
+expected<void> arena_loans::give_back(const std::string& peer, const arena_ref& region) {
+  std::lock_guard guard(mutex_);
+  auto by_peer = loans_.find(peer);
+  if (by_peer != loans_.end()) {
+    if (auto it = by_peer->second.find(key{region.arena, region.offset, region.length});
+        it != by_peer->second.end()) {
+      if (--it->second == 0)
+        by_peer->second.erase(it);
+      return {};
+    }
+  }
+  return make_error(errc::invalid_argument,
+                    "release from '{}' of region (arena '{}', offset {}, {} bytes) that was not lent to it",
+                    peer, region.arena, region.offset, region.length);
+}
+
+std::vector<arena_ref> arena_loans::take_all(const std::string& peer) {
+  std::vector<arena_ref> out;
+  std::lock_guard guard(mutex_);
+  auto by_peer = loans_.find(peer);
+  if (by_peer == loans_.end())
+    return out;
+  for (auto& [k, count] : by_peer->second)
+    for (std::uint32_t i = 0; i < count; ++i)
+      out.push_back(arena_ref{k.arena, k.offset, k.length});
+  loans_.erase(by_peer);
+  return out;
+}
+
+std::size_t arena_loans::outstanding(const std::string& peer) const {
+  std::lock_guard guard(mutex_);
+  std::size_t n = 0;
+  for (auto& [name, regions] : loans_)
+    if (peer.empty() || name == peer)
+      for (auto& [k, count] : regions)
+        n += count;
+  return n;
 }
 
 } // namespace troupe::actors

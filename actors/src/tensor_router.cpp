@@ -1,7 +1,13 @@
 #include "troupe/actors/tensor_router.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
+#include <atomic>
+#include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <set>
 
@@ -14,6 +20,26 @@
 namespace troupe::actors {
 
 using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::string_view host_line_prefix = "troupe-host ";
+
+/// Processes with the same key can map each other's arenas: the same kernel
+/// boot (boot_id) and the same /dev/shm (device and inode, so a separate
+/// mount namespace with its own /dev/shm differs).
+std::string this_host_key() {
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  struct stat info {};
+  if (boot.empty() || ::stat("/dev/shm", &info) != 0)
+    return {};
+  return fmt::format("{}:{:x}:{:x}", boot, static_cast<unsigned long long>(info.st_dev),
+                     static_cast<unsigned long long>(info.st_ino));
+}
+
+} // namespace
 
 struct tensor_router::impl {
   struct queued {
@@ -35,7 +61,102 @@ struct tensor_router::impl {
   std::map<std::string, std::size_t> in_flight;    // node -> TLS sends awaiting the peer's ok
   std::map<std::string, std::string> lost;         // node -> why
   std::map<std::string, trace::name_id> trace_names;
+  std::set<std::string> same_host;                 // connected nodes on this host
+  std::map<std::string, peer_id> arena_owners;     // arena name -> the peer that handed it out
   tensor_router_stats stats;
+
+  // Same-host tensors by reference (null without an arena).
+  std::unique_ptr<shared_arena> arena;
+  std::unique_ptr<arena_mapper> mapper;
+  arena_loans loans;
+  std::atomic<std::size_t> copy_min{SIZE_MAX};
+  std::atomic<std::uint64_t> arena_sends{0}, arena_copies{0}, arena_fallbacks{0}, arena_receives{0},
+      arena_refused{0};
+
+  template <class... Ts> void log(fmt::format_string<Ts...> format, Ts&&... args) {
+    fmt::print(stderr, "troupe router [{}]: {}\n", options.node_name,
+               fmt::format(format, std::forward<Ts>(args)...));
+  }
+
+  /// A send to a connected node: by reference when the node is on this host
+  /// and the tensor lies in (or is worth copying into) the arena, through
+  /// UCX otherwise. May run with `mutex` held: touches only the arena, the
+  /// loans and atomics.
+  expected<void> send_connected(const std::string& node, peer_id id, bool on_this_host,
+                                tensor_message message, completion_callback done) {
+    if (on_this_host && arena && message.value.defined() &&
+        message.value.where().kind == device_kind::cpu && message.value.is_contiguous()) {
+      auto value = message.value;
+      bool by_reference = arena->contains(value);
+      if (!by_reference && value.nbytes() > 0 && value.nbytes() >= copy_min.load(std::memory_order_relaxed)) {
+        if (auto copy = arena->allocate(value.shape(), value.type())) {
+          std::memcpy(copy->raw_data(), value.raw_data(), value.nbytes());
+          value = std::move(*copy);
+          by_reference = true;
+          ++arena_copies;
+        } else {
+          ++arena_fallbacks; // no room: UCX instead, never wait for a release
+        }
+      }
+      if (by_reference) {
+        if (auto region = arena->share_region(value)) {
+          loans.lend(node, *region);
+          message.value = std::move(value);
+          auto on_done = [this, node, region = *region, done = std::move(done)](expected<void> result) {
+            if (!result) // never reached the node: nobody will release it
+              end_loan(node, region);
+            if (done)
+              done(std::move(result));
+          };
+          auto ok = plane->send_by_reference(id, std::move(message), *region, std::move(on_done));
+          if (!ok)
+            end_loan(node, *region);
+          else
+            ++arena_sends;
+          return ok;
+        }
+        // Not the start of an arena region (a view into one): a copy through UCX.
+      }
+    }
+    return plane->send(id, std::move(message), std::move(done));
+  }
+
+  void end_loan(const std::string& node, const arena_ref& region) {
+    if (loans.give_back(node, region))
+      (void)arena->release(region);
+  }
+
+  /// A handoff from a same-host node (data plane thread): map, deliver; a
+  /// region that cannot be opened is released at once so its owner can
+  /// reuse it (the owner ignores it if it never lent it).
+  void on_arena(tensor_router& self, peer_id from, arena_handoff&& handoff) {
+    auto opened = mapper->open(handoff);
+    if (!opened) {
+      ++arena_refused;
+      log("dropped a tensor handed over by node {}: {}", plane->peer_name(from), opened.error().to_string());
+      plane->send_release(from, handoff.region);
+      return;
+    }
+    {
+      std::lock_guard guard(mutex);
+      arena_owners[handoff.region.arena] = from;
+    }
+    ++arena_receives;
+    opened->meta.token = 0; // the job's secret stays in the data plane
+    self.deliver(std::move(*opened));
+  }
+
+  /// A release from `from` (data plane thread): only for a region lent to it.
+  void on_release(peer_id from, const arena_ref& region) {
+    auto node = plane->peer_name(from);
+    if (auto ok = loans.give_back(node, region); !ok) {
+      ++arena_refused;
+      log("refused a release: {}", ok.error().message());
+      return;
+    }
+    if (auto ok = arena->release(region); !ok)
+      log("release from node {}: {}", node, ok.error().message());
+  }
   // Owned by the router's actor thread.
   std::set<std::string> resolving;
   std::map<std::string, caf::timestamp> resolve_deadline;
@@ -109,9 +230,18 @@ struct tensor_router::impl {
     }
     self->request(options.registry, options.request_timeout, data_address_atom_v, node)
       .then(
-        [this, self, node](const std::string& address) {
+        [this, self, node](const std::string& published) {
           resolving.erase(node);
           resolve_deadline.erase(node);
+          // "troupe-host <key>\n" then the UCX worker address.
+          std::string_view address(published), host;
+          if (address.starts_with(host_line_prefix)) {
+            auto end = address.find('\n');
+            if (end != std::string_view::npos) {
+              host = address.substr(host_line_prefix.size(), end - host_line_prefix.size());
+              address.remove_prefix(end + 1);
+            }
+          }
           auto id = plane->connect(node, std::as_bytes(std::span(address.data(), address.size())));
           if (!id) {
             std::deque<queued> failed;
@@ -127,6 +257,8 @@ struct tensor_router::impl {
             if (lost.count(node))
               return;
             connected[node] = *id;
+            if (arena && !host.empty() && host == options.host_key)
+              same_host.insert(node);
           }
           route(self, node);
         },
@@ -145,9 +277,10 @@ struct tensor_router::impl {
     refusals refused;
     if (!options.encrypted) {
       auto id = connected[node];
+      bool on_this_host = same_host.count(node) != 0;
       for (auto& q : sends) {
         auto done = q.done;
-        if (auto ok = plane->send(id, std::move(q.message), std::move(q.done)); !ok) {
+        if (auto ok = send_connected(node, id, on_this_host, std::move(q.message), std::move(q.done)); !ok) {
           ++stats.refused;
           if (done)
             refused.emplace_back(std::move(done),
@@ -268,6 +401,42 @@ expected<std::shared_ptr<tensor_router>> tensor_router::start(caf::actor_system&
       if (auto r = weak.lock())
         r->deliver(std::move(message));
     };
+    if (raw->options.arena_bytes > 0) {
+      if (raw->options.host_key.empty())
+        raw->options.host_key = this_host_key();
+      // Unique per process: two jobs (or tests) on one host may use the same node names.
+      auto arena = shared_arena::create(
+          shared_arena::name_for(fmt::format("{:x}-{}", raw->options.data_plane.token & 0xffffffu, ::getpid()),
+                                 raw->options.node_name),
+          raw->options.arena_bytes);
+      if (!arena)
+        return troupe::error(arena.error().code(), fmt::format("node {}: shared arena: {}",
+                                                               raw->options.node_name, arena.error().message()));
+      raw->arena = std::move(*arena);
+      raw->copy_min = raw->options.copy_into_arena_min_bytes;
+      // Runs in whatever thread drops the last view of a received tensor.
+      raw->mapper = std::make_unique<arena_mapper>([weak](const arena_ref& region) {
+        auto r = weak.lock();
+        if (!r || !r->impl_->plane)
+          return; // this node stopped: its peers take their loans back when it is lost
+        peer_id owner = 0;
+        {
+          std::lock_guard guard(r->impl_->mutex);
+          if (auto it = r->impl_->arena_owners.find(region.arena); it != r->impl_->arena_owners.end())
+            owner = it->second;
+        }
+        if (owner != 0)
+          r->impl_->plane->send_release(owner, region);
+      });
+      dp.on_arena = [weak](peer_id from, arena_handoff&& handoff) {
+        if (auto r = weak.lock())
+          r->impl_->on_arena(*r, from, std::move(handoff));
+      };
+      dp.on_release = [weak](peer_id from, const arena_ref& region) {
+        if (auto r = weak.lock())
+          r->impl_->on_release(from, region);
+      };
+    }
     auto plane = data_plane::start(std::move(dp));
     if (!plane)
       return troupe::error(plane.error().code(),
@@ -323,9 +492,10 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
   if (!st.options.encrypted) {
     if (auto it = st.connected.find(to.node); it != st.connected.end()) {
       auto id = it->second;
+      bool on_this_host = st.same_host.count(to.node) != 0;
       guard.unlock();
       auto destination = message.meta.destination;
-      auto ok = st.plane->send(id, std::move(message), std::move(done));
+      auto ok = st.send_connected(to.node, id, on_this_host, std::move(message), std::move(done));
       guard.lock();
       if (!ok) {
         ++st.stats.refused;
@@ -384,9 +554,14 @@ void tensor_router::on_peer_lost(const peer_lost& event) {
     std::lock_guard guard(st.mutex);
     st.lost[event.node] = event.reason.empty() ? "connection lost" : event.reason;
     st.connected.erase(event.node);
+    st.same_host.erase(event.node);
     st.agents.erase(event.node);
     failed.swap(st.waiting[event.node]);
   }
+  // What the lost node held of our arena: nobody will release it now.
+  if (st.arena)
+    for (auto& region : st.loans.take_all(event.node))
+      (void)st.arena->release(region);
   // Fails its queued data-plane sends and force-closes the endpoint (UCX's
   // error mode NONE would not notice by itself, data_plane.cpp).
   if (st.plane)
@@ -400,14 +575,35 @@ std::string tensor_router::data_plane_address() const {
   if (!impl_->plane)
     return {};
   auto bytes = impl_->plane->address();
-  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  auto out = fmt::format("{}{}\n", host_line_prefix, impl_->arena ? impl_->options.host_key : std::string());
+  out.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  return out;
 }
+
+expected<tensor> tensor_router::arena_tensor(const dims& shape, dtype type) {
+  if (!impl_->arena)
+    return make_error(errc::invalid_argument, "node {} has no shared arena (TLS on, or arena_bytes = 0)",
+                      impl_->options.node_name);
+  return impl_->arena->allocate(shape, type);
+}
+
+shared_arena* tensor_router::arena() { return impl_->arena.get(); }
+
+void tensor_router::set_copy_into_arena_min_bytes(std::size_t bytes) { impl_->copy_min = bytes; }
+
+std::size_t tensor_router::arena_loans_outstanding() const { return impl_->loans.outstanding(); }
 
 data_plane* tensor_router::plane() { return impl_->plane.get(); }
 
 tensor_router_stats tensor_router::stats() const {
   std::lock_guard guard(impl_->mutex);
-  return impl_->stats;
+  auto out = impl_->stats;
+  out.arena_sends = impl_->arena_sends;
+  out.arena_copies = impl_->arena_copies;
+  out.arena_fallbacks = impl_->arena_fallbacks;
+  out.arena_receives = impl_->arena_receives;
+  out.arena_refused = impl_->arena_refused;
+  return out;
 }
 
 caf::actor tensor_router::actor() const {

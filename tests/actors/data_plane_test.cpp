@@ -235,44 +235,52 @@ int child_credits() {
   return 0;
 }
 
-/// A raw UCP peer that injects bad frames, then a good one.
-int child_injector() {
-  ucp_config_t* config = nullptr;
-  ucp_config_read(nullptr, nullptr, &config);
-  ucp_config_modify(config, "TLS", env_or("TROUPE_DP_TLS").c_str());
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM;
-  ucp_context_h context = nullptr;
-  if (ucp_init(&params, config, &context) != UCS_OK)
-    return 10;
-  ucp_config_release(config);
-  ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-  ucp_worker_h worker = nullptr;
-  if (ucp_worker_create(context, &wp, &worker) != UCS_OK)
-    return 11;
-  // The data plane acks what it receives; a worker without a handler for
-  // an AM id that carries a reply endpoint crashes inside UCX 1.13.
-  ucp_am_handler_param_t ack{};
-  ack.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
-  ack.id = data_plane_wire::ack_am;
-  ack.cb = [](void*, const void*, std::size_t, void*, std::size_t, const ucp_am_recv_param_t*) {
-    return UCS_OK;
-  };
-  ucp_worker_set_am_recv_handler(worker, &ack);
-  auto address = from_hex(env_or("TROUPE_DP_ADDRESS"));
-  auto connect = [&] {
+/// A bare UCP worker that speaks the data plane's wire by hand, to inject
+/// frames the data plane itself would never send.
+class raw_peer {
+public:
+  raw_peer() {
+    ucp_config_t* config = nullptr;
+    ucp_config_read(nullptr, nullptr, &config);
+    ucp_config_modify(config, "TLS", env_or("TROUPE_DP_TLS").c_str());
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    auto ok = ucp_init(&params, config, &context_) == UCS_OK;
+    ucp_config_release(config);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (!ok || ucp_worker_create(context_, &wp, &worker_) != UCS_OK) {
+      worker_ = nullptr;
+      return;
+    }
+    // The data plane acks what it receives; a worker without a handler for
+    // an AM id that carries a reply endpoint crashes inside UCX 1.13.
+    ucp_am_handler_param_t ack{};
+    ack.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    ack.id = data_plane_wire::ack_am;
+    ack.cb = [](void*, const void*, std::size_t, void*, std::size_t, const ucp_am_recv_param_t*) {
+      return UCS_OK;
+    };
+    ucp_worker_set_am_recv_handler(worker_, &ack);
+  }
+  bool ok() const { return worker_ != nullptr; }
+
+  /// An endpoint to the parent (TROUPE_DP_ADDRESS).
+  ucp_ep_h connect() {
+    auto address = from_hex(env_or("TROUPE_DP_ADDRESS"));
     ucp_ep_params_t ep_params{};
     ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     ep_params.address = reinterpret_cast<const ucp_address_t*>(address.data());
     ucp_ep_h ep = nullptr;
-    ucp_ep_create(worker, &ep_params, &ep);
+    ucp_ep_create(worker_, &ep_params, &ep);
     return ep;
-  };
-  auto send = [&](ucp_ep_h ep, unsigned id, std::span<const std::byte> header,
-                  std::span<const std::byte> payload, std::uint32_t flags) {
+  }
+
+  /// Sends one AM and waits (bounded) until UCX is done with it.
+  void send(ucp_ep_h ep, unsigned id, std::span<const std::byte> header,
+            std::span<const std::byte> payload = {}, std::uint32_t flags = UCP_AM_SEND_FLAG_EAGER) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = flags | UCP_AM_SEND_FLAG_REPLY;
@@ -282,9 +290,46 @@ int child_injector() {
       auto deadline = std::chrono::steady_clock::now() + 5s;
       while (ucp_request_check_status(request) == UCS_INPROGRESS &&
              std::chrono::steady_clock::now() < deadline)
-        ucp_worker_progress(worker);
+        ucp_worker_progress(worker_);
       ucp_request_free(request);
     }
+  }
+
+  /// A hello with the right token, as the data plane itself sends it.
+  void hello(ucp_ep_h ep, const std::string& name) {
+    struct {
+      std::uint64_t magic, token, sender_peer;
+      std::uint32_t name_bytes, reserved;
+    } h{data_plane_wire::magic, job_token, 1, static_cast<std::uint32_t>(name.size()), 0};
+    std::vector<std::byte> bytes(sizeof h + name.size());
+    std::memcpy(bytes.data(), &h, sizeof h);
+    std::memcpy(bytes.data() + sizeof h, name.data(), name.size());
+    send(ep, data_plane_wire::hello_am, bytes);
+  }
+
+  /// Keeps the endpoints alive until the parent has looked and kills us.
+  void linger(std::chrono::seconds limit) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker_);
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+
+private:
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+};
+
+/// A raw UCP peer that injects bad frames, then a good one.
+int child_injector() {
+  raw_peer peer;
+  if (!peer.ok())
+    return 10;
+  auto connect = [&] { return peer.connect(); };
+  auto send = [&](ucp_ep_h ep, unsigned id, std::span<const std::byte> header,
+                  std::span<const std::byte> payload, std::uint32_t flags) {
+    peer.send(ep, id, header, payload, flags);
   };
   auto frame = [](std::uint64_t token, std::size_t bytes) {
     message_meta meta;
@@ -293,16 +338,7 @@ int child_injector() {
     return encode(meta, patterned(bytes, 3));
   };
   auto ep = connect();
-  // A hello with the right token, as the data plane itself sends it.
-  std::string name = "injector";
-  struct {
-    std::uint64_t magic, token, sender_peer;
-    std::uint32_t name_bytes, reserved;
-  } hello{data_plane_wire::magic, job_token, 1, static_cast<std::uint32_t>(name.size()), 0};
-  std::vector<std::byte> hello_bytes(sizeof hello + name.size());
-  std::memcpy(hello_bytes.data(), &hello, sizeof hello);
-  std::memcpy(hello_bytes.data() + sizeof hello, name.data(), name.size());
-  send(ep, data_plane_wire::hello_am, hello_bytes, {}, UCP_AM_SEND_FLAG_EAGER);
+  peer.hello(ep, "injector");
   // 1. Garbage where the Cap'n Proto header frame should be.
   std::vector<std::byte> garbage(64, std::byte{0xff});
   send(ep, data_plane_wire::data_am, garbage, {}, 0);
@@ -323,12 +359,85 @@ int child_injector() {
   send(stranger, data_plane_wire::data_am, good.header_bytes(), good.payload(), 0);
   // 7. Finally a good frame, which must be delivered.
   send(ep, data_plane_wire::data_am, good.header_bytes(), good.payload(), 0);
-  // Keep the endpoints alive until the parent has looked and kills us.
-  auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    ucp_worker_progress(worker);
-    std::this_thread::sleep_for(1ms);
-  }
+  peer.linger(20s);
+  return 0;
+}
+
+/// A raw UCP peer that injects malformed arena frames and release frames,
+/// then one good frame of each.
+int child_arena_injector() {
+  raw_peer peer;
+  if (!peer.ok())
+    return 10;
+  auto ep = peer.connect();
+  peer.hello(ep, "injector");
+  auto send = [&](unsigned id, std::span<const std::byte> header, std::span<const std::byte> payload = {}) {
+    peer.send(ep, id, header, payload);
+  };
+
+  // Arena frame: magic, offset, length, name bytes, header bytes; name; header.
+  struct arena_fields {
+    std::uint64_t magic = data_plane_wire::magic, offset = 128, length = 4096;
+    std::uint32_t name_bytes = 0, header_bytes = 0;
+  };
+  const std::string arena = "/troupe-test-arena";
+  auto arena_frame = [&](std::uint64_t token, std::size_t tensor_bytes, auto change) {
+    message_meta meta;
+    meta.destination = "sink";
+    meta.token = token;
+    auto encoded = encode(meta, patterned(tensor_bytes, 5));
+    auto header = encoded.header_bytes();
+    arena_fields f;
+    f.name_bytes = static_cast<std::uint32_t>(arena.size());
+    f.header_bytes = static_cast<std::uint32_t>(header.size());
+    change(f);
+    std::vector<std::byte> out(sizeof f + arena.size() + header.size());
+    std::memcpy(out.data(), &f, sizeof f);
+    std::memcpy(out.data() + sizeof f, arena.data(), arena.size());
+    std::memcpy(out.data() + sizeof f + arena.size(), header.data(), header.size());
+    return out;
+  };
+  auto unchanged = [](arena_fields&) {};
+  // 1. Shorter than its fixed part.
+  auto good = arena_frame(job_token, 4096, unchanged);
+  send(data_plane_wire::arena_am, std::span(good).first(20));
+  // 2. A name longer than any arena name may be.
+  send(data_plane_wire::arena_am, arena_frame(job_token, 4096, [](arena_fields& f) { f.name_bytes = 100000; }));
+  // 3. Sizes that do not add up to the frame.
+  send(data_plane_wire::arena_am, arena_frame(job_token, 4096, [](arena_fields& f) { f.header_bytes += 8; }));
+  // 4. A wrong magic.
+  send(data_plane_wire::arena_am, arena_frame(job_token, 4096, [](arena_fields& f) { f.magic = 1; }));
+  // 5. No token.
+  send(data_plane_wire::arena_am, arena_frame(0, 4096, unchanged));
+  // 6. A region length that disagrees with the header's byteCount.
+  send(data_plane_wire::arena_am, arena_frame(job_token, 4096, [](arena_fields& f) { f.length = 1 << 30; }));
+  // 7. Payload bytes attached to an arena frame (it carries none).
+  auto extra = patterned(64, 1);
+  send(data_plane_wire::arena_am, good,
+       std::span(static_cast<const std::byte*>(extra.raw_data()), extra.nbytes()));
+  // Release frame: magic, token, offset, length, name bytes, reserved; name.
+  struct release_fields {
+    std::uint64_t magic = data_plane_wire::magic, token = job_token, offset = 128, length = 4096;
+    std::uint32_t name_bytes = 0, reserved = 0;
+  };
+  auto release_frame = [&](auto change) {
+    release_fields f;
+    f.name_bytes = static_cast<std::uint32_t>(arena.size());
+    change(f);
+    std::vector<std::byte> out(sizeof f + arena.size());
+    std::memcpy(out.data(), &f, sizeof f);
+    std::memcpy(out.data() + sizeof f, arena.data(), arena.size());
+    return out;
+  };
+  // 8. Too short, 9. a name size that disagrees with the frame, 10. a wrong token.
+  auto good_release = release_frame([](release_fields&) {});
+  send(data_plane_wire::release_am, std::span(good_release).first(12));
+  send(data_plane_wire::release_am, release_frame([](release_fields& f) { f.name_bytes = 300; }));
+  send(data_plane_wire::release_am, release_frame([](release_fields& f) { f.token = job_token + 1; }));
+  // Finally one good arena frame and one good release.
+  send(data_plane_wire::arena_am, good);
+  send(data_plane_wire::release_am, good_release);
+  peer.linger(20s);
   return 0;
 }
 
@@ -426,6 +535,8 @@ int child_main(const std::string& mode) {
     return child_credits();
   if (mode == "injector")
     return child_injector();
+  if (mode == "arena_injector")
+    return child_arena_injector();
   if (mode == "throughput")
     return child_throughput();
   if (mode == "latency")
@@ -481,12 +592,22 @@ struct parent_plane {
       if (handler)
         handler(from, std::move(m));
     };
+    options.on_arena = [this](peer_id from, arena_handoff&& h) {
+      if (arena_handler)
+        arena_handler(from, std::move(h));
+    };
+    options.on_release = [this](peer_id from, const arena_ref& r) {
+      if (release_handler)
+        release_handler(from, r);
+    };
     auto started = data_plane::start(options);
     EXPECT_TRUE(started) << (started ? "" : started.error().to_string());
     if (started)
       plane = std::move(*started);
   }
   std::function<void(peer_id, tensor_message&&)> handler;
+  std::function<void(peer_id, arena_handoff&&)> arena_handler;
+  std::function<void(peer_id, const arena_ref&)> release_handler;
   std::unique_ptr<data_plane> plane;
 };
 
@@ -577,6 +698,46 @@ TEST(DataPlane, BadFramesAreDroppedAndTheNodeKeepsReceiving) {
       << log;
   EXPECT_NE(log.find("without hello>: the endpoint never said hello"), std::string::npos) << log;
   parent.plane->close(); // before the injector is killed
+}
+
+TEST(DataPlane, BadArenaAndReleaseFramesAreDroppedAndGoodOnesPassedOn) {
+  parent_plane parent("tcp");
+  ASSERT_TRUE(parent.plane);
+  std::mutex mutex;
+  std::vector<arena_handoff> handoffs;
+  std::vector<arena_ref> releases;
+  parent.arena_handler = [&](peer_id, arena_handoff&& h) {
+    std::lock_guard guard(mutex);
+    handoffs.push_back(std::move(h));
+  };
+  parent.release_handler = [&](peer_id, const arena_ref& r) {
+    std::lock_guard guard(mutex);
+    releases.push_back(r);
+  };
+  testing::internal::CaptureStderr();
+  child_process child("arena_injector", parent.plane->address(), "tcp");
+  ASSERT_TRUE(child.started());
+  bool got_good = wait_until([&] {
+    std::lock_guard guard(mutex);
+    return handoffs.size() == 1 && releases.size() == 1;
+  }, 15s);
+  std::this_thread::sleep_for(50ms);
+  auto log = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(got_good) << log;
+  std::lock_guard guard(mutex);
+  EXPECT_EQ(handoffs[0].region, (arena_ref{"/troupe-test-arena", 128, 4096}));
+  EXPECT_FALSE(handoffs[0].header.empty());
+  EXPECT_EQ(releases[0], (arena_ref{"/troupe-test-arena", 128, 4096}));
+  auto stats = parent.plane->stats();
+  EXPECT_EQ(stats.arena_handoffs_received, 1u);
+  EXPECT_EQ(stats.releases_received, 1u);
+  EXPECT_EQ(stats.dropped_malformed, 8u); // 1-4, 6, 7 (arena); 8, 9 (release)
+  EXPECT_EQ(stats.dropped_bad_token, 2u); // 5 (arena), 10 (release)
+  EXPECT_NE(log.find("arena frame: is 20 bytes but must be at least"), std::string::npos) << log;
+  EXPECT_NE(log.find("arena frame: frame carries no job token"), std::string::npos) << log;
+  EXPECT_NE(log.find("region is 1073741824 bytes but the header's byteCount is 4096"), std::string::npos) << log;
+  EXPECT_NE(log.find("release carries a wrong job token"), std::string::npos) << log;
+  parent.plane->close();
 }
 
 TEST(DataPlane, StartRefusesBadOptions) {

@@ -284,3 +284,49 @@ TEST(SharedArena, StaleNamesAreReplacedAndNamesUnlinkedOnClose) {
   EXPECT_FALSE(shared_arena::create("/not-troupe", 4096));
   EXPECT_FALSE(shared_arena::create(unique_name("zero"), 0));
 }
+
+TEST(SharedArena, ShareRegionCountsLikeShareAndContainsOnlyItsOwnMemory) {
+  auto arena = shared_arena::create(unique_name("region"), 4096);
+  ASSERT_TRUE(arena);
+  auto& owner = **arena;
+  auto t = owner.allocate({256});
+  ASSERT_TRUE(t);
+  EXPECT_TRUE(owner.contains(*t));
+  EXPECT_FALSE(owner.contains(tensor::zeros({256})));
+  EXPECT_FALSE(owner.contains(tensor{}));
+  auto region = owner.share_region(*t);
+  ASSERT_TRUE(region) << region.error().to_string();
+  EXPECT_EQ(*region, (arena_ref{owner.name(), 0, 1024}));
+  EXPECT_EQ(owner.shared_regions(), 1u);
+  // A view that does not start the region cannot be shared by reference.
+  EXPECT_FALSE(owner.share_region(t->narrow(0, 16, 16)));
+  EXPECT_FALSE(owner.share_region(tensor::zeros({4})));
+  *t = tensor{};
+  EXPECT_EQ(owner.used_bytes(), 1024u); // still lent
+  ASSERT_TRUE(owner.release(*region));
+  EXPECT_EQ(owner.used_bytes(), 0u);
+}
+
+TEST(ArenaLoans, OnlyALentRegionCanBeGivenBackAndALostPeersLoansEndAtOnce) {
+  arena_loans loans;
+  arena_ref a{"/troupe-x", 0, 64}, b{"/troupe-x", 64, 128};
+  loans.lend("worker1", a);
+  loans.lend("worker1", a); // the same region handed over twice
+  loans.lend("worker2", b);
+  EXPECT_EQ(loans.outstanding(), 3u);
+  EXPECT_EQ(loans.outstanding("worker1"), 2u);
+  // Forged: another peer's region, a different length, an unknown peer.
+  EXPECT_FALSE(loans.give_back("worker1", b));
+  EXPECT_FALSE(loans.give_back("worker1", arena_ref{"/troupe-x", 0, 65}));
+  EXPECT_FALSE(loans.give_back("worker3", a));
+  EXPECT_TRUE(loans.give_back("worker1", a));
+  EXPECT_TRUE(loans.give_back("worker1", a));
+  auto repeated = loans.give_back("worker1", a); // a third release of two loans
+  ASSERT_FALSE(repeated);
+  EXPECT_EQ(repeated.error().code(), errc::invalid_argument);
+  auto lost = loans.take_all("worker2");
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0], b);
+  EXPECT_EQ(loans.outstanding(), 0u);
+  EXPECT_TRUE(loans.take_all("worker2").empty());
+}

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstring>
+#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -88,9 +90,10 @@ int run_router_child(int argc, char** argv) {
   }
   auto s = router->stats();
   n.stop();
-  std::printf("STOPPED data_plane_sends=%llu control_plane_sends=%llu\n",
+  std::printf("STOPPED data_plane_sends=%llu control_plane_sends=%llu arena_receives=%llu\n",
               static_cast<unsigned long long>(s.data_plane_sends),
-              static_cast<unsigned long long>(s.control_plane_sends));
+              static_cast<unsigned long long>(s.control_plane_sends),
+              static_cast<unsigned long long>(s.arena_receives));
   std::fflush(stdout);
   return 0;
 }
@@ -297,6 +300,74 @@ TEST(TensorRouter, CrossProcessSendsGoOverTheDataPlaneIntact) {
   EXPECT_EQ(dp.messages_sent, 3u);
   EXPECT_GE(dp.messages_received, 3u); // the replies came back over UCX too
   EXPECT_GE(dp.bytes_sent, (std::uint64_t{16} << 20) + 8192);
+}
+
+/// Waits until the coordinator's arena has nothing lent or allocated.
+bool arena_drained(tensor_router& router, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (router.arena_loans_outstanding() != 0 || router.arena()->shared_regions() != 0 ||
+         router.arena()->used_bytes() != 0) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+TEST(TensorRouter, ArenaTensorsToASameHostNodeGoByReferenceAndAreReleased) {
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c));
+  auto router = c.coordinator->router();
+  ASSERT_NE(router->arena(), nullptr);
+  std::uint64_t step = 1;
+  auto send_and_check = [&](tensor value) {
+    auto sum = checksum(value);
+    tensor_message m;
+    m.meta.kind = message_kind::forward_activation;
+    m.meta.step = step;
+    m.value = std::move(value);
+    auto ok = router->send(*place::parse("worker1/cpu/checker"), std::move(m));
+    ASSERT_TRUE(ok) << ok.error().message();
+    auto reply = c.box.wait_for_step(step, 15s);
+    ASSERT_TRUE(reply) << "no reply for step " << step << "; worker output:\n" << c.worker.output();
+    EXPECT_EQ(reply->context_id, sum) << "step " << step << " arrived damaged";
+    ++step;
+  };
+  {
+    // 1. A tensor allocated in the arena: by reference, twice (the second
+    // time over the direct, connected path).
+    auto value = router->arena_tensor({1 << 20}, dtype::uint8);
+    ASSERT_TRUE(value) << value.error().to_string();
+    auto pattern_bytes = pattern(1 << 20, 7);
+    std::memcpy(value->raw_data(), pattern_bytes.raw_data(), 1 << 20);
+    ASSERT_NO_FATAL_FAILURE(send_and_check(*value));
+    ASSERT_NO_FATAL_FAILURE(send_and_check(*value));
+    EXPECT_EQ(router->stats().arena_sends, 2u);
+    EXPECT_GE(router->arena()->used_bytes(), std::size_t{1} << 20); // ours still
+  }
+  // Both receivers' views are gone and so is ours: the region is free.
+  EXPECT_TRUE(arena_drained(*router, 10s)) << "loans " << router->arena_loans_outstanding() << ", used "
+                                           << router->arena()->used_bytes();
+  // 2. A heap tensor, with copying into the arena chosen for every size.
+  router->set_copy_into_arena_min_bytes(0);
+  ASSERT_NO_FATAL_FAILURE(send_and_check(pattern(4096, 3)));
+  EXPECT_EQ(router->stats().arena_copies, 1u);
+  EXPECT_TRUE(arena_drained(*router, 10s));
+  // 3. The arena full: arena_tensor() is an error value, and a heap tensor
+  // falls back to UCX instead of waiting for room.
+  auto all = router->arena_tensor({static_cast<std::int64_t>(router->arena()->capacity())}, dtype::uint8);
+  ASSERT_TRUE(all) << all.error().to_string(); // untouched pages: costs no memory
+  auto more = router->arena_tensor({64}, dtype::uint8);
+  ASSERT_FALSE(more);
+  EXPECT_EQ(more.error().code(), errc::size_limit_exceeded);
+  ASSERT_NO_FATAL_FAILURE(send_and_check(pattern(4096, 4)));
+  EXPECT_EQ(router->stats().arena_fallbacks, 1u);
+  EXPECT_EQ(router->stats().arena_sends, 3u);
+  *all = tensor{};
+  router->set_copy_into_arena_min_bytes(SIZE_MAX);
+  c.worker.close_stdin();
+  ASSERT_TRUE(c.worker.wait_for("STOPPED", 15s)) << c.worker.output();
+  EXPECT_NE(c.worker.output().find("arena_receives=3"), std::string::npos) << c.worker.output();
 }
 
 TEST(TensorRouter, WithTlsTensorsTravelOverCafAndTheDataPlaneIsNotUsed) {

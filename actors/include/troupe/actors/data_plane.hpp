@@ -15,6 +15,12 @@
 //           inside), data = the tensor's bytes, straight from its memory.
 //   ack     header = the data sender's peer id, bytes, messages (credits).
 //   goodbye header = magic, token, sender's peer id: "I am closing".
+//   arena   header = magic, region offset, length, name and header sizes,
+//           the arena's name, then the Cap'n Proto header frame (token and
+//           flow id inside); no data: the receiver maps the region (same
+//           host only). Credits and acks as for data.
+//   release header = magic, token, region offset, length, name size, the
+//           arena's name: "I am done with this region" (no credits).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -36,6 +42,11 @@ struct data_plane_wire {
   static constexpr unsigned data_am = 0x7402;
   static constexpr unsigned ack_am = 0x7403;
   static constexpr unsigned goodbye_am = 0x7404;
+  static constexpr unsigned arena_am = 0x7405;
+  static constexpr unsigned release_am = 0x7406;
+  /// Longest arena name and Cap'n Proto header accepted in an arena frame.
+  static constexpr std::size_t max_arena_name_bytes = 255;
+  static constexpr std::size_t max_arena_header_bytes = 64 << 10;
   /// "troupeDP", first word of hello and goodbye headers.
   static constexpr std::uint64_t magic = 0x5044'6570'756f'7274ull;
   /// Longest node name accepted in a hello.
@@ -66,6 +77,10 @@ struct data_plane_stats {
   std::uint64_t dropped_bad_token = 0;  ///< missing or wrong job token
   std::uint64_t dropped_unknown_peer = 0;
   std::uint64_t back_pressure_refusals = 0; ///< send() refused: queue full
+  std::uint64_t arena_handoffs_sent = 0;     ///< send_by_reference() frames completed
+  std::uint64_t arena_handoffs_received = 0; ///< handed to on_arena
+  std::uint64_t releases_sent = 0;
+  std::uint64_t releases_received = 0;       ///< handed to on_release
   /// The most bytes ever unacknowledged towards any one peer.
   std::uint64_t max_in_flight_bytes = 0;
 };
@@ -104,6 +119,19 @@ public:
   /// closed peer, a CPU-less or oversized tensor, or a full queue
   /// (back-pressure: errc::size_limit_exceeded; retry after a completion).
   expected<void> send(peer_id peer, tensor_message message, completion_callback done = {});
+
+  /// Hands `message.value` to a same-host `peer` by reference: `region` is
+  /// where it lies in this node's shared arena (shared_arena::share_region,
+  /// which the caller has counted as lent). Only the region and the header
+  /// travel; the peer's on_arena maps it. Ordered with send() to the same
+  /// peer, same credits and back-pressure.
+  expected<void> send_by_reference(peer_id peer, tensor_message message, const arena_ref& region,
+                                   completion_callback done = {});
+
+  /// Tells `peer` (the owner of `region`'s arena) that this node is done
+  /// with `region`. Thread-safe, never blocks, never refused while the
+  /// plane runs (a release must not be lost: the owner would leak the region).
+  void send_release(peer_id peer, const arena_ref& region);
 
   /// Drops a peer (its process died, says the control plane): fails its
   /// queued sends and force-closes the endpoint.

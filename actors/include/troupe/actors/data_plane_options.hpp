@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "troupe/actors/shared_arena.hpp"
 #include "troupe/actors/tensor_message.hpp"
 
 namespace troupe::actors {
@@ -16,6 +17,17 @@ using peer_id = std::uint32_t;
 /// Called on the transport thread with each delivered message. Keep it short
 /// (hand the message to an actor); it may call data_plane::send().
 using receive_handler = std::function<void(peer_id from, tensor_message&& message)>;
+
+/// Called on the transport thread with each tensor a same-host peer handed
+/// over by reference (data_plane::send_by_reference). The frame's sizes,
+/// token and header were checked; the region itself is the mapper's to
+/// validate (arena_mapper::open). Whoever takes it owes the peer a release.
+using arena_receive_handler = std::function<void(peer_id from, arena_handoff&& handoff)>;
+
+/// Called on the transport thread when a peer says it is done with a region
+/// of this node's arena (data_plane::send_release). Untrusted: the handler
+/// checks that the region was lent to that peer (arena_loans).
+using release_handler = std::function<void(peer_id from, const arena_ref& region)>;
 
 struct data_plane_options {
   /// This node's name, sent to peers when connecting and used in logs.
@@ -51,6 +63,12 @@ struct data_plane_options {
   std::chrono::microseconds spin_before_sleep{0};
   /// Where delivered messages go (required).
   receive_handler on_receive;
+  /// Where tensors handed over by reference go; without it such frames are
+  /// dropped (and acknowledged) as unsupported.
+  arena_receive_handler on_arena;
+  /// Where release messages for this node's arena go; without it they are
+  /// dropped.
+  release_handler on_release;
 };
 
 } // namespace troupe::actors

@@ -19,7 +19,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -77,6 +79,13 @@ public:
   /// by reference; its region stays allocated until release().
   expected<arena_handoff> share(const message_meta& meta, const tensor& value);
 
+  /// share() without the header: the region of `value`, counted as shared
+  /// until release() (the data plane encodes the header itself).
+  expected<arena_ref> share_region(const tensor& value);
+
+  /// Whether `value`'s memory lies in this arena (and could be shared).
+  bool contains(const tensor& value) const noexcept;
+
   /// The other side is done with `region` (its release message arrived).
   /// Errors for a region that is not shared (unknown, or released twice).
   expected<void> release(const arena_ref& region);
@@ -121,6 +130,32 @@ private:
   struct mapping;
   struct state;
   std::shared_ptr<state> state_;
+};
+
+/// Which regions of the owner's arena each peer holds: a region handed to a
+/// peer is lent to it until that peer's release message names it. A release
+/// that does not match a loan (forged, repeated, or from another peer) is
+/// refused, so a peer can never free what it does not hold; the loans of a
+/// lost peer are all taken back at once. Thread-safe.
+class arena_loans {
+public:
+  void lend(const std::string& peer, const arena_ref& region);
+  /// Ends one loan of `region` to `peer`; errc::invalid_argument when there is none.
+  expected<void> give_back(const std::string& peer, const arena_ref& region);
+  /// Ends every loan to `peer` and returns the regions (one entry per loan).
+  std::vector<arena_ref> take_all(const std::string& peer);
+  /// Loans outstanding to `peer` (all peers when empty).
+  std::size_t outstanding(const std::string& peer = {}) const;
+
+private:
+  struct key {
+    std::string arena;
+    std::uint64_t offset;
+    std::uint64_t length;
+    auto operator<=>(const key&) const = default;
+  };
+  mutable std::mutex mutex_;
+  std::map<std::string, std::map<key, std::uint32_t>> loans_; // peer -> region -> count
 };
 
 } // namespace troupe::actors

@@ -18,6 +18,31 @@
 //   another process, TLS off     the node's UCX data plane (shared memory, CMA, TCP or
 //                                verbs, UCX's choice); the receiving node hands the
 //                                tensor to the actor as a local CAF message
+//   another process on this      by reference when the tensor lies in this node's shared
+//   host, TLS off                arena (allocate it with arena_tensor()): only the arena
+//                                name, offset, length and header travel (a small data-plane
+//                                frame); the receiver maps the region and its tensor aliases
+//                                it, no byte is copied. A heap tensor of at least
+//                                `copy_into_arena_min_bytes` is first copied into the arena
+//                                (when that beats UCX's shared memory, see bench/transport),
+//                                otherwise it goes through UCX; an arena without room falls
+//                                back to UCX, never waits.
+//
+// Same-host tensors, step by step:
+//  1. The sender's router shares the region (shared_arena::share_region) and
+//     records it as lent to the destination node (arena_loans); the data
+//     plane sends the arena frame in order with that node's other messages.
+//  2. The receiver's data plane checks the frame's sizes, header and token;
+//     its router maps the arena (arena_mapper::open checks the region
+//     against the mapping and the header) and delivers the tensor.
+//  3. When the last view of the received tensor goes (in any thread of the
+//     receiving process) a release frame goes back to the owner.
+//  4. The owner's router ends the loan (a release that matches no loan to
+//     that node is refused and logged) and the arena frees the region once
+//     the sender's own tensor is gone too. A lost node's loans all end at
+//     once; a handoff whose send fails ends its loan at once.
+// Same host means the same kernel boot and the same /dev/shm (the host key
+// each router publishes with its data-plane address).
 //   another process, TLS on      CAF's mutually authenticated TLS connection (BASP with
 //                                tensor_message's validating inspect), because UCX does
 //                                not encrypt: with TLS on no payload leaves the process
@@ -48,6 +73,7 @@
 #include "troupe/actors/data_plane.hpp"
 #include "troupe/actors/peer_monitor.hpp"
 #include "troupe/actors/place.hpp"
+#include "troupe/actors/shared_arena.hpp"
 #include "troupe/actors/tensor_message.hpp"
 #include "troupe/actors/trace.hpp"
 #include "troupe/tensor/expected.hpp"
@@ -62,6 +88,11 @@ struct tensor_router_stats {
   std::uint64_t refused = 0;             ///< send() returned an error
   std::uint64_t remote_deliveries = 0;   ///< tensors from other nodes handed to local actors
   std::uint64_t undeliverable = 0;       ///< arrived for a place nobody registered
+  std::uint64_t arena_sends = 0;         ///< handed to a same-host node by reference
+  std::uint64_t arena_copies = 0;        ///< heap tensors copied into the arena to go by reference
+  std::uint64_t arena_fallbacks = 0;     ///< arena full: went through UCX instead
+  std::uint64_t arena_receives = 0;      ///< tensors received by reference
+  std::uint64_t arena_refused = 0;       ///< handoffs or releases from peers that failed validation
 };
 
 struct tensor_router_options {
@@ -74,6 +105,18 @@ struct tensor_router_options {
   data_plane_options data_plane;
   /// Sends queued per node while it is being resolved (or in flight over TLS).
   std::size_t max_queued_sends = 256;
+  /// Size of this node's shared arena for same-host tensors (POSIX shared
+  /// memory, pages used only when touched); 0: no arena, same-host tensors
+  /// go through UCX.
+  std::size_t arena_bytes = std::size_t{1} << 30;
+  /// Heap tensors of at least this many bytes for a same-host node are
+  /// copied into the arena and handed over by reference; smaller ones (and
+  /// all when SIZE_MAX) go through UCX's shared memory. The default follows
+  /// bench/transport's measurement ("same host" rows).
+  std::size_t copy_into_arena_min_bytes = SIZE_MAX;
+  /// Which host this node is on (empty: this kernel's boot id and /dev/shm);
+  /// nodes with equal keys exchange tensors by reference.
+  std::string host_key;
 };
 
 class tensor_router : public std::enable_shared_from_this<tensor_router> {
@@ -107,7 +150,25 @@ public:
   /// The control plane lost `lost.node`: disconnect it and fail its sends.
   void on_peer_lost(const peer_lost& lost);
 
-  /// This node's data-plane address (empty when encrypted).
+  /// An uninitialised contiguous tensor in this node's shared arena: sent to
+  /// a node on the same host it goes by reference (no copy), anywhere else
+  /// like any tensor. errc::size_limit_exceeded when the arena has no room
+  /// (allocate on the heap instead, or retry when receivers have released
+  /// theirs); errc::invalid_argument when the node has no arena (TLS on, or
+  /// arena_bytes = 0).
+  expected<tensor> arena_tensor(const dims& shape, dtype type = dtype::float32);
+
+  /// This node's arena, or nullptr (TLS on, or arena_bytes = 0).
+  shared_arena* arena();
+
+  /// Changes options().copy_into_arena_min_bytes for later sends.
+  void set_copy_into_arena_min_bytes(std::size_t bytes);
+
+  /// Regions of this node's arena lent to other nodes and not yet released.
+  std::size_t arena_loans_outstanding() const;
+
+  /// This node's data-plane address (empty when encrypted): its host key
+  /// line, then the UCX worker address.
   std::string data_plane_address() const;
 
   /// The data plane, or nullptr when TLS is on (tests read its stats).
