@@ -99,12 +99,42 @@ expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
   require(static_cast<bool>(options.optimizer), "pipeline: no optimizer factory");
   require(static_cast<bool>(options.loss), "pipeline: no loss function");
   require(options.timeout.count() > 0, "pipeline: the timeout must be positive");
+  if (options.replication) {
+    const auto& r = *options.replication;
+    require(r.places.size() >= 2 && r.index < r.places.size(),
+            "pipeline: replica {} of {} replicas; need at least two and index < replicas", r.index,
+            r.places.size());
+    for (std::size_t k = 0; k < r.places.size(); ++k)
+      require(r.places[k].size() == options.places.size(),
+              "pipeline: replica {} has {} stage places but the pipeline has {} stages", k, r.places[k].size(),
+              options.places.size());
+    require(r.places[r.index] == options.places,
+            "pipeline: replica {}'s row of replication.places differs from places", r.index);
+    require(options.node != nullptr || r.node != nullptr,
+            "pipeline: replicated stages in this process need replication.node for their reducers");
+    require(r.bucket_bytes > 0, "pipeline: replication.bucket_bytes must be positive");
+  }
   require(options.node == nullptr || static_cast<bool>(options.sender),
           "pipeline: a node without a tensor sender; use routed_tensor_sender(node->router())");
   std::unique_ptr<pipeline> out(new pipeline(system, std::move(options)));
   if (auto started = out->start(); !started)
     return started.error_value();
   return out;
+}
+
+std::vector<std::vector<std::string>> pipeline::replica_rings() const {
+  std::vector<std::vector<std::string>> rings(options_.split.stages());
+  if (!options_.replication)
+    return rings;
+  const auto& r = *options_.replication;
+  for (std::size_t k = 0; k < r.places.size(); ++k)
+    for (std::size_t s = 0; s < rings.size(); ++s) {
+      auto where = actors::place::parse(r.places[k][s]);
+      require(where.has_value(), "pipeline: replica {}'s place {} of stage {}: {}", k, r.places[k][s], s,
+              where.has_value() ? std::string{} : where.error_value().message());
+      rings[s].push_back(where->with_name(fmt::format("r{}.stage{}.reducer", k, s)).to_string());
+    }
+  return rings;
 }
 
 expected<void> pipeline::start() {
@@ -114,7 +144,8 @@ expected<void> pipeline::start() {
     auto where = actors::place::parse(options_.places[i]);
     require(where.has_value(), "pipeline: place {} of stage {}: {}", options_.places[i], i,
             where.has_value() ? std::string{} : where.error_value().message());
-    places_.push_back(where->with_name(fmt::format("stage{}", i)));
+    places_.push_back(where->with_name(options_.name.empty() ? fmt::format("stage{}", i)
+                                                             : fmt::format("{}.stage{}", options_.name, i)));
     names_.push_back(places_.back().to_string());
     stage_traces_.push_back(trace::intern(names_.back()));
   }
@@ -135,6 +166,7 @@ expected<void> pipeline::start() {
   } else {
     driver_trace_ = trace::intern("driver");
   }
+  const auto rings = replica_rings();
   for (std::size_t i = 0; i < p; ++i) {
     const auto policy = policy_for(options_.schedule, i, p, options_.micro_batches);
     const bool remat = options_.remat == rematerialization::always ||
@@ -148,6 +180,13 @@ expected<void> pipeline::start() {
       spec.credits = policy.credits;
       spec.backward_first = policy.backward_first;
       spec.rematerialize = remat;
+      if (options_.replication) {
+        spec.replica_rank = options_.replication->index;
+        for (const auto& member : rings[i])
+          spec.ring += (spec.ring.empty() ? "" : ",") + member;
+        spec.bucket_bytes = options_.replication->bucket_bytes;
+        spec.ring_timeout_ms = static_cast<std::uint64_t>(options_.timeout.count());
+      }
       auto spawned = options_.node->spawn_remote(places_[i], stage_factory_name, to_message(spec));
       if (!spawned)
         return make_error(spawned.error_value().code(), "pipeline: stage {} ({}) could not start: {}",
@@ -164,6 +203,13 @@ expected<void> pipeline::start() {
       stage->policy = policy;
       stage->sender = local_tensor_sender();
       stage->name = names_[i];
+      if (options_.replication) {
+        stage->replication.rank = options_.replication->index;
+        stage->replication.ring = rings[i];
+        stage->replication.node = options_.replication->node;
+        stage->replication.bucket_bytes = options_.replication->bucket_bytes;
+        stage->replication.timeout = options_.timeout;
+      }
       stages_.push_back(system_.spawn<caf::detached>(::troupe::parallel::stage_actor, std::move(stage)));
     }
     driver_->self->monitor(stages_.back());

@@ -53,6 +53,11 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
         stage->policy = schedule_policy{spec->credits, spec->backward_first};
         stage->sender = routed_tensor_sender(owner->router());
         stage->name = where.to_string();
+        stage->replication.ring = *ring_places(*spec); // validated by stage_spec_from
+        stage->replication.rank = static_cast<std::uint32_t>(spec->replica_rank);
+        stage->replication.node = owner;
+        stage->replication.bucket_bytes = spec->bucket_bytes;
+        stage->replication.timeout = std::chrono::milliseconds(spec->ring_timeout_ms);
         return system.spawn<caf::detached>(stage_actor, std::move(stage));
       } catch (const std::exception& e) {
         return actors::make_caf_error(errc::invalid_argument,

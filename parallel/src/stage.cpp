@@ -14,6 +14,7 @@
 #include "troupe/actors/trace.hpp"
 #include "troupe/autograd/checkpoint.hpp"
 #include "troupe/autograd/grad_mode.hpp"
+#include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/distributed_autograd.hpp"
 
 namespace troupe::parallel {
@@ -28,17 +29,47 @@ tensor_sender local_tensor_sender() {
   };
 }
 
+expected<std::vector<std::string>> ring_places(const stage_spec& spec) {
+  std::vector<std::string> ring;
+  if (spec.ring.empty())
+    return ring;
+  constexpr std::size_t max_replicas = 4096;
+  for (std::size_t at = 0; at <= spec.ring.size();) {
+    auto comma = std::min(spec.ring.find(',', at), spec.ring.size());
+    auto text = spec.ring.substr(at, comma - at);
+    auto parsed = actors::place::parse(text);
+    if (!parsed || parsed->name.empty())
+      return make_error(errc::malformed_message, "pipeline stage {}: reducer place {} of its ring is not "
+                        "<node>/<device>/<name>", spec.index, ring.size());
+    ring.push_back(std::move(text));
+    if (ring.size() > max_replicas)
+      return make_error(errc::size_limit_exceeded, "pipeline stage {}: a ring of more than {} replicas",
+                        spec.index, max_replicas);
+    at = comma + 1;
+  }
+  if (ring.size() < 2 || spec.replica_rank >= ring.size() || spec.bucket_bytes == 0 ||
+      spec.ring_timeout_ms == 0)
+    return make_error(errc::malformed_message,
+                      "pipeline stage {}: replica {} of a ring of {} with buckets of {} bytes and a "
+                      "{} ms timeout; need rank < ring size >= 2, buckets and timeout > 0",
+                      spec.index, spec.replica_rank, ring.size(), spec.bucket_bytes, spec.ring_timeout_ms);
+  return ring;
+}
+
 caf::message to_message(const stage_spec& spec) {
   return caf::make_message(spec.index, spec.stages, spec.begin, spec.end, spec.credits,
-                           spec.backward_first, spec.rematerialize);
+                           spec.backward_first, spec.rematerialize, spec.replica_rank, spec.ring,
+                           spec.bucket_bytes, spec.ring_timeout_ms);
 }
 
 expected<stage_spec> stage_spec_from(const caf::message& message) {
   if (!message.match_elements<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t,
-                              std::uint64_t, bool, bool>())
+                              std::uint64_t, bool, bool, std::uint64_t, std::string, std::uint64_t,
+                              std::uint64_t>())
     return make_error(errc::malformed_message,
                       "pipeline stage: the spawn arguments are {} but must be (index, stages, "
-                      "begin, end, credits, backward_first, rematerialize)",
+                      "begin, end, credits, backward_first, rematerialize, replica_rank, ring, "
+                      "bucket_bytes, ring_timeout_ms)",
                       caf::to_string(message));
   stage_spec spec;
   spec.index = message.get_as<std::uint64_t>(0);
@@ -48,6 +79,12 @@ expected<stage_spec> stage_spec_from(const caf::message& message) {
   spec.credits = message.get_as<std::uint64_t>(4);
   spec.backward_first = message.get_as<bool>(5);
   spec.rematerialize = message.get_as<bool>(6);
+  spec.replica_rank = message.get_as<std::uint64_t>(7);
+  spec.ring = message.get_as<std::string>(8);
+  spec.bucket_bytes = message.get_as<std::uint64_t>(9);
+  spec.ring_timeout_ms = message.get_as<std::uint64_t>(10);
+  if (auto ring = ring_places(spec); !ring)
+    return ring.error_value();
   if (spec.index >= spec.stages || spec.begin >= spec.end || spec.credits == 0)
     return make_error(errc::malformed_message,
                       "pipeline stage: stage {} of {} with layers [{}, {}) and {} credits; need "
@@ -103,6 +140,9 @@ public:
     }
     step_ = step;
     batch_ = batch;
+    rows_done_ = 0;
+    micro_batch_rows_.clear();
+    join_ring();
     stats_ = {};
     queue_.reset_peak();
     // Tensors of this step that overtook the begin message.
@@ -179,6 +219,10 @@ public:
     require(queue_.in_flight() == 0 && registry_.empty(),
             "stage {}: step {} applied with {} micro-batches still in flight", options_->name,
             step, queue_.in_flight());
+    if (data_parallel_)
+      if (auto ok = data_parallel_->synchronize(); !ok)
+        throw std::runtime_error(fmt::format("stage {}: averaging gradients with its replicas failed: {}",
+                                             options_->name, ok.error_value().message()));
     options_->optimizer->step();
     options_->optimizer->zero_grad();
     stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
@@ -210,6 +254,8 @@ public:
     waiting_for_target_.clear();
     targets_.clear();
     early_.clear();
+    data_parallel_.reset();
+    reducer_group_.reset();
     options_->sender = nullptr;
   }
 
@@ -245,6 +291,7 @@ private:
     // Distributed autograd: the received activation becomes a leaf of this
     // stage's graph; its gradient goes back under the same key.
     auto x = registry_.receive(key, work.value, !first());
+    micro_batch_rows_[key] = work.value.rank() > 0 ? work.value.size(0) : 1;
     std::size_t stashed = 0;
     auto output = run_layers(x, stashed);
     stash_bytes_[key] = stashed;
@@ -281,6 +328,13 @@ private:
 
   void backward(const actors::tensor_message& work) {
     const context_key key{work.meta.context_id, work.meta.micro_batch, 0};
+    if (data_parallel_) {
+      // The step's last samples: their backward pass starts the buckets
+      // (the earlier micro-batches only accumulate).
+      const auto rows = static_cast<std::uint64_t>(micro_batch_rows_[key]);
+      data_parallel_->set_final_pass(rows_done_ + rows >= batch_);
+      rows_done_ += rows;
+    }
     registry_.backward_sent(key, work.value);
     queue_.finished_backward();
     if (auto it = stash_bytes_.find(key); it != stash_bytes_.end()) {
@@ -333,7 +387,37 @@ private:
             sent.has_value() ? std::string{} : sent.error_value().message());
   }
 
+  /// Hybrid: joins the stage's reducer ring and installs its data_parallel
+  /// (once, at the first step; blocks this detached stage's thread at most
+  /// the ring's timeout).
+  void join_ring() {
+    const auto& r = options_->replication;
+    if (r.ring.empty() || data_parallel_)
+      return;
+    require(r.node != nullptr, "stage {}: replicated without a node for its reducer", options_->name);
+    reducer_group_options o;
+    o.rank = r.rank;
+    o.places = r.ring;
+    o.timeout = r.timeout;
+    auto group = reducer_group::join(*r.node, o);
+    if (!group)
+      throw std::runtime_error(fmt::format("stage {}: joining its replicas' ring failed: {}", options_->name,
+                                           group.error_value().message()));
+    data_parallel_options dp;
+    dp.buckets.bucket_bytes = r.bucket_bytes;
+    dp.name = fmt::format("{} (replica {})", options_->name, r.rank);
+    auto created = data_parallel::create(options_->layers->named_parameters(), **group, dp);
+    if (!created)
+      throw std::runtime_error(created.error_value().message());
+    reducer_group_ = std::move(*group);
+    data_parallel_ = std::move(*created);
+  }
+
   std::shared_ptr<stage_options> options_;
+  std::unique_ptr<reducer_group> reducer_group_;
+  std::unique_ptr<data_parallel> data_parallel_; ///< destroyed before its group
+  std::map<context_key, std::int64_t> micro_batch_rows_;
+  std::uint64_t rows_done_ = 0; ///< samples whose backward ran this step
   work_queue queue_;
   context_registry registry_;
   stage_endpoint previous_;

@@ -72,6 +72,22 @@ loss_function mse_loss_function();
 /// Mean cross entropy of logits against int64 class indices.
 loss_function cross_entropy_loss_function();
 
+/// Hybrid parallelism (pipeline x data parallel): this pipeline is replica
+/// `index` of several pipelines of the same model and partition, each fed
+/// its own shard of the batch; stage s of every replica joins one reducer
+/// ring (stage_replication), so each stage averages its gradients with its
+/// replicas before its optimizer step. hybrid.hpp builds the replicas.
+struct pipeline_replication {
+  std::uint32_t index = 0;
+  /// Every replica's stage places, [replica][stage]; row `index` must equal
+  /// pipeline_options::places. Stage s of replica k keeps its reducer at
+  /// `<places[k][s]>/r<k>.stage<s>.reducer`.
+  std::vector<std::vector<std::string>> places;
+  /// In one process (no pipeline_options::node): the node the reducers use.
+  actors::node* node = nullptr;
+  std::size_t bucket_bytes = bucket_options{}.bucket_bytes;
+};
+
 struct pipeline_options {
   /// The model; stages hold slices sharing its modules, so after training
   /// `model` holds the trained parameters.
@@ -95,6 +111,11 @@ struct pipeline_options {
   actors::node* node = nullptr;
   /// With `node`: how the driver sends tensors (routed_tensor_sender).
   tensor_sender sender;
+  /// Prefix of the stage names ("<name>.stage1"), so that several pipelines
+  /// can have stages on one node; empty: "stage1".
+  std::string name;
+  /// Hybrid parallelism; none: the pipeline is not replicated.
+  std::optional<pipeline_replication> replication;
 };
 
 class pipeline {
@@ -139,6 +160,8 @@ public:
 private:
   pipeline(caf::actor_system& system, pipeline_options options);
   expected<void> start();
+  /// Per stage, every replica's reducer place (empty without replication).
+  std::vector<std::vector<std::string>> replica_rings() const;
   /// Waits for the replies of a step; fills `losses`.
   expected<void> await_step(std::vector<double>& losses);
   expected<void> fail(troupe::error err);

@@ -35,16 +35,19 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/atom.hpp>
 #include <caf/behavior.hpp>
 #include <caf/fwd.hpp>
 
+#include "troupe/actors/fwd.hpp"
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/tensor_message.hpp"
 #include "troupe/autograd/nn/sequential.hpp"
 #include "troupe/autograd/optim/optimizer.hpp"
+#include "troupe/parallel/gradient_bucket.hpp"
 #include "troupe/parallel/schedule.hpp"
 #include "troupe/tensor/expected.hpp"
 
@@ -97,6 +100,22 @@ enum class rematerialization : std::uint8_t {
   all_but_last_stage, ///< the last stage runs backward right after forward: nothing to save
 };
 
+/// A replicated stage (pipeline x data parallel): the stage's replicas form
+/// a reducer ring, and the stage averages its gradients with them
+/// (data_parallel.hpp) while the backward of its step's last micro-batch
+/// runs, before its optimizer step. The ring is joined at the stage's first
+/// step, on the stage's own thread.
+struct stage_replication {
+  /// This replica's rank in the ring.
+  std::uint32_t rank = 0;
+  /// Every replica's reducer place for this stage, by rank; empty: none.
+  std::vector<std::string> ring;
+  /// The node the reducer lives on (this stage's process).
+  actors::node* node = nullptr;
+  std::size_t bucket_bytes = bucket_options{}.bucket_bytes;
+  std::chrono::milliseconds timeout{30000};
+};
+
 struct stage_options {
   std::size_t index = 0;
   std::size_t stages = 1;
@@ -110,6 +129,9 @@ struct stage_options {
   tensor_sender sender;
   /// Where the stage lives, for error messages and traces ("worker0/cpu/stage1").
   std::string name;
+  /// Hybrid parallelism: this stage is one replica of a stage replicated
+  /// over several pipelines. Empty: not replicated.
+  stage_replication replication;
 };
 
 /// The node factory that builds a stage from a stage_spec (remote.hpp).
@@ -125,12 +147,22 @@ struct stage_spec {
   std::uint64_t credits = 1;
   bool backward_first = true;
   bool rematerialize = false;
+  /// Hybrid: the replica's rank, every replica's reducer place joined by
+  /// ',' ("" when the stage is not replicated), bucket cap, timeout (ms).
+  std::uint64_t replica_rank = 0;
+  std::string ring;
+  std::uint64_t bucket_bytes = bucket_options{}.bucket_bytes;
+  std::uint64_t ring_timeout_ms = 30000;
 };
 
 caf::message to_message(const stage_spec& spec);
 /// Errors (the message comes from another process): wrong element types,
-/// an empty or inverted layer range, index >= stages, zero credits.
+/// an empty or inverted layer range, index >= stages, zero credits, a ring
+/// with an unparsable place or too few members for the rank, a zero bucket
+/// cap or timeout.
 expected<stage_spec> stage_spec_from(const caf::message& message);
+/// The spec's ring, split and validated (empty when not replicated).
+expected<std::vector<std::string>> ring_places(const stage_spec& spec);
 
 /// Statistics of the last step (reset by p_begin).
 struct stage_stats {

@@ -1,0 +1,77 @@
+#pragma once
+// Hybrid parallelism (issue 5): R replicas of one pipeline, stage s of every
+// replica forming its own reducer ring, composed by placement alone.
+//
+//   // every process: node::start, then the same recipe as for a pipeline
+//   parallel::register_stage_factory(*node, recipe);
+//   // the driver's process:
+//   parallel::hybrid_options o;
+//   o.recipe = recipe;
+//   o.places = {{"worker0/cpu", "worker1/cpu"},    // replica 0: stage 0, stage 1
+//               {"worker2/cpu", "worker3/cpu"}};   // replica 1
+//   o.micro_batches = 4;
+//   auto hybrid = parallel::hybrid_pipeline::create(*node, o);
+//   auto loss = (*hybrid)->train_step(inputs, targets);   // the whole batch
+//
+// Each replica is an ordinary pipeline (pipeline.hpp) named "r<k>" whose
+// stages are spawned on their places by the stage factory; stage s of
+// replica k joins the ring of stage s's replicas (pipeline_replication) at
+// its first step. A step cuts the batch into R equal shards, runs the R
+// pipelines' steps at once (one driver thread each), and each stage averages
+// its gradients with its replicas while the backward of its last
+// micro-batch runs, before its optimizer step. The result equals training
+// on the whole batch in one process (up to float summation order); every
+// replica of a stage ends bitwise identical.
+//
+// Failure: a stage or replica lost fails every replica's step within the
+// timeout, with an error naming the stage (and, from the ring, the replica).
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/actors/node.hpp"
+#include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/remote.hpp"
+
+namespace troupe::parallel {
+
+struct hybrid_options {
+  /// What every process builds (register_stage_factory with the same recipe
+  /// on every node that hosts a stage, this one included).
+  stage_recipe recipe;
+  /// [replica][stage] places ("<node>/<device>"); at least two replicas,
+  /// every replica with the same number of stages.
+  std::vector<std::vector<std::string>> places;
+  /// Stages' layers; empty: an even split.
+  partition split;
+  schedule_kind schedule = schedule_kind::one_f_one_b;
+  std::size_t micro_batches = 1;
+  rematerialization remat = rematerialization::never;
+  std::chrono::milliseconds timeout{30000};
+  /// Gradient bucket cap of each stage's data parallelism.
+  std::size_t bucket_bytes = bucket_options{}.bucket_bytes;
+};
+
+class hybrid_pipeline {
+public:
+  /// Validates the layout (usage_error naming the value) and creates the
+  /// replicas' pipelines.
+  static expected<std::unique_ptr<hybrid_pipeline>> create(actors::node& node, hybrid_options options);
+
+  /// One synchronous step on the whole batch, cut into equal shards (rows a
+  /// multiple of the replicas, each shard at least `micro_batches` rows, or
+  /// usage_error): the mean loss over the batch. Errors name the replica
+  /// and stage that failed.
+  expected<double> train_step(const tensor& inputs, const tensor& targets);
+
+  std::size_t replicas() const noexcept { return replicas_.size(); }
+  pipeline& replica(std::size_t k) { return *replicas_.at(k); }
+
+private:
+  hybrid_pipeline() = default;
+  std::vector<std::unique_ptr<pipeline>> replicas_;
+};
+
+} // namespace troupe::parallel

@@ -1,0 +1,68 @@
+// Hybrid pipeline x data parallelism (hybrid.hpp).
+#include "troupe/parallel/hybrid.hpp"
+
+#include <future>
+
+#include <fmt/format.h>
+
+namespace troupe::parallel {
+
+expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(actors::node& node, hybrid_options options) {
+  const auto replicas = options.places.size();
+  require(replicas >= 2, "hybrid_pipeline: {} replicas; need at least two (or use a pipeline)", replicas);
+  std::unique_ptr<hybrid_pipeline> out(new hybrid_pipeline);
+  for (std::size_t k = 0; k < replicas; ++k) {
+    auto o = remote_options(node, options.recipe);
+    o.places = options.places[k];
+    o.split = options.split;
+    o.schedule = options.schedule;
+    o.micro_batches = options.micro_batches;
+    o.remat = options.remat;
+    o.timeout = options.timeout;
+    o.name = fmt::format("r{}", k);
+    pipeline_replication r;
+    r.index = static_cast<std::uint32_t>(k);
+    r.places = options.places;
+    r.bucket_bytes = options.bucket_bytes;
+    o.replication = std::move(r);
+    auto created = pipeline::create(node.system(), std::move(o));
+    if (!created)
+      return make_error(created.error_value().code(), "hybrid_pipeline: replica {}: {}", k,
+                        created.error_value().message());
+    out->replicas_.push_back(std::move(*created));
+  }
+  return out;
+}
+
+expected<double> hybrid_pipeline::train_step(const tensor& inputs, const tensor& targets) {
+  const auto n = static_cast<std::int64_t>(replicas_.size());
+  require(inputs.rank() >= 1 && targets.rank() >= 1 && inputs.size(0) == targets.size(0),
+          "hybrid_pipeline::train_step: inputs {} and targets {} must have the same number of rows",
+          inputs.shape(), targets.shape());
+  require(inputs.size(0) % n == 0,
+          "hybrid_pipeline::train_step: {} rows do not split into {} equal shards (replicas average "
+          "their gradients, which equals the whole batch's only for equal shards)",
+          inputs.size(0), n);
+  const auto rows = inputs.size(0) / n;
+  // One driver thread per replica: their steps meet in the stages' rings.
+  std::vector<std::future<expected<double>>> steps;
+  for (std::int64_t k = 0; k < n; ++k)
+    steps.push_back(std::async(std::launch::async, [this, k, rows, &inputs, &targets] {
+      return replicas_[static_cast<std::size_t>(k)]->train_step(inputs.slice(0, k * rows, (k + 1) * rows),
+                                                                targets.slice(0, k * rows, (k + 1) * rows));
+    }));
+  double sum = 0;
+  std::optional<troupe::error> failed;
+  for (std::int64_t k = 0; k < n; ++k) {
+    auto loss = steps[static_cast<std::size_t>(k)].get();
+    if (!loss && !failed)
+      failed = make_error(loss.error_value().code(), "replica {}: {}", k, loss.error_value().message());
+    else if (loss)
+      sum += *loss;
+  }
+  if (failed)
+    return *failed;
+  return sum / static_cast<double>(n);
+}
+
+} // namespace troupe::parallel
