@@ -114,11 +114,7 @@ void train_and_compare(actors::node& node, hybrid_options options) {
 class HybridInProcess : public ::testing::TestWithParam<std::pair<schedule_kind, std::size_t>> {};
 
 TEST_P(HybridInProcess, TwoByTwoEqualsOneProcess) {
-  actors::node_options options;
-  options.name = "worker0";
-  options.world_size = 1;
-  options.listen_address = "127.0.0.1";
-  auto node = actors::node::start(options);
+  auto node = troupe::test::start_local_node();
   ASSERT_TRUE(node) << node.error().message();
   register_stage_factory(**node, recipe());
   const auto [schedule, m] = GetParam();
@@ -132,11 +128,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, HybridInProcess,
                                            std::pair{schedule_kind::gpipe, std::size_t{2}}));
 
 TEST(HybridLayout, RefusesUnevenLayouts) {
-  actors::node_options options;
-  options.name = "worker0";
-  options.world_size = 1;
-  options.listen_address = "127.0.0.1";
-  auto node = actors::node::start(options);
+  auto node = troupe::test::start_local_node();
   ASSERT_TRUE(node) << node.error().message();
   register_stage_factory(**node, recipe());
   EXPECT_THROW((void)hybrid_pipeline::create(**node, layout({{"worker0/cpu", "worker0/cpu"}}, schedule_kind::gpipe, 1)),

@@ -19,6 +19,15 @@ using namespace std::chrono_literals;
 using parallel::reducer_group;
 using parallel::reducer_group_options;
 
+/// A one-process job: node "worker0" on loopback.
+inline expected<std::unique_ptr<actors::node>> start_local_node() {
+  actors::node_options options;
+  options.name = "worker0";
+  options.world_size = 1;
+  options.listen_address = "127.0.0.1";
+  return actors::node::start(options);
+}
+
 /// N reducers in this process, on one node.
 struct local_ring {
   std::unique_ptr<actors::node> node;
@@ -26,11 +35,7 @@ struct local_ring {
 
   explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024,
                       std::chrono::milliseconds timeout = 5000ms) {
-    actors::node_options options;
-    options.name = "worker0";
-    options.world_size = 1;
-    options.listen_address = "127.0.0.1";
-    auto started = actors::node::start(options);
+    auto started = start_local_node();
     EXPECT_TRUE(started) << started.error().message();
     if (!started)
       return;
