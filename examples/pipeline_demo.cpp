@@ -30,26 +30,25 @@
 //   worker1/cpu/stage1            worker1        800      7550.582     52.5      45.3
 //   worker2/cpu/stage2            worker2        800      7887.855     54.9      42.8
 //   worker3/cpu/stage3            worker3        800      9015.031     62.7      34.6
-// Flags: --steps, --print-every, --micro-batches, --schedule=1f1b|gpipe; any
+// Hybrid layout: --replicas=R runs R replicas of a pipeline of N/R stages,
+// stage s of every replica averaging its gradients through its own reducer
+// ring (2 stages x 2 replicas over 4 processes with -n 4 --replicas=2).
+// Flags: --steps, --print-every, --micro-batches, --schedule=1f1b|gpipe,
+// --replicas; any
 // number of processes from 1 to 6 (one stage each).
-#include <algorithm>
-#include <array>
 #include <atomic>
-#include <filesystem>
-#include <fstream>
 #include <future>
-#include <iterator>
 #include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include "command_line.hpp"
+#include "license_corpus.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/functions.hpp"
-#include "troupe/autograd/nn/gpt.hpp"
-#include "troupe/parallel/remote.hpp"
+#include "troupe/parallel/hybrid.hpp"
 
 using namespace troupe;
 using namespace std::chrono;
@@ -60,43 +59,21 @@ int main(int argc, char** argv) {
   auto every = cl.integer("print-every", 10, 1, 1'000'000);
   auto micro = cl.integer("micro-batches", 4, 1, 32);
   auto schedule = cl.text("schedule", "1f1b");
+  auto replicas = cl.integer("replicas", 1, 1, 8);
   auto options = actors::node_options::from(argc, argv);
   auto rest = cl.finish();
   for (const troupe::error* e : {steps ? nullptr : &steps.error(), every ? nullptr : &every.error(),
-                                 micro ? nullptr : &micro.error(), options ? nullptr : &options.error(),
+                                 micro ? nullptr : &micro.error(), replicas ? nullptr : &replicas.error(), options ? nullptr : &options.error(),
                                  rest ? nullptr : &rest.error()})
     if (e) return fmt::print(stderr, "pipeline_demo: {}\n", e->message()), 2;
   if (schedule != "1f1b" && schedule != "gpipe")
     return fmt::print(stderr, "pipeline_demo: --schedule is '{}' but must be 1f1b or gpipe\n", schedule), 2;
+  if (options->world_size % *replicas != 0)
+    return fmt::print(stderr, "pipeline_demo: --replicas={} does not divide the {} processes\n", *replicas,
+                      options->world_size), 2;
 
-  // The corpus, as in char_lm: every license text, bytes -> token ids.
-  std::vector<std::filesystem::path> files;
-  for (const auto& entry : std::filesystem::directory_iterator("/usr/share/common-licenses"))
-    if (entry.is_regular_file() && !entry.is_symlink()) files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  std::string text;
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    text.append(std::istreambuf_iterator<char>(in), {});
-  }
-  std::array<int, 256> index_of{};
-  index_of.fill(-1);
-  std::int64_t vocab = 0;
-  for (unsigned char c : text) if (index_of[c] < 0) index_of[c] = 0;
-  for (auto& i : index_of) if (i == 0) i = int(vocab++);
-  std::vector<std::int64_t> ids(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) ids[i] = index_of[static_cast<unsigned char>(text[i])];
-  auto corpus = tensor::from(ids, {std::int64_t(ids.size())});
-
-  // The recipe every rank shares: the same model from the same seed.
-  const nn::gpt_config config{.vocab_size = vocab, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 64,
-                              .dropout = 0.0, .seed = 1};
-  parallel::stage_recipe recipe{
-    [config] { return std::static_pointer_cast<nn::sequential>(std::make_shared<nn::gpt>(config)); },
-    parallel::adam_factory({.lr = 3e-3, .weight_decay = 0.01}, true),
-    [vocab](const autograd::variable& logits, const tensor& targets) {
-      return autograd::cross_entropy(autograd::reshape(logits, {-1, vocab}), targets.reshape({-1}));
-    }};
+  examples::license_corpus corpus;
+  auto recipe = corpus.recipe(); // every rank: the same model from the same seed
 
   auto started = actors::node::start(*options);
   if (!started) return fmt::print(stderr, "pipeline_demo: {}\n", started.error().message()), 1;
@@ -127,49 +104,67 @@ int main(int argc, char** argv) {
     for (auto deadline = steady_clock::now() + 30s; !n.lookup(peer_done) && steady_clock::now() < deadline;)
       std::this_thread::sleep_for(50ms);
   }
+  // Replica k's stage s runs on worker<k * stages + s>; each replica
+  // trains on its own `batch` rows of every step's batch.
+  const auto stages = world / std::uint32_t(*replicas);
   constexpr std::int64_t batch = 32, seq = 64;
+  const std::int64_t total = batch * *replicas;
   generator data_gen{2};
-  auto next_batch = [&] {
-    auto starts = randint({batch}, data_gen, 0, corpus.numel() - seq - 1).to_vector<std::int64_t>();
-    std::vector<tensor> xs, ys;
-    for (auto s : starts) xs.push_back(corpus.narrow(0, s, seq)), ys.push_back(corpus.narrow(0, s + 1, seq));
-    return std::pair{stack(xs, 0), stack(ys, 0)};
-  };
+  auto next_batch = [&] { return corpus.batch(data_gen, total, seq); };
 
   auto pipe_options = parallel::remote_options(n, recipe);
   auto [x0, y0] = next_batch();
   parallel::balance_options balance;
-  balance.stages = balance.activations_in_flight = world; // 1F1B holds at most p micro-batches
+  balance.stages = balance.activations_in_flight = stages; // 1F1B holds at most p micro-batches
   auto split = parallel::balance_by_time(*pipe_options.model, x0.narrow(0, 0, batch / *micro), balance);
   if (!split) return fmt::print(stderr, "pipeline_demo: {}\n", split.error().message()), 1;
-  fmt::print("pipeline_demo: {} characters, vocabulary {}, {} layers, {} parameters, {} stages, {}, {} micro-batches\n",
-             text.size(), vocab, pipe_options.model->size(), pipe_options.model->parameter_count(), world,
-             schedule == "gpipe" ? "GPipe" : "1F1B", *micro);
+  fmt::print("pipeline_demo: {} characters, vocabulary {}, {} layers, {} parameters, {} stages x {} replicas, {}, "
+             "{} micro-batches\n", corpus.characters, corpus.vocab, pipe_options.model->size(),
+             pipe_options.model->parameter_count(), stages, *replicas, schedule == "gpipe" ? "GPipe" : "1F1B", *micro);
   fmt::print("{}", parallel::to_string(*split));
-  pipe_options.places = places;
-  pipe_options.split = *split;
-  pipe_options.schedule = schedule == "gpipe" ? parallel::schedule_kind::gpipe : parallel::schedule_kind::one_f_one_b;
-  pipe_options.micro_batches = std::size_t(*micro);
-  auto pipe = parallel::pipeline::create(n.system(), std::move(pipe_options));
-  if (!pipe) return fmt::print(stderr, "pipeline_demo: {}\n", pipe.error().message()), 1;
+  const auto kind = schedule == "gpipe" ? parallel::schedule_kind::gpipe : parallel::schedule_kind::one_f_one_b;
+  std::unique_ptr<parallel::pipeline> pipe;
+  std::unique_ptr<parallel::hybrid_pipeline> hybrid; // with --replicas > 1
+  if (*replicas == 1) {
+    pipe_options.places = places;
+    pipe_options.split = *split;
+    pipe_options.schedule = kind;
+    pipe_options.micro_batches = std::size_t(*micro);
+    auto created = parallel::pipeline::create(n.system(), std::move(pipe_options));
+    if (!created) return fmt::print(stderr, "pipeline_demo: {}\n", created.error().message()), 1;
+    pipe = std::move(*created);
+  } else {
+    parallel::hybrid_options h;
+    h.recipe = recipe;
+    h.split = *split;
+    h.schedule = kind;
+    h.micro_batches = std::size_t(*micro);
+    for (std::uint32_t k = 0; k < std::uint32_t(*replicas); ++k)
+      h.places.emplace_back(places.begin() + k * stages, places.begin() + (k + 1) * stages);
+    auto created = parallel::hybrid_pipeline::create(n, std::move(h));
+    if (!created) return fmt::print(stderr, "pipeline_demo: {}\n", created.error().message()), 1;
+    hybrid = std::move(*created);
+  }
+  auto& first = hybrid ? hybrid->replica(0) : *pipe; // replica 0, for the stage statistics
 
   int status = 0;
   auto t0 = steady_clock::now();
   for (std::int64_t step = 1; step <= *steps; ++step) {
     auto [x, y] = step == 1 ? std::pair{x0, y0} : next_batch();
-    auto loss = (*pipe)->train_step(x, y);
+    auto loss = hybrid ? hybrid->train_step(x, y) : pipe->train_step(x, y);
     if (!loss) { fmt::print(stderr, "pipeline_demo: step {}: {}\n", step, loss.error().message()); status = 1; break; }
     if (step == 1 || step % *every == 0 || step == *steps) {
       double seconds = duration<double>(steady_clock::now() - t0).count();
-      fmt::print("step {:4}  loss {:.4f}  samples/s {:.1f}\n", step, *loss, double(step * batch) / seconds);
+      fmt::print("step {:4}  loss {:.4f}  samples/s {:.1f}\n", step, *loss, double(step * total) / seconds);
     }
   }
-  if (auto stats = (*pipe)->stats(); stats && status == 0) {
+  if (auto stats = first.stats(); stats && status == 0) {
     std::vector<double> measured;
     for (const auto& s : *stats) measured.push_back(s.busy_ms / double(*micro)); // per micro-batch
     fmt::print("last step, per micro-batch:\n{}", parallel::to_string(*split, measured));
   }
-  pipe->reset(); // stops the stages, then tells every other rank to end
+  pipe.reset(); // stops the stages, then tells every other rank to end
+  hybrid.reset();
   std::vector<std::promise<void>> sent(world);
   auto name = trace::intern("worker0/cpu/driver");
   for (std::uint32_t r = 1; r < world; ++r) {

@@ -30,8 +30,9 @@ files=$(ls "$dir/trace"/trace-*.bin | wc -l)
 [ "$files" -eq "$ranks" ] || { echo "FAIL: $files trace files for $ranks ranks"; exit 1; }
 "$bin/troupe-trace" summary "$dir/trace" | tee "$dir/summary"
 for ((s = 0; s < ranks; s++)); do
-  grep -Eq "^worker$s/cpu/stage$s .*[0-9.]+%?\s*$" "$dir/summary" ||
-    { echo "FAIL: no row with a bubble fraction for worker$s/cpu/stage$s"; exit 1; }
+  # "stage<s>", or "r<k>.stage<j>" for replica k's stage j (--replicas).
+  grep -Eq "^worker$s/cpu/(r[0-9]+\.)?stage[0-9]+ .*[0-9.]+%?\s*$" "$dir/summary" ||
+    { echo "FAIL: no row with a bubble fraction for the stage on worker$s"; exit 1; }
 done
 "$bin/troupe-trace" svg -o "$dir/t.svg" "$dir/trace"
 [ -s "$dir/t.svg" ] && grep -q "<svg" "$dir/t.svg" || { echo "FAIL: empty SVG"; exit 1; }

@@ -42,7 +42,8 @@ data_parallel::data_parallel(nn::named_variables parameters, reducer_group& grou
     : parameters_(std::move(parameters)), group_(group), options_(std::move(options)),
       name_(options_.name.empty() ? fmt::format("replica {}", group.rank()) : options_.name),
       buckets_(plan_buckets(parameters_, options_.buckets)), where_(parameters_.size()),
-      trace_name_(trace::intern(name_)), trace_backward_(trace::intern("backward")),
+      trace_name_(trace::intern(group.place_of(group.rank()).with_name(fmt::format("replica{}", group.rank())).to_string())),
+      trace_reducer_(trace::intern(group.place_of(group.rank()).to_string())), trace_backward_(trace::intern("backward")),
       trace_allreduce_(trace::intern("allreduce")) {
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     for (std::size_t s = 0; s < buckets_[b].slots.size(); ++s)
@@ -131,9 +132,9 @@ void data_parallel::reduction_loop() {
     st.started = clock::now();
     expected<void> ok;
     if (!skip) {
-      trace::handler_start(trace_name_, trace::message_info(trace_allreduce_, {}, buckets_[b].bytes()));
+      trace::handler_start(trace_reducer_, trace::message_info(trace_allreduce_, {}, buckets_[b].bytes()));
       ok = ring_allreduce(group_, st.flat, {.op = reduce_op::average, .context_id = st.id});
-      trace::handler_end(trace_name_, trace_allreduce_);
+      trace::handler_end(trace_reducer_, trace_allreduce_);
     }
     st.finished = clock::now();
     lock.lock();

@@ -1,6 +1,8 @@
 // Bucket planning and parameter packing (gradient_bucket.hpp).
 #include "troupe/parallel/gradient_bucket.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "troupe/tensor/error.hpp"
@@ -19,7 +21,8 @@ std::vector<gradient_bucket> plan_buckets(const nn::named_variables& parameters,
     const auto bytes = static_cast<std::size_t>(p.numel()) * size_of(p.type());
     // The bucket being filled is capped by first_bucket_bytes while it is
     // the first one.
-    const auto cap = buckets.size() == 1 ? options.first_bucket_bytes : options.bucket_bytes;
+    const auto cap =
+      buckets.size() == 1 ? std::min(options.first_bucket_bytes, options.bucket_bytes) : options.bucket_bytes;
     const bool fits = !buckets.empty() && buckets.back().type == p.type() && buckets.back().bytes() + bytes <= cap;
     if (!fits)
       buckets.push_back({p.type(), 0, {}});

@@ -44,7 +44,8 @@ std::vector<std::string> reducer_places(const std::vector<std::string>& node_nam
 }
 
 reducer_group::reducer_group(actors::node& node, reducer_group_options options, std::vector<actors::place> places)
-    : node_(node), options_(std::move(options)), places_(std::move(places)), state_(std::make_shared<state>()) {}
+    : node_(node), options_(std::move(options)), places_(std::move(places)), state_(std::make_shared<state>()),
+      trace_name_(trace::intern(places_.at(options_.rank).to_string())) {}
 
 std::string reducer_group::describe(std::uint32_t rank) const {
   return fmt::format("replica {} ({})", rank, places_.at(rank).to_string());
@@ -150,7 +151,7 @@ expected<void> reducer_group::send_to(std::uint32_t to, std::uint64_t id, std::u
       if (!r)
         if (auto s = weak.lock())
           s->fail(fmt::format("sending to {} failed: {}", who, r.error().message()));
-    });
+    }, trace_name_);
     if (sent)
       return {};
     // Back-pressure: wait for completions, bounded.

@@ -149,7 +149,9 @@ private:
   std::vector<std::pair<std::size_t, std::size_t>> where_;
   std::vector<std::size_t> hook_ids_;
   bool final_pass_ = true;
-  trace::name_id trace_name_, trace_backward_, trace_allreduce_;
+  /// Trace rows: backward under "<node>/<device>/replica<rank>", the
+  /// buckets' allreduce under the reducer's place.
+  trace::name_id trace_name_, trace_reducer_, trace_backward_, trace_allreduce_;
 
   // Shared with the reduction thread (mutex_).
   mutable std::mutex mutex_;

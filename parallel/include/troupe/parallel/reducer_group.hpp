@@ -41,6 +41,7 @@
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/tensor_message.hpp"
+#include "troupe/actors/trace.hpp"
 #include "troupe/tensor/expected.hpp"
 #include "troupe/tensor/tensor.hpp"
 
@@ -113,6 +114,8 @@ private:
   std::shared_ptr<state> state_;
   caf::actor reducer_;
   std::uint64_t next_id_ = 0;
+  /// This member's place, as the sender of its chunks in traces.
+  trace::name_id trace_name_;
 };
 
 } // namespace troupe::parallel
