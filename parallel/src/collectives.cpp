@@ -53,8 +53,12 @@ expected<void> check(const tensor& t, const char* what) {
   return {};
 }
 
-template <class T> tensor copy_of(const T* data, std::int64_t n) {
-  return tensor::from(std::span<const T>(data, static_cast<std::size_t>(n)), {n});
+/// A copy of data[0, n) to send to rank `to` (in the shared arena when it
+/// pays: reducer_group::chunk_buffer).
+template <class T> tensor copy_of(reducer_group& g, std::uint32_t to, const T* data, std::int64_t n) {
+  auto out = g.chunk_buffer(to, dtype_of<T>::value, n);
+  std::memcpy(out.template data<T>(), data, static_cast<std::size_t>(n) * sizeof(T));
+  return out;
 }
 
 /// Runs the ring over the flat buffer `base[0, count)`. Ring steps are
@@ -73,7 +77,8 @@ expected<void> ring(reducer_group& g, T* base, std::int64_t count, std::uint64_t
     auto range = lay.chunk(seg, c);
     if (range.begin == range.end)
       return {}; // empty chunks (count < N) are skipped by both ends
-    return g.send_right(id, step, c, copy_of(base + range.begin, range.end - range.begin));
+    const auto right = mod(std::int64_t{r} + 1, n);
+    return g.send_right(id, step, c, copy_of(g, right, base + range.begin, range.end - range.begin));
   };
   auto receive = [&](std::uint32_t step, ring_range range, std::uint32_t c) -> expected<tensor> {
     auto got = g.receive(left, id, step, c);
@@ -235,7 +240,8 @@ expected<void> broadcast(reducer_group& group, const tensor& data, broadcast_opt
                     const auto index = static_cast<std::uint32_t>(c);
                     if (position == 0) {
                       // The root: every chunk right, without waiting.
-                      if (auto ok = group.send_right(id, 0, index, copy_of(base + b, len)); !ok)
+                      const auto right = mod(std::int64_t{group.rank()} + 1, n);
+                      if (auto ok = group.send_right(id, 0, index, copy_of(group, right, base + b, len)); !ok)
                         return ok;
                       continue;
                     }

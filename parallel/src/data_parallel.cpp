@@ -10,6 +10,9 @@
 #include "troupe/parallel/broadcast.hpp"
 #include "troupe/parallel/ring_allreduce.hpp"
 #include "troupe/tensor/error.hpp"
+#ifdef TROUPE_HAVE_NCCL
+#include "troupe/parallel/nccl_communicator.hpp"
+#endif
 
 namespace troupe::parallel {
 
@@ -24,11 +27,24 @@ double ms(std::chrono::steady_clock::duration d) {
 expected<std::unique_ptr<data_parallel>> data_parallel::create(nn::named_variables parameters, reducer_group& group,
                                                                data_parallel_options options) {
   std::unique_ptr<data_parallel> dp(new data_parallel(std::move(parameters), group, std::move(options)));
+  if (dp->where_.kind == device_kind::cuda) {
+#ifdef TROUPE_HAVE_NCCL
+    // A collective of the group: NCCL's unique id travels over the ring.
+    auto nccl = nccl_communicator::create(group, {.where = dp->where_, .timeout = dp->options_.nccl_timeout});
+    if (!nccl)
+      return make_error(nccl.error().code(), "{}: {}", dp->name_, nccl.error().message());
+    dp->nccl_ = std::move(*nccl);
+#else
+    return make_error(errc::invalid_argument, "{}: the parameters are on {} but this build has no NCCL",
+                      dp->name_, dp->where_);
+#endif
+  }
   if (dp->options_.broadcast_parameters) {
     // Rank 0's values, bucket by bucket, in the same order on every rank.
     for (const auto& bucket : dp->buckets_) {
       auto flat = pack_parameters(bucket, dp->parameters_);
-      if (auto ok = broadcast(group, flat, {.root = 0}); !ok)
+      auto ok = dp->nccl_ ? dp->nccl_broadcast(flat) : broadcast(group, flat, {.root = 0});
+      if (!ok)
         return make_error(ok.error().code(), "{}: copying rank 0's parameters failed: {}", dp->name_,
                           ok.error().message());
       if (group.rank() != 0)
@@ -39,15 +55,20 @@ expected<std::unique_ptr<data_parallel>> data_parallel::create(nn::named_variabl
 }
 
 data_parallel::data_parallel(nn::named_variables parameters, reducer_group& group, data_parallel_options options)
-    : parameters_(std::move(parameters)), group_(group), options_(std::move(options)),
+    : parameters_(std::move(parameters)), group_(group),
+      where_(parameters_.empty() ? device::cpu() : parameters_.front().second.data().where()),
+      options_(std::move(options)),
       name_(options_.name.empty() ? fmt::format("replica {}", group.rank()) : options_.name),
-      buckets_(plan_buckets(parameters_, options_.buckets)), where_(parameters_.size()),
+      buckets_(plan_buckets(parameters_, options_.buckets)), slot_of_(parameters_.size()),
       trace_name_(trace::intern(group.place_of(group.rank()).with_name(fmt::format("replica{}", group.rank())).to_string())),
       trace_reducer_(trace::intern(group.place_of(group.rank()).to_string())), trace_backward_(trace::intern("backward")),
       trace_allreduce_(trace::intern("allreduce")) {
+  for (const auto& [name, p] : parameters_)
+    require(p.data().where() == where_, "{}: parameter {} is on {} but the first one is on {}; a replica's "
+            "parameters must share one device", name_, name, p.data().where(), where_);
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     for (std::size_t s = 0; s < buckets_[b].slots.size(); ++s)
-      where_[buckets_[b].slots[s].parameter] = {b, s};
+      slot_of_[buckets_[b].slots[s].parameter] = {b, s};
   state_.resize(buckets_.size());
   reset_pass();
   for (std::size_t k = 0; k < parameters_.size(); ++k)
@@ -82,7 +103,7 @@ void data_parallel::reset_pass() {
 void data_parallel::gradient_ready(std::size_t parameter) {
   if (!final_pass_)
     return; // accumulating locally; synchronize() packs the sums
-  const auto [b, s] = where_[parameter];
+  const auto [b, s] = slot_of_[parameter];
   auto& st = state_[b];
   const auto& slot = buckets_[b].slots[s];
   require(!st.queued && !st.filled[s],
@@ -92,7 +113,7 @@ void data_parallel::gradient_ready(std::size_t parameter) {
   // A fresh buffer per pass (the caching allocator makes it cheap): the
   // previous pass's gradients are views of the old one and stay valid.
   if (!st.flat.defined())
-    st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type);
+    st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type, where_);
   st.flat.slice(0, slot.offset, slot.offset + slot.numel)
     .copy_from(parameters_[parameter].second.grad().reshape({slot.numel}));
   st.filled[s] = true;
@@ -133,7 +154,7 @@ void data_parallel::reduction_loop() {
     expected<void> ok;
     if (!skip) {
       trace::handler_start(trace_reducer_, trace::message_info(trace_allreduce_, {}, buckets_[b].bytes()));
-      ok = ring_allreduce(group_, st.flat, {.op = reduce_op::average, .context_id = st.id});
+      ok = reduce(b);
       trace::handler_end(trace_reducer_, trace_allreduce_);
     }
     st.finished = clock::now();
@@ -144,6 +165,23 @@ void data_parallel::reduction_loop() {
     ++done_;
     wake_.notify_all();
   }
+}
+
+expected<void> data_parallel::reduce(std::size_t b) {
+  auto& st = state_[b];
+#ifdef TROUPE_HAVE_NCCL
+  if (nccl_)
+    return nccl_->allreduce(st.flat, reduce_op::average);
+#endif
+  return ring_allreduce(group_, st.flat, {.op = reduce_op::average, .context_id = st.id});
+}
+
+expected<void> data_parallel::nccl_broadcast([[maybe_unused]] const tensor& flat) {
+#ifdef TROUPE_HAVE_NCCL
+  return nccl_->broadcast(flat, 0);
+#else
+  return make_error(errc::invalid_argument, "{}: no NCCL in this build", name_);
+#endif
 }
 
 expected<void> data_parallel::backward(const autograd::variable& loss) {
@@ -171,7 +209,7 @@ expected<void> data_parallel::synchronize() {
   for (std::size_t b = next_to_queue_; b < buckets_.size(); ++b) {
     auto& st = state_[b];
     if (!st.flat.defined())
-      st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type);
+      st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type, where_);
     for (std::size_t s = 0; s < buckets_[b].slots.size(); ++s) {
       if (st.filled[s])
         continue;

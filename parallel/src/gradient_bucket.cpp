@@ -34,7 +34,7 @@ std::vector<gradient_bucket> plan_buckets(const nn::named_variables& parameters,
 }
 
 tensor pack_parameters(const gradient_bucket& bucket, const nn::named_variables& parameters) {
-  auto flat = tensor::empty({bucket.numel}, bucket.type);
+  auto flat = tensor::empty({bucket.numel}, bucket.type, parameters.at(bucket.slots.front().parameter).second.data().where());
   for (const auto& s : bucket.slots)
     flat.slice(0, s.offset, s.offset + s.numel).copy_from(parameters.at(s.parameter).second.data().reshape({s.numel}));
   return flat;

@@ -51,6 +51,17 @@ std::string reducer_group::describe(std::uint32_t rank) const {
   return fmt::format("replica {} ({})", rank, places_.at(rank).to_string());
 }
 
+tensor reducer_group::chunk_buffer(std::uint32_t to, dtype type, std::int64_t count) {
+  // The router's own threshold for copying heap tensors into the arena
+  // (tensor_router_options::copy_into_arena_min_bytes): below it UCX sends
+  // eagerly and a handoff's fixed cost dominates.
+  constexpr std::size_t arena_min_bytes = std::size_t{64} << 10;
+  if (places_.at(to).node != node_.name() && static_cast<std::size_t>(count) * size_of(type) >= arena_min_bytes)
+    if (auto in_arena = state_->router->arena_tensor({count}, type))
+      return std::move(*in_arena);
+  return tensor::empty({count}, type);
+}
+
 std::uint64_t reducer_group::next_id() noexcept { return (std::uint64_t{1} << 63) | ++next_id_; }
 
 expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node, reducer_group_options options) {

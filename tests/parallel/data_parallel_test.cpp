@@ -19,6 +19,7 @@
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 using namespace std::chrono_literals;
@@ -311,6 +312,42 @@ TEST(DataParallelFailure, SilentReplicaFailsTheOthersNamingIt) {
   EXPECT_THAT(ok.error().message(), HasSubstr("bucket 0"));
   // The object refuses to go on (its replicas are out of step).
   EXPECT_FALSE((*dp)->synchronize());
+}
+
+// ---- CUDA: buckets on the device, reduced by NCCL ---------------------------
+
+TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
+#ifndef TROUPE_HAVE_NCCL
+  GTEST_SKIP() << "no NCCL in this build";
+#else
+  if (cuda_device_count() < 2)
+    GTEST_SKIP() << "no CUDA device: needs 2, found " << cuda_device_count() << " (" << cuda_unavailable_reason()
+                 << ")";
+  local_ring ring(2);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::vector<float>> got(2);
+  ring.each([&](std::uint32_t r) {
+    const auto gpu = device::cuda(static_cast<std::int32_t>(r));
+    nn::named_variables params{
+      {"weight", autograd::variable(tensor::full({300, 7}, r + 1.0, dtype::float32).to(gpu), true)},
+      {"bias", autograd::variable(tensor::full({7}, r + 1.0, dtype::float32).to(gpu), true)}};
+    auto dp = data_parallel::create(params, *ring.groups[r], dp_options({.bucket_bytes = 4096}));
+    ASSERT_TRUE(dp) << dp.error().message();
+    // Rank 0's parameters reached rank 1.
+    EXPECT_EQ(params[0].second.data().to(device::cpu()).to_vector<float>(), std::vector<float>(2100, 1.0f));
+    for (auto& [name, p] : params)
+      p.set_grad(tensor::full(p.shape(), 10.0 * (r + 1), dtype::float32).to(gpu));
+    auto ok = (*dp)->synchronize(); // no backward: every slot is packed here
+    ASSERT_TRUE(ok) << ok.error().message();
+    for (auto& [name, p] : params) {
+      EXPECT_EQ(p.grad().where(), gpu);
+      auto values = p.grad().to(device::cpu()).to_vector<float>();
+      got[r].insert(got[r].end(), values.begin(), values.end());
+    }
+  });
+  EXPECT_EQ(got[0], std::vector<float>(2107, 15.0f));
+  EXPECT_EQ(got[0], got[1]);
+#endif
 }
 
 // ---- across processes -------------------------------------------------------

@@ -39,6 +39,12 @@
 // synchronize() then reduces the accumulated values. Parameters that got no
 // gradient in a pass contribute zeros.
 //
+// Devices. Parameters on a CUDA device (all on one) keep their buckets on
+// that device, and the buckets are reduced by an NCCL communicator
+// (nccl_communicator.hpp) that create() bootstraps over the same reducer
+// ring; on the CPU the ring itself reduces them. A CUDA model in a build
+// without NCCL is an error at create().
+//
 // Failure. A replica that dies or hangs fails its neighbours' collectives
 // within the group's timeout with an error naming it (reducer_group.hpp);
 // backward()/synchronize() return that error, and the object refuses to
@@ -63,12 +69,16 @@
 
 namespace troupe::parallel {
 
+class nccl_communicator;
+
 struct data_parallel_options {
   bucket_options buckets;
   /// Copy rank 0's parameters to every replica at creation.
   bool broadcast_parameters = true;
   /// For errors and traces; default "replica <rank>".
   std::string name;
+  /// CUDA parameters: bound on NCCL's bootstrap and on each collective.
+  std::chrono::milliseconds nccl_timeout{60000};
 };
 
 /// Timings of the last synchronized step (steady clock, milliseconds).
@@ -140,13 +150,19 @@ private:
   void reduction_loop();
   void reset_pass();
 
+  /// Reduces one bucket in place (NCCL or the ring).
+  expected<void> reduce(std::size_t bucket);
+  expected<void> nccl_broadcast(const tensor& flat);
+
   nn::named_variables parameters_;
   reducer_group& group_;
+  device where_;                             ///< the parameters' device
+  std::shared_ptr<nccl_communicator> nccl_;  ///< CUDA parameters only
   data_parallel_options options_;
   std::string name_;
   std::vector<gradient_bucket> buckets_;
   /// parameter index -> (bucket, slot)
-  std::vector<std::pair<std::size_t, std::size_t>> where_;
+  std::vector<std::pair<std::size_t, std::size_t>> slot_of_;
   std::vector<std::size_t> hook_ids_;
   bool final_pass_ = true;
   /// Trace rows: backward under "<node>/<device>/replica<rank>", the

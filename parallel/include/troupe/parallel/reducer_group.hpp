@@ -98,6 +98,12 @@ public:
   /// Sends to any member (broadcast's root to its successor is the same call).
   expected<void> send_to(std::uint32_t rank, std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,
                          tensor chunk);
+  /// A buffer for a chunk of `count` elements to send to `to`: in this
+  /// node's shared arena when `to` is another node and the chunk is large
+  /// enough for a by-reference handoff to pay (a same-host receiver then
+  /// reads it where it lies: one copy, the caller's, instead of two), on
+  /// the heap otherwise or when the arena is full.
+  tensor chunk_buffer(std::uint32_t to, dtype type, std::int64_t count);
   /// Waits (at most `timeout`) for the chunk from rank `from`.
   expected<tensor> receive(std::uint32_t from, std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index);
   /// Drops what is left of a collective (after a failure).
