@@ -56,10 +56,15 @@ bool configure_blas_threads() {
   return true;
 }
 
+// At start-up, not at the first GEMM: OpenBLAS starts its worker threads
+// when it is loaded, and an idle worker spins in sched_yield for a while
+// after start-up and after every job. Processes that never multiply (a
+// reducer, the allreduce benchmark's ranks) lost CPU to it on two cores.
+[[maybe_unused]] const bool blas_threads_configured = configure_blas_threads();
+
 } // namespace
 
 void cpu_backend::gemm(const tensor& a, const tensor& b, tensor& out, double alpha, double beta) {
-  [[maybe_unused]] static const bool configured = configure_blas_threads();
   const auto m = a.size(0);
   const auto k = a.size(1);
   const auto n = b.size(1);
