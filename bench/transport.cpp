@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -760,7 +761,8 @@ int parent(int argc, char** argv) {
     const std::pair<mode, const char*> modes[] = {
         {mode::arena, "arena tensor (by reference)"}, {mode::heap_ucx, "heap tensor, UCX"},
         {mode::heap_copy, "heap tensor, copied into the arena"}};
-    for (auto [bytes, count] : {sizes_and_counts{1 << 20, quick ? 50 : 200}, sizes_and_counts{16 << 20, quick ? 10 : 30},
+    for (auto [bytes, count] : {sizes_and_counts{64 << 10, quick ? 200 : 1000}, sizes_and_counts{256 << 10, quick ? 100 : 400},
+                                sizes_and_counts{1 << 20, quick ? 50 : 200}, sizes_and_counts{16 << 20, quick ? 10 : 30},
                                 sizes_and_counts{64 << 20, quick ? 4 : 10}}) {
       std::vector<double> figures[3];
       int wrong[3] = {0, 0, 0};
@@ -800,7 +802,7 @@ int parent(int argc, char** argv) {
   if (section("tracing")) {
     auto dir = std::filesystem::temp_directory_path() / fmt::format("troupe-bench-trace-{}", ::getpid());
     plane_session session("tcp");
-    int trace_rounds = std::max(rounds, quick ? 7 : 15);
+    int trace_rounds = std::max(rounds, quick ? 9 : 41);
     for (auto [bytes, count] : {sizes_and_counts{4 << 10, quick ? 2000 : 5000},
                                 sizes_and_counts{1 << 20, quick ? 100 : 200}}) {
       std::vector<double> plain, traced, ratio;
@@ -823,13 +825,19 @@ int parent(int argc, char** argv) {
       }
       auto sorted = ratio;
       std::sort(sorted.begin(), sorted.end());
+      // A distribution-free 95% confidence interval of the median: the
+      // order statistics n/2 -+ 0.98 sqrt(n) (normal approximation of the
+      // binomial), clamped to the sample.
+      auto n = static_cast<double>(sorted.size());
+      auto lo = static_cast<std::size_t>(std::max(0.0, std::floor(n / 2 - 0.98 * std::sqrt(n))));
+      auto hi = static_cast<std::size_t>(std::min(n - 1, std::ceil(n / 2 + 0.98 * std::sqrt(n)) - 1));
       auto records = trace::stats().records;
       out.add({fmt::format("tracing on, data plane tcp, {}", human(bytes)), "throughput", bench::median(traced),
                "GB/s", "tracing off", bench::median(plain),
-               fmt::format("median traced/untraced ratio of {} interleaved round pairs {:.3f} (quartiles {:.3f}-{:.3f}, "
-                           "range {:.3f}-{:.3f}); {} records in the last traced round",
-                           trace_rounds, bench::median(ratio), sorted[sorted.size() / 4], sorted[sorted.size() * 3 / 4],
-                           sorted.front(), sorted.back(), records)});
+               fmt::format("median traced/untraced ratio of {} interleaved round pairs {:.3f} (95% CI of the median "
+                           "{:.3f}-{:.3f}, range {:.3f}-{:.3f}); {} records in the last traced round",
+                           trace_rounds, bench::median(ratio), sorted[lo], sorted[hi], sorted.front(), sorted.back(),
+                           records)});
     }
     std::filesystem::remove_all(dir);
   }

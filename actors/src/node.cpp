@@ -392,6 +392,8 @@ troupe::expected<void> node::start_router() {
   ro.request_timeout = timeout;
   ro.encrypted = options_.tls.requested();
   ro.data_plane.token = *token;
+  ro.arena_bytes = options_.arena_bytes;
+  ro.copy_into_arena_min_bytes = options_.arena_copy_min_bytes;
   auto router = tensor_router::start(sys, std::move(ro));
   if (!router)
     return router.error();

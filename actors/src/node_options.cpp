@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "troupe/actors/place.hpp"
+#include "troupe/actors/shared_arena.hpp"
 
 namespace troupe::actors {
 
@@ -189,6 +190,18 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
     return count(scheduler.max_threads);
   if (key == "middleman.workers")
     return count(scheduler.middleman_workers);
+  if (key == "arena-bytes" || key == "arena-copy-min-bytes") {
+    // Plain decimal byte counts, 64-bit.
+    std::uint64_t bytes = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), bytes);
+    if (ec != std::errc() || end != value.data() + value.size() || value.empty())
+      return make_error(errc::invalid_argument, "{}=\"{}\" is not a byte count", source, value);
+    if (key == "arena-bytes" && bytes > shared_arena::max_bytes)
+      return make_error(errc::invalid_argument, "{}=\"{}\" is above the largest arena, {} bytes", source, value,
+                        shared_arena::max_bytes);
+    (key == "arena-bytes" ? arena_bytes : arena_copy_min_bytes) = bytes;
+    return {};
+  }
   if (key.starts_with("device-map.")) {
     auto destination = key.substr(11);
     if (auto ok = validate_node_name(destination); !ok)
@@ -203,7 +216,7 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
                     "{}: unknown option \"{}\" (known: name, rank, world-size, coordinator, port, listen-address, "
                     "heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout, tls.certificate, "
                     "tls.key, tls.ca, tls.passphrase, scheduler.policy, scheduler.max-threads, middleman.workers, "
-                    "device-map.<node>, config)",
+                    "arena-bytes, arena-copy-min-bytes, device-map.<node>, config)",
                     source, key);
 }
 

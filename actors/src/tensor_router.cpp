@@ -62,13 +62,17 @@ struct tensor_router::impl {
   std::map<std::string, std::string> lost;         // node -> why
   std::map<std::string, trace::name_id> trace_names;
   std::set<std::string> same_host;                 // connected nodes on this host
-  std::map<std::string, peer_id> arena_owners;     // arena name -> the peer that handed it out
   tensor_router_stats stats;
 
   // Same-host tensors by reference (null without an arena).
   std::unique_ptr<shared_arena> arena;
   std::unique_ptr<arena_mapper> mapper;
   arena_loans loans;
+  // Arena name -> the peer that handed it out. Its own mutex: the release
+  // function runs wherever a received tensor's last view goes, including
+  // inside `mutex` (a queued message dropped while draining).
+  std::mutex owners_mutex;
+  std::map<std::string, peer_id> arena_owners;
   std::atomic<std::size_t> copy_min{SIZE_MAX};
   std::atomic<std::uint64_t> arena_sends{0}, arena_copies{0}, arena_fallbacks{0}, arena_receives{0},
       arena_refused{0};
@@ -138,7 +142,7 @@ struct tensor_router::impl {
       return;
     }
     {
-      std::lock_guard guard(mutex);
+      std::lock_guard guard(owners_mutex);
       arena_owners[handoff.region.arena] = from;
     }
     ++arena_receives;
@@ -421,7 +425,7 @@ expected<std::shared_ptr<tensor_router>> tensor_router::start(caf::actor_system&
           return; // this node stopped: its peers take their loans back when it is lost
         peer_id owner = 0;
         {
-          std::lock_guard guard(r->impl_->mutex);
+          std::lock_guard guard(r->impl_->owners_mutex);
           if (auto it = r->impl_->arena_owners.find(region.arena); it != r->impl_->arena_owners.end())
             owner = it->second;
         }

@@ -212,8 +212,13 @@ void drain_all(session& s) {
     bool was_orphaned = ring->orphaned.load(std::memory_order_acquire);
     auto h = ring->head.load(std::memory_order_relaxed);
     auto t = ring->tail.load(std::memory_order_acquire);
-    for (auto i = h; i != t; ++i)
-      s.pending.push_back(ring->slots[i & ring->mask]);
+    // At most two contiguous runs (the ring wraps once).
+    if (auto n = t - h; n > 0) {
+      auto first = h & ring->mask;
+      auto run = std::min<std::uint64_t>(n, ring->mask + 1 - first);
+      s.pending.insert(s.pending.end(), ring->slots.get() + first, ring->slots.get() + first + run);
+      s.pending.insert(s.pending.end(), ring->slots.get(), ring->slots.get() + (n - run));
+    }
     ring->head.store(t, std::memory_order_release);
     if (auto d = ring->dropped.exchange(0, std::memory_order_relaxed)) {
       record r;

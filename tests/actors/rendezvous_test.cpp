@@ -115,8 +115,17 @@ TEST(NodeOptions, BadFlagsNameTheFlagAndValue) {
   EXPECT_NE(error_of({"--troupe.device-map.worker1=cpu=>cuda:0"}).find("--troupe.device-map.worker1"),
             std::string::npos);
   EXPECT_EQ(error_of({"--troupe.rank=3", "--troupe.world-size=2"}), "rank 3 is not below the world size 2");
+  EXPECT_EQ(error_of({"--troupe.arena-bytes=1G"}), "--troupe.arena-bytes=\"1G\" is not a byte count");
+  EXPECT_NE(error_of({"--troupe.arena-bytes=99999999999999999"}).find("above the largest arena"), std::string::npos);
   // Arguments after "--" belong to the program.
   EXPECT_TRUE(from({"--", "--troupe.rank=x"}));
+}
+
+TEST(NodeOptions, ArenaSizeAndCopyThreshold) {
+  auto options = from({"--troupe.arena-bytes=0", "--troupe.arena-copy-min-bytes=1048576"}, {});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->arena_bytes, 0u);
+  EXPECT_EQ(options->arena_copy_min_bytes, 1048576u);
 }
 
 TEST(NodeOptions, ConfigFileHasTheLowestPrecedence) {

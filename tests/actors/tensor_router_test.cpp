@@ -83,6 +83,18 @@ int run_router_child(int argc, char** argv) {
   n.register_factory("checker", [router](caf::actor_system& sys, const place& where, const caf::message&) {
     return make_checker(router, sys, where);
   });
+  // "echo": sends every tensor it receives straight back to the collector
+  // (a tensor received by reference goes back through this node's arena).
+  n.register_factory("echo", [router](caf::actor_system& sys, const place&, const caf::message&) -> caf::expected<caf::actor> {
+    return sys.spawn([router]() -> caf::behavior {
+      return {[router](const tensor_message& m) {
+        tensor_message back{m.meta, m.value, 0};
+        back.meta.context_id = checksum(m.value);
+        if (auto ok = router->send(*place::parse("worker0/cpu/collector"), std::move(back)); !ok)
+          std::printf("ECHO ERROR %s\n", ok.error().message().c_str());
+      }};
+    });
+  });
   std::printf("READY %u plane=%s\n", static_cast<unsigned>(n.port()), router->plane() ? "ucx" : "none");
   std::fflush(stdout);
   char byte;
@@ -290,6 +302,8 @@ TEST(TensorRouter, CrossProcessSendsGoOverTheDataPlaneIntact) {
   cluster c;
   ASSERT_NO_FATAL_FAILURE(start_cluster(c));
   EXPECT_NE(c.worker.output().find("plane=ucx"), std::string::npos);
+  // Through UCX: no heap tensor is copied into the arena for this test.
+  c.coordinator->router()->set_copy_into_arena_min_bytes(SIZE_MAX);
   ASSERT_NO_FATAL_FAILURE(round_trip(c, 4096, 1));
   ASSERT_NO_FATAL_FAILURE(round_trip(c, std::size_t{16} << 20, 2));
   ASSERT_NO_FATAL_FAILURE(round_trip(c, 4096, 3)); // connected now: the direct path
@@ -368,6 +382,33 @@ TEST(TensorRouter, ArenaTensorsToASameHostNodeGoByReferenceAndAreReleased) {
   c.worker.close_stdin();
   ASSERT_TRUE(c.worker.wait_for("STOPPED", 15s)) << c.worker.output();
   EXPECT_NE(c.worker.output().find("arena_receives=3"), std::string::npos) << c.worker.output();
+}
+
+TEST(TensorRouter, ATensorReceivedByReferenceCanBeSentOnAndBack) {
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c));
+  auto router = c.coordinator->router();
+  ASSERT_TRUE(c.coordinator->spawn_remote(*place::parse("worker1/cpu/echo"), "echo"));
+  // Heap tensors of 1 MiB (copied into the arena by default) out, and the
+  // received, mapped tensor straight back: the first reply is queued while
+  // worker1 connects to us and dropped from that queue while it drains.
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    auto value = pattern(1 << 20, step);
+    auto sum = checksum(value);
+    tensor_message m;
+    m.meta.step = step;
+    m.value = value;
+    ASSERT_TRUE(router->send(*place::parse("worker1/cpu/echo"), std::move(m)));
+    auto reply = c.box.wait_for_step(step, 15s);
+    ASSERT_TRUE(reply) << "no echo for step " << step << "; worker output:\n" << c.worker.output();
+    EXPECT_EQ(reply->context_id, sum);
+    EXPECT_NE(reply->data, value.raw_data());
+  }
+  EXPECT_EQ(router->stats().arena_copies, 3u);
+  EXPECT_GE(router->stats().arena_receives, 3u);
+  // The collector's inbox keeps only pointers; the echoed tensors are gone,
+  // so both arenas are free again.
+  EXPECT_TRUE(arena_drained(*router, 10s)) << "loans " << router->arena_loans_outstanding();
 }
 
 TEST(TensorRouter, WithTlsTensorsTravelOverCafAndTheDataPlaneIsNotUsed) {

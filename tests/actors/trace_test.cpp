@@ -38,6 +38,31 @@ std::string slurp(const std::string& path) {
 
 } // namespace
 
+TEST(TraceFormat, Crc32MatchesTheBitwiseDefinitionAtEveryLengthAndAlignment) {
+  auto bitwise = [](std::span<const std::byte> bytes) {
+    std::uint32_t crc = ~0u;
+    for (auto b : bytes) {
+      crc ^= static_cast<std::uint8_t>(b);
+      for (int k = 0; k < 8; ++k)
+        crc = (crc & 1) ? 0xedb88320u ^ (crc >> 1) : crc >> 1;
+    }
+    return ~crc;
+  };
+  std::string check = "123456789";
+  EXPECT_EQ(trace::crc32(std::as_bytes(std::span(check.data(), check.size()))), 0xcbf43926u);
+  std::vector<std::byte> data(300);
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<std::byte>(i * 37 + 11);
+  for (std::size_t offset = 0; offset < 8; ++offset)
+    for (std::size_t n = 0; n + offset <= data.size(); n += 13) {
+      auto part = std::span<const std::byte>(data).subspan(offset, n);
+      ASSERT_EQ(trace::crc32(part), bitwise(part)) << "offset " << offset << ", " << n << " bytes";
+    }
+  // Continuing from a previous CRC equals one pass.
+  auto all = std::span<const std::byte>(data);
+  EXPECT_EQ(trace::crc32(all.subspan(100), trace::crc32(all.first(100))), trace::crc32(all));
+}
+
 TEST(TraceRecorder, RecordFlushReadRoundTrip) {
   auto dir = fresh_dir("roundtrip");
   trace::options opts;

@@ -51,6 +51,10 @@ struct node_options {
   scheduler_options scheduler;
   /// Per destination node: where tensors from this node's devices land.
   std::map<std::string, device_map> device_maps;
+  /// The shared arena for tensors to nodes on this host (tensor_router.hpp):
+  /// its size (0: none) and the smallest heap tensor copied into it.
+  std::uint64_t arena_bytes = std::uint64_t{1} << 30;
+  std::uint64_t arena_copy_min_bytes = std::uint64_t{64} << 10;
 
   bool is_coordinator() const { return rank == 0; }
 
@@ -65,7 +69,8 @@ struct node_options {
   /// heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout
   /// (durations: 500ms, 5s, 1.5s, 2m; a bare number is milliseconds),
   /// tls.certificate, tls.key, tls.ca, tls.passphrase, scheduler.policy,
-  /// scheduler.max-threads, middleman.workers, device-map.<node>
+  /// scheduler.max-threads, middleman.workers, arena-bytes,
+  /// arena-copy-min-bytes (byte counts), device-map.<node>
   /// (`cpu->cpu,cuda:0->cuda:1`) and config (a file of `key = value` lines
   /// with the same keys; also TROUPE_CONFIG). Every bad value is an
   /// invalid_argument error naming the flag, variable or file line.
