@@ -686,7 +686,7 @@ int parent(int argc, char** argv) {
   // PyTorch first: its shared-memory transport busy-polls a core, so it
   // must not overlap anything else.
   std::map<std::string, double> torch;
-  if (peers && (section("control") || section("plane") || section("samehost"))) {
+  if (peers && (section("control") || section("plane") || section("samehost") || section("rtt"))) {
     auto script = std::string(TROUPE_SOURCE_DIR) + "/../shared/peers/rpc_latency.py";
     if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3"))
       torch = bench::pytorch_rpc(script, "default,uv");
@@ -705,6 +705,16 @@ int parent(int argc, char** argv) {
     auto [rate, same] = in_process_rate(bytes, quick ? 20000 : 100000);
     out.add({fmt::format("in process, {}", human(bytes)), "messages/s", rate, "msg/s", "", {},
              same ? "receiver saw the sender's memory" : "WRONG: copied"});
+  }
+
+  // Only the data-plane round trip over tcp, alternated with PyTorch's
+  // figure from the start of this run (for profiling the round trip).
+  if (!only.empty() && section("rtt")) {
+    std::vector<double> rtts;
+    for (int round = 0; round < rounds; ++round)
+      rtts.push_back(plane_session("tcp").round_trip_us(rtt_count));
+    out.add({"data plane RTT (tcp), sessions", "round trip", bench::median(rtts), "us", "PyTorch rpc_sync (uv)",
+             torch_figure("rtt/uv"), fmt::format("median of {} sessions", rounds)});
   }
 
   // Control plane (CAF between two processes).
