@@ -13,6 +13,7 @@
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/functions.hpp"
+#include "troupe/parallel/remote.hpp"
 
 namespace troupe::parallel {
 
@@ -114,8 +115,6 @@ expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
             "pipeline: replicated stages in this process need replication.node for their reducers");
     require(r.bucket_bytes > 0, "pipeline: replication.bucket_bytes must be positive");
   }
-  require(options.node == nullptr || static_cast<bool>(options.sender),
-          "pipeline: a node without a tensor sender; use routed_tensor_sender(node->router())");
   std::unique_ptr<pipeline> out(new pipeline(system, std::move(options)));
   if (auto started = out->start(); !started)
     return started.error_value();
@@ -158,6 +157,7 @@ expected<void> pipeline::start() {
     if (auto ok = options_.node->register_actor(driver_place_, driver_->handle()); !ok)
       return ok.error_value();
     driver_trace_ = trace::intern(driver_place_.to_string());
+    sender_ = routed_tensor_sender(options_.node->router(), driver_place_.to_string());
     // A lost node reaches the driver as a message, so train_step sees it
     // while it waits (the handler runs on the node's agent thread).
     options_.node->on_peer_lost([driver = driver_->handle()](const actors::peer_lost& lost) {
@@ -201,7 +201,7 @@ expected<void> pipeline::start() {
       stage->loss = options_.loss;
       stage->rematerialize = remat;
       stage->policy = policy;
-      stage->sender = local_tensor_sender();
+      stage->sender = local_tensor_sender(names_[i]);
       stage->name = names_[i];
       if (options_.replication) {
         stage->replication.rank = options_.replication->index;
@@ -237,6 +237,8 @@ expected<void> pipeline::start() {
 }
 
 expected<void> pipeline::send_to_stage(std::size_t index, actors::tensor_message message) {
+  if (options_.node != nullptr) // the router records the send
+    return sender_(stage_endpoint{index, places_[index], stages_[index]}, std::move(message));
   if (trace::enabled()) {
     message.flow_id = trace::next_flow_id();
     trace::message_sent(driver_trace_,
@@ -245,11 +247,8 @@ expected<void> pipeline::send_to_stage(std::size_t index, actors::tensor_message
                                             static_cast<std::uint32_t>(message.meta.step),
                                             message.meta.micro_batch));
   }
-  if (options_.node == nullptr) {
-    driver_->self->send(stages_[index], std::move(message));
-    return {};
-  }
-  return options_.sender(stage_endpoint{index, places_[index], stages_[index]}, std::move(message));
+  driver_->self->send(stages_[index], std::move(message));
+  return {};
 }
 
 expected<void> pipeline::fail(troupe::error err) {

@@ -5,20 +5,22 @@
 #include <fmt/format.h>
 
 #include "troupe/actors/error_category.hpp"
+#include "troupe/actors/trace.hpp"
 
 namespace troupe::parallel {
 
-tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router) {
+tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router, std::string_view sender_name) {
   require(router != nullptr, "routed_tensor_sender: no router (was the node started?)");
   // Weak: the node owns its router; a stage must not keep it alive.
   std::weak_ptr<actors::tensor_router> weak = router;
-  return [weak](const stage_endpoint& to, actors::tensor_message message) -> expected<void> {
+  const auto sender = sender_name.empty() ? trace::name_id{} : trace::intern(sender_name);
+  return [weak, sender](const stage_endpoint& to, actors::tensor_message message) -> expected<void> {
     if (to.where.name.empty())
       return make_error(errc::invalid_argument, "stage {} has no place to send to", to.index);
     auto router = weak.lock();
     if (!router)
       return make_error(errc::io_error, "the node's tensor router has stopped");
-    return router->send(to.where, std::move(message));
+    return router->send(to.where, std::move(message), {}, sender);
   };
 }
 
@@ -51,7 +53,7 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
         stage->loss = recipe.loss;
         stage->rematerialize = spec->rematerialize;
         stage->policy = schedule_policy{spec->credits, spec->backward_first};
-        stage->sender = routed_tensor_sender(owner->router());
+        stage->sender = routed_tensor_sender(owner->router(), where.to_string());
         stage->name = where.to_string();
         stage->replication.ring = *ring_places(*spec); // validated by stage_spec_from
         stage->replication.rank = static_cast<std::uint32_t>(spec->replica_rank);
@@ -69,7 +71,6 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
 pipeline_options remote_options(actors::node& node, const stage_recipe& recipe) {
   pipeline_options options;
   options.node = &node;
-  options.sender = routed_tensor_sender(node.router());
   options.model = recipe.model();
   options.optimizer = recipe.optimizer;
   options.loss = recipe.loss;

@@ -19,11 +19,21 @@
 
 namespace troupe::parallel {
 
-tensor_sender local_tensor_sender() {
-  return [](const stage_endpoint& to, actors::tensor_message message) -> expected<void> {
+tensor_sender local_tensor_sender(std::string_view sender_name) {
+  const auto sender = sender_name.empty() ? trace::name_id{} : trace::intern(sender_name);
+  return [sender](const stage_endpoint& to, actors::tensor_message message) -> expected<void> {
     if (!to.handle)
       return make_error(errc::invalid_argument, "stage {} ({}) has no actor handle", to.index,
                         to.where.to_string());
+    if (trace::enabled()) {
+      message.flow_id = trace::next_flow_id();
+      trace::message_sent(sender, trace::message_info(actors::trace_kind(message.meta.kind),
+                                                      trace::intern(to.where.name.empty() ? "driver"
+                                                                                          : to.where.to_string()),
+                                                      message.value.nbytes(), message.flow_id,
+                                                      static_cast<std::uint32_t>(message.meta.step),
+                                                      message.meta.micro_batch));
+    }
     caf::anon_send(to.handle, std::move(message));
     return {};
   };
@@ -122,10 +132,6 @@ public:
     previous_.where = parse(previous);
     next_.where = parse(next);
     driver_place_ = parse(driver);
-    // Trace names of the peers, interned once (it takes a lock).
-    previous_trace_ = trace::intern(previous.empty() ? "driver" : previous);
-    next_trace_ = trace::intern(next.empty() ? "driver" : next);
-    driver_trace_ = trace::intern(driver.empty() ? "driver" : driver);
   }
 
   void begin(std::uint64_t step, std::uint64_t batch) {
@@ -180,6 +186,11 @@ public:
     }
     // The last stage runs a forward only once its target is there too.
     if (message.meta.kind == message_kind::control) {
+      // A target is taken as it arrives (no handler of its own).
+      trace::message_received(trace_name_, trace::message_info(actors::trace_kind(message.meta.kind), {},
+                                                               message.value.nbytes(), message.flow_id,
+                                                               static_cast<std::uint32_t>(message.meta.step),
+                                                               message.meta.micro_batch));
       if (auto it = waiting_for_target_.find(key); it != waiting_for_target_.end()) {
         targets_[key] = message.value;
         queue_.push(std::move(it->second));
@@ -204,7 +215,22 @@ public:
     auto started = clock::now();
     // The trace shows the compute of each micro-batch as this stage's
     // handler (received when it runs, linked to its send by the flow id).
-    actors::tensor_receive_scope scope(trace_name_, *work);
+    // (The last stage's loss seed was never sent: a handler span only.)
+    std::optional<actors::tensor_receive_scope> scope;
+    if (work->flow_id != 0 || work->meta.kind != message_kind::backward_gradient || !last())
+      scope.emplace(trace_name_, *work);
+    else
+      trace::handler_start(trace_name_, trace::message_info(actors::trace_kind(work->meta.kind), {}, 0, 0,
+                                                            static_cast<std::uint32_t>(work->meta.step),
+                                                            work->meta.micro_batch));
+    struct end_seed_span {
+      bool active;
+      trace::name_id name;
+      ~end_seed_span() {
+        if (active)
+          trace::handler_end(name, actors::trace_kind(message_kind::backward_gradient));
+      }
+    } seed_span{!scope.has_value(), trace_name_};
     if (work->meta.kind == message_kind::backward_gradient)
       backward(*work);
     else
@@ -371,16 +397,6 @@ private:
     message.meta.context_id = key.context_id;
     message.meta.destination = to.where.to_string();
     message.value = std::move(value);
-    if (trace::enabled()) {
-      message.flow_id = trace::next_flow_id();
-      const auto peer = to.index == options_->stages ? driver_trace_
-                        : to.index < options_->index ? previous_trace_
-                                                     : next_trace_;
-      trace::message_sent(trace_name_,
-                          trace::message_info(actors::trace_kind(kind), peer, message.value.nbytes(),
-                                              message.flow_id, static_cast<std::uint32_t>(key.context_id),
-                                              key.micro_batch));
-    }
     auto sent = options_->sender(to, std::move(message));
     require(sent.has_value(), "stage {}: sending {} of micro-batch {} to stage {} failed: {}",
             options_->name, name_of(kind), key.micro_batch, to.index,
@@ -432,9 +448,6 @@ private:
   std::size_t stashed_ = 0;
   std::vector<actors::tensor_message> early_;
   trace::name_id trace_name_;
-  trace::name_id previous_trace_;
-  trace::name_id next_trace_;
-  trace::name_id driver_trace_;
   stage_stats stats_;
 };
 

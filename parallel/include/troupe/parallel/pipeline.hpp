@@ -109,8 +109,6 @@ struct pipeline_options {
   /// Stages are spawned on their places' nodes, which must have the stage
   /// factory registered (remote.hpp, register_stage_factory).
   actors::node* node = nullptr;
-  /// With `node`: how the driver sends tensors (routed_tensor_sender).
-  tensor_sender sender;
   /// Prefix of the stage names ("<name>.stage1"), so that several pipelines
   /// can have stages on one node; empty: "stage1".
   std::string name;
@@ -177,6 +175,8 @@ private:
   std::vector<actors::place> places_;
   actors::place driver_place_;
   trace::name_id driver_trace_;
+  /// With a node: the driver's sends through its router.
+  tensor_sender sender_;
   std::vector<trace::name_id> stage_traces_;
   std::uint64_t step_ = 0;
   /// Set once a step failed: the stages' state is no longer consistent.

@@ -33,14 +33,14 @@ struct stage_recipe {
 };
 
 /// Sends through `router` to the endpoint's place (its handle is unused).
-tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router);
+/// `sender_name` names the sending actor in traces ("worker0/cpu/stage1").
+tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router, std::string_view sender_name = {});
 
 /// Registers the "troupe.pipeline_stage" factory on `node`. Call it on every
 /// node that may host a stage, before the driver creates the pipeline.
 void register_stage_factory(actors::node& node, stage_recipe recipe);
 
-/// Pipeline options for stages on the job's nodes: `node` and its routed
-/// sender set, the model (for the partition) built from the recipe, and the
+/// Pipeline options for stages on the job's nodes: `node` set, the model (for the partition) built from the recipe, and the
 /// recipe's optimizer and loss. Set places, split, schedule and micro-batches.
 pipeline_options remote_options(actors::node& node, const stage_recipe& recipe);
 

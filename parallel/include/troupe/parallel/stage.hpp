@@ -85,12 +85,15 @@ struct stage_endpoint {
 
 /// How a stage sends a tensor to a neighbour or the driver. The only way a
 /// stage's tensors leave it: in one process a plain CAF message (zero copy),
-/// across processes the node's tensor_router.
+/// across processes the node's tensor_router. The sender also records the
+/// send in the trace (the router does for routed sends), so a send is
+/// recorded once whichever plane carries it.
 using tensor_sender = std::function<expected<void>(const stage_endpoint& to, actors::tensor_message message)>;
 
 /// Sends with a local CAF message to `to.handle` (zero copy in process;
-/// CAF's own serialization when the handle is remote).
-tensor_sender local_tensor_sender();
+/// CAF's own serialization when the handle is remote); `sender_name` names
+/// the sending actor in traces.
+tensor_sender local_tensor_sender(std::string_view sender_name = {});
 
 /// When a stage recomputes its forward in backward (activation
 /// checkpointing) instead of stashing every layer's output.
