@@ -55,7 +55,9 @@ struct reducer_group_options {
   std::vector<std::string> places;
   /// Bytes per chunk: each ring segment is cut into chunks this large so
   /// that sending chunk k+1 overlaps reducing chunk k.
-  std::size_t chunk_bytes = 512 << 10;
+  /// 1 MiB measured best of 256 KiB - 2 MiB with build/bench/allreduce
+  /// --chunk-kib=N on 2 and 4 processes (2026-11-22, interleaved runs).
+  std::size_t chunk_bytes = std::size_t{1} << 20;
   /// Bound on every wait: joining, and each chunk of a collective.
   std::chrono::milliseconds timeout{10000};
 };
