@@ -34,6 +34,8 @@ for ((r = 0; r < ranks; r++)); do
       { echo "FAIL: no busy row for worker$r/cpu/$who$r"; exit 1; }
   done
 done
+grep -Eq "^# gradient reduction hidden behind backward: [0-9.]+%" "$dir/summary" ||
+  { echo "FAIL: the summary has no share of reduction hidden behind backward"; exit 1; }
 "$bin/troupe-trace" svg -o "$dir/t.svg" "$dir/trace"
 [ -s "$dir/t.svg" ] && grep -q "<svg" "$dir/t.svg" || { echo "FAIL: empty SVG"; exit 1; }
 echo "OK: loss falls, replicas identical, $files trace files, every replica and reducer in the summary, SVG"

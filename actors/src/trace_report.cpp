@@ -538,6 +538,25 @@ trace_summary summarize(std::span<const trace_file> files, std::vector<std::stri
   }
   if (transfer_ns > 0)
     sum.hidden_communication = hidden_ns / transfer_ns;
+
+  // Gradient buckets reduced while backward still ran in the same process
+  // (data_parallel records both as handlers).
+  std::map<std::size_t, std::vector<interval>> backward_by_file;
+  for (const auto& s : t.slices)
+    if (!s.span && s.kind == "backward")
+      backward_by_file[t.tracks[s.track].file].emplace_back(s.start, s.end);
+  for (auto& [file, spans] : backward_by_file)
+    spans = merge(std::move(spans));
+  double reduce_ns = 0, reduce_hidden_ns = 0;
+  for (const auto& s : t.slices) {
+    if (s.span || s.kind != "allreduce" || s.end <= s.start)
+      continue;
+    reduce_ns += static_cast<double>(s.end - s.start);
+    if (auto it = backward_by_file.find(t.tracks[s.track].file); it != backward_by_file.end())
+      reduce_hidden_ns += static_cast<double>(overlap(it->second, s.start, s.end));
+  }
+  if (reduce_ns > 0)
+    sum.hidden_reduction = reduce_hidden_ns / reduce_ns;
   return sum;
 }
 
@@ -570,6 +589,9 @@ std::string format_summary(const trace_summary& s) {
                      s.hidden_communication
                          ? fmt::format("{:.1f}%", *s.hidden_communication * 100)
                          : std::string("n/a (no timed data-plane transfers)"));
+  if (s.hidden_reduction) // replace the blank line: one more header line
+    out.insert(out.size() - 1, fmt::format("# gradient reduction hidden behind backward: {:.1f}%\n",
+                                           *s.hidden_reduction * 100));
   std::size_t w_actor = 5, w_node = 4;
   for (const auto& a : s.actors) {
     w_actor = std::max(w_actor, a.actor.size());
@@ -597,9 +619,10 @@ std::string summary_json(const trace_summary& s) {
   auto opt = [](std::optional<double> v) { return v ? fmt::format("{}", *v) : std::string("null"); };
   std::string out = fmt::format(
       "{{\"files\":{},\"span_ns\":{},\"messages\":{},\"message_bytes\":{},\"data_write_bytes\":{},"
-      "\"data_read_bytes\":{},\"dropped\":{},\"hidden_communication\":{},\"actors\":[",
+      "\"data_read_bytes\":{},\"dropped\":{},\"hidden_communication\":{},\"hidden_reduction\":{},"
+      "\"actors\":[",
       s.files, s.span_ns, s.messages, s.message_bytes, s.data_write_bytes, s.data_read_bytes,
-      s.dropped, opt(s.hidden_communication));
+      s.dropped, opt(s.hidden_communication), opt(s.hidden_reduction));
   for (std::size_t i = 0; i < s.actors.size(); ++i) {
     const auto& a = s.actors[i];
     out += fmt::format("{}{{\"actor\":{},\"node\":{},\"handled\":{},\"busy_ns\":{},\"span_ns\":{},"

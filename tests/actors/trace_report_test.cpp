@@ -165,8 +165,40 @@ TEST(TraceReport, SummaryMatchesHandComputedValues) {
   auto text = trace::format_summary(s);
   EXPECT_NE(text.find("stage0 -> stage1"), std::string::npos) << text;
   EXPECT_NE(text.find("33.3%"), std::string::npos) << text;
+  EXPECT_FALSE(s.hidden_reduction); // no "allreduce" handlers
+  EXPECT_EQ(text.find("gradient reduction"), std::string::npos) << text;
   auto json = trace::summary_json(s);
   EXPECT_NE(json.find("\"p50_ns\":500"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"hidden_reduction\":null"), std::string::npos) << json;
+}
+
+// Data parallelism: replica0's backward [0, 1000) and [2000, 3000); its
+// reducer's allreduce [500, 1500) and [2800, 3200): hidden 500 + 200 of
+// 1400 ns. A second process's allreduce [0, 1000) with no backward there
+// (another replica's backward does not hide it): 700 / 2400 in all.
+TEST(TraceReport, GradientReductionHiddenBehindBackward) {
+  auto dir = fs::temp_directory_path() / fmt::format("troupe-trace-reduction-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  enum : std::uint32_t { replica = 1, reducer, backward, allreduce };
+  std::vector<std::string> names{"w0/cpu/replica0", "w0/cpu/reducer0", "backward", "allreduce"};
+  write(dir / "trace-w0-1.bin", {1, 0, 1'000'000'000, 0, "w0"}, names,
+        {rec(event_type::handler_start, 0, replica, backward), rec(event_type::handler_start, 500, reducer, allreduce),
+         rec(event_type::handler_end, 1000, replica, backward), rec(event_type::handler_end, 1500, reducer, allreduce),
+         rec(event_type::handler_start, 2000, replica, backward),
+         rec(event_type::handler_start, 2800, reducer, allreduce),
+         rec(event_type::handler_end, 3000, replica, backward), rec(event_type::handler_end, 3200, reducer, allreduce)});
+  write(dir / "trace-w1-2.bin", {2, 1, 1'000'000'000, 0, "w1"}, names,
+        {rec(event_type::handler_start, 0, reducer, allreduce), rec(event_type::handler_end, 1000, reducer, allreduce)});
+  std::vector<std::string> warnings;
+  auto files = trace::read_trace_inputs(std::vector<std::string>{dir.string()}, warnings);
+  fs::remove_all(dir);
+  ASSERT_TRUE(files);
+  auto s = trace::summarize(*files, warnings);
+  ASSERT_TRUE(s.hidden_reduction);
+  EXPECT_DOUBLE_EQ(*s.hidden_reduction, 700.0 / 2400);
+  auto text = trace::format_summary(s);
+  EXPECT_NE(text.find("# gradient reduction hidden behind backward: 29.2%\n"), std::string::npos) << text;
 }
 
 TEST(TraceReport, MergeAppliesClockOffsetsAndPairsFlows) {

@@ -62,6 +62,9 @@ struct edge_summary {
 ///   a duration, the share of transfer time that overlaps handler execution
 ///   of another actor on the same node (a transfer an actor waits for in its
 ///   own handler is not hidden).
+/// - gradient reduction hidden behind backward (data parallelism): over all
+///   handlers of kind "allreduce", the share of their time that overlaps a
+///   "backward" handler in the same process.
 struct trace_summary {
   std::vector<actor_summary> actors;
   std::vector<edge_summary> edges;
@@ -72,6 +75,7 @@ struct trace_summary {
   std::uint64_t dropped = 0;
   double span_ns = 0; ///< first to last record over all files
   std::optional<double> hidden_communication; ///< share in [0, 1]
+  std::optional<double> hidden_reduction;     ///< share in [0, 1]; none without "allreduce" handlers
   std::size_t files = 0;
 };
 
