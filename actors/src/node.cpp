@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <random>
 #include <optional>
@@ -38,7 +39,8 @@ using namespace std::chrono_literals;
 struct node::state {
   std::mutex mutex;
   std::map<std::string, actor_factory> factories;
-  std::vector<peer_lost_handler> handlers;
+  std::map<std::uint64_t, peer_lost_handler> handlers; // by id, in registration order
+  std::uint64_t next_handler = 1;
   std::vector<caf::actor> spawned;
   std::string node_name;
   std::string coordinator_name;
@@ -56,7 +58,8 @@ struct node::state {
     std::shared_ptr<tensor_router> r;
     {
       std::lock_guard<std::mutex> guard(mutex);
-      copy = handlers;
+      for (const auto& [id, handler] : handlers)
+        copy.push_back(handler);
       r = router;
     }
     // The router first: by the time user code hears of the loss, sends to
@@ -464,9 +467,16 @@ void node::register_factory(std::string name, actor_factory factory) {
   state_->factories[std::move(name)] = std::move(factory);
 }
 
-void node::on_peer_lost(peer_lost_handler handler) {
+std::uint64_t node::on_peer_lost(peer_lost_handler handler) {
   std::lock_guard<std::mutex> guard(state_->mutex);
-  state_->handlers.push_back(std::move(handler));
+  const auto id = state_->next_handler++;
+  state_->handlers.emplace(id, std::move(handler));
+  return id;
+}
+
+void node::remove_peer_lost_handler(std::uint64_t id) {
+  std::lock_guard<std::mutex> guard(state_->mutex);
+  state_->handlers.erase(id);
 }
 
 troupe::expected<void> node::register_actor(const place& where, const caf::actor& handle) {

@@ -55,6 +55,7 @@ struct tensor_router::impl {
   mutable std::mutex mutex;
   bool stopped = false;
   std::map<std::string, caf::actor> local;         // place -> actor in this process
+  std::map<std::string, tensor_router::tensor_sink> sinks; // place -> function (attach_sink)
   std::map<std::string, peer_id> connected;        // node -> data-plane peer
   std::map<std::string, caf::actor> agents;        // node -> its agent (TLS)
   std::map<std::string, std::deque<queued>> waiting; // node -> sends not yet handed on
@@ -475,8 +476,16 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
   }
   if (to.node == st.options.node_name) {
     // In process: a plain CAF message; the handler shares the storage.
-    auto it = st.local.find(message.meta.destination);
     ++st.stats.local_sends;
+    if (auto sink = st.sinks.find(message.meta.destination); sink != st.sinks.end()) {
+      auto call = sink->second; // a copy: detach may run concurrently
+      guard.unlock();
+      call(std::move(message));
+      if (done)
+        done({});
+      return {};
+    }
+    auto it = st.local.find(message.meta.destination);
     auto target = it != st.local.end() ? it->second : caf::actor{};
     auto router_actor = st.actor;
     guard.unlock();
@@ -532,20 +541,32 @@ void tensor_router::attach(const std::string& where, caf::actor handle) {
 void tensor_router::detach(const std::string& where) {
   std::lock_guard guard(impl_->mutex);
   impl_->local.erase(where);
+  impl_->sinks.erase(where);
+}
+
+void tensor_router::attach_sink(const std::string& where, tensor_sink sink) {
+  std::lock_guard guard(impl_->mutex);
+  impl_->sinks[where] = std::move(sink);
 }
 
 void tensor_router::deliver(tensor_message message) {
   auto& st = *impl_;
   caf::actor target, router_actor;
+  tensor_sink sink;
   {
     std::lock_guard guard(st.mutex);
     router_actor = st.actor;
-    if (auto it = st.local.find(message.meta.destination); it != st.local.end()) {
+    if (auto it = st.sinks.find(message.meta.destination); it != st.sinks.end()) {
+      sink = it->second;
+      ++st.stats.remote_deliveries;
+    } else if (auto it = st.local.find(message.meta.destination); it != st.local.end()) {
       target = it->second;
       ++st.stats.remote_deliveries;
     }
   }
-  if (target)
+  if (sink)
+    sink(std::move(message));
+  else if (target)
     caf::anon_send(target, std::move(message));
   else if (router_actor)
     caf::anon_send(router_actor, deliver_atom_v, std::move(message));

@@ -67,6 +67,8 @@ pipeline::~pipeline() {
   for (auto& stage : stages_)
     caf::anon_send_exit(stage, caf::exit_reason::user_shutdown);
   if (options_.node != nullptr) {
+    if (peer_lost_handler_)
+      options_.node->remove_peer_lost_handler(peer_lost_handler_);
     // Free the names for the next pipeline (errors: the node is gone anyway).
     for (std::size_t i = 0; i < stages_.size(); ++i)
       (void)options_.node->unregister_actor(places_[i]);
@@ -160,7 +162,7 @@ expected<void> pipeline::start() {
     sender_ = routed_tensor_sender(options_.node->router(), driver_place_.to_string());
     // A lost node reaches the driver as a message, so train_step sees it
     // while it waits (the handler runs on the node's agent thread).
-    options_.node->on_peer_lost([driver = driver_->handle()](const actors::peer_lost& lost) {
+    peer_lost_handler_ = options_.node->on_peer_lost([driver = driver_->handle()](const actors::peer_lost& lost) {
       caf::anon_send(driver, peer_lost_atom::value, lost.node, lost.reason);
     });
   } else {

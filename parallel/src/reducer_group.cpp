@@ -95,14 +95,23 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
   });
   // Attach before the registry learns the place, so that a neighbour that
   // resolves it can never send to a place this node does not know yet.
+  // Chunks go straight into the mailbox from the delivering thread (a sink:
+  // one thread hand-off fewer per chunk); the actor stays registered so
+  // that members find the place and anything routed through the registry
+  // still arrives.
   router->attach(mine.to_string(), group->reducer_);
+  std::weak_ptr<state> sink_state = group->state_;
+  router->attach_sink(mine.to_string(), [sink_state](actors::tensor_message m) {
+    if (auto s = sink_state.lock())
+      s->put(m);
+  });
   if (auto ok = node.register_actor(mine, group->reducer_); !ok)
     return make_error(ok.error().code(), "reducer_group: registering {} failed: {}", mine.to_string(),
                       ok.error().message());
 
   std::weak_ptr<state> weak = group->state_;
   auto places_copy = group->places_;
-  node.on_peer_lost([weak, places_copy](const actors::peer_lost& lost) {
+  group->peer_lost_handler_ = node.on_peer_lost([weak, places_copy](const actors::peer_lost& lost) {
     auto s = weak.lock();
     if (!s)
       return;
@@ -131,6 +140,8 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
 }
 
 reducer_group::~reducer_group() {
+  if (peer_lost_handler_)
+    node_.remove_peer_lost_handler(peer_lost_handler_);
   (void)node_.unregister_actor(places_[options_.rank]);
   if (reducer_)
     caf::anon_send_exit(reducer_, caf::exit_reason::user_shutdown);

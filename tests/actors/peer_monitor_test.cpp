@@ -3,6 +3,8 @@
 // timeout, each time with the lost node's name and its actors' names.
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <condition_variable>
 #include <mutex>
 
@@ -77,6 +79,9 @@ TEST(PeerMonitor, KilledPeerIsReportedWithinOneSecondWithItsName) {
   test::add_test_factories(n);
   loss_log log;
   n.on_peer_lost([&](const peer_lost& event) { log.add(event); });
+  // A handler removed before the loss is not called.
+  std::atomic<int> removed_calls{0};
+  n.remove_peer_lost_handler(n.on_peer_lost([&](const peer_lost&) { ++removed_calls; }));
   ASSERT_TRUE(n.spawn_remote(*place::parse("worker1/cpu/stage0"), "adder", caf::make_message(1)));
   ASSERT_TRUE(n.spawn_remote(*place::parse("worker1/cpu/stage1"), "adder", caf::make_message(2)));
   ASSERT_TRUE(n.spawn_remote(*place::parse("worker2/cpu/stage2"), "adder", caf::make_message(3)));
@@ -89,6 +94,7 @@ TEST(PeerMonitor, KilledPeerIsReportedWithinOneSecondWithItsName) {
   EXPECT_EQ(lost->node, "worker1");
   EXPECT_EQ(lost->actors, (std::vector<std::string>{"worker1/cpu/stage0", "worker1/cpu/stage1"}));
   EXPECT_LT(elapsed, 1.0);
+  EXPECT_EQ(removed_calls.load(), 0);
   // The other worker hears about it too, by name.
   EXPECT_TRUE(c.children[1].wait_for("LOST worker1 worker1/cpu/stage0,worker1/cpu/stage1", 1s))
     << c.children[1].output();

@@ -80,8 +80,12 @@ public:
   /// Register the same factories on every node.
   void register_factory(std::string name, actor_factory factory);
 
-  /// Calls `handler` for every peer lost from now on.
-  void on_peer_lost(peer_lost_handler handler);
+  /// Calls `handler` for every peer lost from now on, until
+  /// remove_peer_lost_handler(the returned id).
+  std::uint64_t on_peer_lost(peer_lost_handler handler);
+  /// Forgets a handler (a pipeline or reducer ring that is gone). A report
+  /// already running may still call it once.
+  void remove_peer_lost_handler(std::uint64_t id);
 
   /// Registers `handle` under `where` (its full place string).
   troupe::expected<void> register_actor(const place& where, const caf::actor& handle);

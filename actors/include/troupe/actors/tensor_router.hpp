@@ -147,6 +147,16 @@ public:
   void attach(const std::string& where, caf::actor handle);
   void detach(const std::string& where);
 
+  /// A place served by a function instead of an actor's mailbox: tensors for
+  /// `where` (from this process or delivered from another node) are handed
+  /// to `sink` on the sending or delivering thread (often the data plane's
+  /// transport thread), saving a thread hand-off per message. The sink must
+  /// be quick and must not block or throw (file the tensor and wake its
+  /// consumer, as the reducer ring does). Takes precedence over an actor
+  /// attached under the same place; detach() removes it.
+  using tensor_sink = std::function<void(tensor_message)>;
+  void attach_sink(const std::string& where, tensor_sink sink);
+
   /// Hands a tensor that arrived from another node to its local actor.
   void deliver(tensor_message message);
 

@@ -177,6 +177,7 @@ private:
   trace::name_id driver_trace_;
   /// With a node: the driver's sends through its router.
   tensor_sender sender_;
+  std::uint64_t peer_lost_handler_ = 0;
   std::vector<trace::name_id> stage_traces_;
   std::uint64_t step_ = 0;
   /// Set once a step failed: the stages' state is no longer consistent.

@@ -124,6 +124,7 @@ private:
   std::uint64_t next_id_ = 0;
   /// This member's place, as the sender of its chunks in traces.
   trace::name_id trace_name_;
+  std::uint64_t peer_lost_handler_ = 0;
 };
 
 } // namespace troupe::parallel
