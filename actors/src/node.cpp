@@ -351,10 +351,12 @@ troupe::expected<void> node::join() {
       return port.error();
     port_ = *port;
   }
-  auto what = fmt::format("node {} could not register with coordinator {}", options_.name,
+  // Registering is still joining: a coordinator that accepted the
+  // connection and then stopped answering fails the join within its bound.
+  auto what = fmt::format("node {} could not join coordinator {} (registering)", options_.name,
                           options_.coordinator.to_string());
-  auto joined = ask<std::string>(sys, registry_, options_.request_timeout, what, reg_node_atom_v, options_.name,
-                                  agent_, maps);
+  auto joined = ask<std::string>(sys, registry_, std::min(options_.request_timeout, options_.join_timeout), what,
+                                  reg_node_atom_v, options_.name, agent_, maps);
   if (!joined)
     return joined.error();
   std::lock_guard<std::mutex> guard(state_->mutex);
@@ -365,7 +367,10 @@ troupe::expected<void> node::join() {
 troupe::expected<void> node::start_router() {
   auto& sys = *system_;
   const auto timeout = options_.request_timeout;
-  auto token = ask<std::uint64_t>(sys, registry_, timeout, "node " + options_.name + ": job token", job_token_atom_v);
+  auto token = ask<std::uint64_t>(sys, registry_, std::min(timeout, options_.join_timeout),
+                                  fmt::format("node {} could not join coordinator {} (job token)", options_.name,
+                                              options_.coordinator.to_string()),
+                                  job_token_atom_v);
   if (!token)
     return token.error();
   // Clock offset to the coordinator for merging traces: a few round trips

@@ -4,12 +4,14 @@
 # clang or libFuzzer is missing. Run by `ctest -R serialization.fuzz`, or by
 # hand with the same arguments; FUZZ_SECONDS (default 20) bounds the run.
 set -euo pipefail
+extra_libs=()
 
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --source) source_dir=$2; shift 2 ;;
     --generated) generated_dir=$2; shift 2 ;;
     --tensor-lib) tensor_lib=$2; shift 2 ;;
+    --extra-lib) extra_libs+=("$2"); shift 2 ;; # what the tensor library needs (CUDA runtime, cuBLAS)
     --seeds) seeds_tool=$2; shift 2 ;;
     --work) work_dir=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -48,7 +50,8 @@ if [[ $rebuild == 1 ]]; then
   echo "building $target with $cxx (-fsanitize=fuzzer,address,undefined)"
   "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I "$ser/include" -I "$ser/src" -I "$source_dir/tensor/include" -I "$(dirname "$generated_dir")" \
-    "${sources[@]}" "$tensor_lib" -lfmt -lcapnp -lkj -lopenblas -lpthread -o "$target"
+    "${sources[@]}" "$tensor_lib" ${extra_libs[@]+"${extra_libs[@]}"} -lfmt -lcapnp -lkj -lopenblas -lpthread \
+    -o "$target"
 fi
 
 corpus="$work_dir/corpus"
