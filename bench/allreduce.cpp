@@ -4,7 +4,7 @@
 // element against the expected sum), beside Gloo and Open MPI over shared
 // memory from ../shared/peers/allreduce.py in the same run.
 //
-//   build/bench/allreduce [--json] [--quick] [--no-peers] [--chunk-kib=512]
+//   build/bench/allreduce [--json] [--quick] [--no-peers] [--chunk-kib=1024] [--min-chunks=4]
 //
 // This process is rank 0 and re-executes itself as ranks 1..n-1
 // (--child=rank); chunks travel over the UCX data plane. Rank 0 tells the
@@ -37,8 +37,19 @@ namespace {
 
 std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
-/// Chunk size of the ring (--chunk-kib=N, default the group's).
+/// Chunk size of the ring (--chunk-kib=N, default the group's) and the
+/// least chunks per segment (--min-chunks=N).
 std::size_t chunk_bytes = reducer_group_options{}.chunk_bytes;
+std::uint32_t min_chunks = reducer_group_options{}.min_chunks;
+
+reducer_group_options ring_options(std::uint32_t rank, std::vector<std::string> places) {
+  reducer_group_options o;
+  o.rank = rank;
+  o.places = std::move(places);
+  o.chunk_bytes = chunk_bytes;
+  o.min_chunks = min_chunks;
+  return o;
+}
 
 std::vector<std::string> places_for(std::uint32_t n) {
   std::vector<std::string> names;
@@ -80,7 +91,7 @@ int child(int argc, char** argv) {
   }
   auto& node = **started;
   {
-    auto group = reducer_group::join(node, {.rank = node.rank(), .places = places_for(options->world_size), .chunk_bytes = chunk_bytes});
+    auto group = reducer_group::join(node, ring_options(node.rank(), places_for(options->world_size)));
     if (!group) {
       std::printf("ERROR %s\n", group.error().message().c_str());
       std::fflush(stdout);
@@ -195,9 +206,9 @@ int parent(int argc, char** argv) {
         self_path(), "--child=rank", fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()),
         fmt::format("--troupe.rank={}", k), fmt::format("--troupe.world-size={}", n),
         fmt::format("--troupe.name=worker{}", k), "--troupe.listen-address=127.0.0.1",
-        fmt::format("--chunk-kib={}", chunk_bytes >> 10)}));
+        fmt::format("--chunk-kib={}", chunk_bytes >> 10), fmt::format("--min-chunks={}", min_chunks)}));
     {
-      auto group = reducer_group::join(*node, {.rank = 0, .places = places_for(n), .chunk_bytes = chunk_bytes});
+      auto group = reducer_group::join(*node, ring_options(0, places_for(n)));
       if (!group)
         throw std::runtime_error(group.error().message());
       for (auto& c : children) {
@@ -260,6 +271,7 @@ int parent(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   chunk_bytes = std::stoull(bench::option(argc, argv, "chunk-kib", std::to_string(chunk_bytes >> 10))) << 10;
+  min_chunks = static_cast<std::uint32_t>(std::stoul(bench::option(argc, argv, "min-chunks", std::to_string(min_chunks))));
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")
       return child(argc, argv);

@@ -27,11 +27,16 @@ struct layout {
   std::uint32_t n;
   std::uint32_t chunks;
 
-  layout(std::int64_t count_, std::uint32_t n_, std::size_t chunk_elems) : count(count_), n(n_) {
-    auto longest = (count + n - 1) / n;
-    chunks = static_cast<std::uint32_t>(
-      std::max<std::int64_t>(1, (longest + static_cast<std::int64_t>(chunk_elems) - 1) /
-                                  static_cast<std::int64_t>(chunk_elems)));
+  /// Chunks of at most `chunk_elems`; and, while chunks stay at least
+  /// `min_elems` long, at least `min_chunks` per segment, so that a segment
+  /// smaller than a chunk is still pipelined.
+  layout(std::int64_t count_, std::uint32_t n_, std::int64_t chunk_elems, std::int64_t min_elems,
+         std::uint32_t min_chunks)
+      : count(count_), n(n_) {
+    const auto longest = (count + n - 1) / n;
+    auto by_size = std::max<std::int64_t>(1, (longest + chunk_elems - 1) / chunk_elems);
+    auto by_count = std::min<std::int64_t>(min_chunks, longest / std::max<std::int64_t>(min_elems, 1));
+    chunks = static_cast<std::uint32_t>(std::max<std::int64_t>({by_size, by_count, 1}));
   }
   ring_range chunk(std::uint32_t seg, std::uint32_t c) const {
     auto s = ring_segment(count, n, seg);
@@ -71,7 +76,9 @@ expected<void> ring(reducer_group& g, T* base, std::int64_t count, std::uint64_t
   if (n == 1)
     return {};
   const std::uint32_t left = mod(std::int64_t{r} - 1, n);
-  layout lay(count, n, std::max<std::size_t>(1, g.options().chunk_bytes / sizeof(T)));
+  const auto& o = g.options();
+  layout lay(count, n, static_cast<std::int64_t>(std::max<std::size_t>(1, o.chunk_bytes / sizeof(T))),
+             static_cast<std::int64_t>(std::max<std::size_t>(1, o.min_chunk_bytes / sizeof(T))), o.min_chunks);
 
   auto send = [&](std::uint32_t step, std::uint32_t seg, std::uint32_t c) -> expected<void> {
     auto range = lay.chunk(seg, c);

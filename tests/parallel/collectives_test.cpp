@@ -57,10 +57,9 @@ std::vector<std::int64_t> sizes_for(std::int64_t n) {
 
 class Collectives : public ::testing::TestWithParam<std::uint32_t> {};
 
-TEST_P(Collectives, AllreduceSumMatchesReferenceAndIsBitwiseEqual) {
-  const auto n = GetParam();
-  local_ring ring(n);
-  ASSERT_TRUE(ring.node);
+/// Every allreduce of sizes_for(n) on `ring`, checked against float64 and
+/// across ranks.
+void check_allreduce_sizes(local_ring& ring, std::uint32_t n) {
   for (auto count : sizes_for(n)) {
     std::vector<tensor> data(n);
     std::vector<std::string> errors(n);
@@ -79,6 +78,22 @@ TEST_P(Collectives, AllreduceSumMatchesReferenceAndIsBitwiseEqual) {
     for (std::uint32_t k = 1; k < n; ++k)
       EXPECT_TRUE(bitwise_equal(data[0], data[k])) << "rank " << k << " count " << count;
   }
+}
+
+TEST_P(Collectives, AllreduceSumMatchesReferenceAndIsBitwiseEqual) {
+  const auto n = GetParam();
+  local_ring ring(n); // 1 KiB chunks: many per segment
+  ASSERT_TRUE(ring.node);
+  check_allreduce_sizes(ring, n);
+}
+
+TEST_P(Collectives, SegmentsShorterThanAChunkAreCutIntoSeveral) {
+  const auto n = GetParam();
+  // 1 MiB chunks, at least 4 per segment (of at least 64 KiB): the large
+  // sizes take the min_chunks path.
+  local_ring ring(n, std::size_t{1} << 20, 5000ms, 4);
+  ASSERT_TRUE(ring.node);
+  check_allreduce_sizes(ring, n);
 }
 
 TEST_P(Collectives, AllreduceAverageFloat64) {

@@ -34,7 +34,7 @@ struct local_ring {
   std::vector<std::unique_ptr<reducer_group>> groups;
 
   explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024,
-                      std::chrono::milliseconds timeout = 5000ms) {
+                      std::chrono::milliseconds timeout = 5000ms, std::uint32_t min_chunks = 1) {
     auto started = start_local_node();
     EXPECT_TRUE(started) << started.error().message();
     if (!started)
@@ -47,7 +47,8 @@ struct local_ring {
     std::vector<std::thread> joins;
     for (std::uint32_t k = 0; k < n; ++k)
       joins.emplace_back([&, k] {
-        reducer_group_options o{.rank = k, .places = places, .chunk_bytes = chunk_bytes, .timeout = timeout};
+        reducer_group_options o{.rank = k, .places = places, .chunk_bytes = chunk_bytes, .min_chunks = min_chunks,
+                                .timeout = timeout};
         auto g = reducer_group::join(*node, o);
         if (g)
           groups[k] = std::move(*g);

@@ -58,6 +58,13 @@ struct reducer_group_options {
   /// 1 MiB measured best of 256 KiB - 2 MiB with build/bench/allreduce
   /// --chunk-kib=N on 2 and 4 processes (2026-11-22, interleaved runs).
   std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// A segment shorter than `min_chunks` chunks is still cut into up to
+  /// `min_chunks` chunks, none shorter than `min_chunk_bytes` (1: off).
+  /// Off by default: with 4, bench/allreduce (two interleaved pairs of runs,
+  /// 2026-11-22) was 1.2x faster at 4 MiB on 2 processes but 1.6x slower
+  /// at 1 MiB, and slower on 4 processes up to 4 MiB.
+  std::uint32_t min_chunks = 1;
+  std::size_t min_chunk_bytes = std::size_t{64} << 10;
   /// Bound on every wait: joining, and each chunk of a collective.
   std::chrono::milliseconds timeout{10000};
 };
