@@ -7,6 +7,7 @@
 
 #include <cblas.h>
 
+#include "blas_layout.hpp"
 #include "cpu_backend.hpp"
 #include "dispatch.hpp"
 
@@ -20,18 +21,6 @@ struct blas_operand {
   CBLAS_TRANSPOSE trans = CblasNoTrans;
   blasint ld = 1;
 };
-
-/// Row-major view with leading dimension ld, if the layout allows one.
-/// Dimensions of size 1 never constrain their stride.
-bool row_major(std::int64_t rows, std::int64_t cols, const dims& strides, std::int64_t& ld) {
-  if (cols > 1 && strides[1] != 1)
-    return false;
-  const auto min_ld = std::max<std::int64_t>(cols, 1);
-  if (rows > 1 && strides[0] < min_ld)
-    return false;
-  ld = rows > 1 ? strides[0] : min_ld;
-  return true;
-}
 
 blas_operand present(const tensor& t) {
   const auto rows = t.size(0);

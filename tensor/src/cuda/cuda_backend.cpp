@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "../blas_layout.hpp"
 #include "cuda_context.hpp"
 #include "cuda_kernels.hpp"
 #include "troupe/tensor/cuda.hpp"
@@ -100,16 +101,6 @@ struct blas_operand {
   cublasOperation_t op = CUBLAS_OP_N;
   std::int64_t ld = 1;
 };
-
-bool row_major(std::int64_t rows, std::int64_t cols, const dims& strides, std::int64_t& ld) {
-  if (cols > 1 && strides[1] != 1)
-    return false;
-  const auto min_ld = std::max<std::int64_t>(cols, 1);
-  if (rows > 1 && strides[0] < min_ld)
-    return false;
-  ld = rows > 1 ? strides[0] : min_ld;
-  return true;
-}
 
 blas_operand present(const tensor& t) {
   const auto rows = t.size(0);
