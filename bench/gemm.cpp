@@ -1,11 +1,15 @@
 // GEMM throughput: troupe::matmul against OpenBLAS's cblas_sgemm called
 // directly on the same buffers, in interleaved rounds of the same run, with a
-// correctness column (max |difference| between the two results).
+// correctness column (max |difference| between the two results). Both call
+// the OpenBLAS troupe loaded, with the kernel troupe chose (printed).
 //
 //   build/bench/gemm [--json] [--rounds=5]
+#include <dlfcn.h>
+
 #include <cblas.h>
 
 #include "report.hpp"
+#include "troupe/tensor/cpu_blas.hpp"
 #include "troupe/tensor/ops.hpp"
 
 using namespace troupe;
@@ -27,6 +31,13 @@ int main(int argc, char** argv) {
       {"1024x1024x1024", 1024, 1024, 1024, false},
       {"256x1024x1024 (B^T view)", 256, 1024, 1024, true},
   };
+  // The copy troupe loaded at start-up (RTLD_NOLOAD: never a second one).
+  void* openblas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_NOLOAD);
+  auto* cblas_sgemm = openblas ? reinterpret_cast<decltype(&::cblas_sgemm)>(dlsym(openblas, "cblas_sgemm")) : nullptr;
+  if (cblas_sgemm == nullptr) {
+    fmt::print(stderr, "gemm: OpenBLAS is not loaded in this process: {}\n", dlerror());
+    return 1;
+  }
   generator gen{42};
   for (const auto& c : cases) {
     auto a = rand({c.m, c.k}, gen, -1, 1);

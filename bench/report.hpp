@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "troupe/tensor/cpu_blas.hpp"
 
 namespace troupe::bench {
 
@@ -35,6 +38,16 @@ public:
     for (int i = 1; i < argc; ++i)
       if (std::string_view(argv[i]) == "--json")
         json_ = true;
+    // PyTorch runs on the same OpenBLAS, whose own choice on this CPU is its
+    // slowest kernel (troupe/tensor/cpu_blas.hpp): every process this
+    // benchmark starts (peers and troupe's own ranks) gets troupe's kernel,
+    // so a ratio measures the runtime, not the kernel.
+    auto kernel = std::string(blas_kernel());
+    if (!kernel.empty())
+      ::setenv("OPENBLAS_CORETYPE", kernel.c_str(), 0);
+    const char* chosen = std::getenv("OPENBLAS_CORETYPE");
+    note("OpenBLAS kernel: {} (OPENBLAS_CORETYPE={} for every process this benchmark starts)", kernel,
+         chosen ? chosen : "unset");
   }
 
   bool json() const noexcept { return json_; }

@@ -1,15 +1,13 @@
-// CPU GEMM through OpenBLAS. A 2-D view is handed to BLAS as it lies in
-// memory: row-major (strides [ld, 1]) as NoTrans, column-major (strides
+// CPU GEMM through OpenBLAS (loaded as openblas.hpp says). A 2-D view is
+// handed to BLAS as it lies in memory: row-major (strides [ld, 1]) as NoTrans, column-major (strides
 // [1, ld], e.g. a transposed view) as Trans. Only a layout that is neither
 // (a broadcast, a doubly strided slice) is copied first.
 #include <algorithm>
-#include <cstdlib>
-
-#include <cblas.h>
 
 #include "blas_layout.hpp"
 #include "cpu_backend.hpp"
 #include "dispatch.hpp"
+#include "openblas.hpp"
 
 namespace troupe::detail {
 
@@ -34,22 +32,6 @@ blas_operand present(const tensor& t) {
   auto copy = t.contiguous();
   return {copy, CblasNoTrans, static_cast<blasint>(std::max<std::int64_t>(cols, 1))};
 }
-
-/// One BLAS thread per calling thread unless the user chose otherwise
-/// (OPENBLAS_NUM_THREADS or OMP_NUM_THREADS): in troupe every compute actor
-/// is a thread of its own, and OpenBLAS's default (a thread per core inside
-/// every GEMM) would oversubscribe the cores several times over.
-bool configure_blas_threads() {
-  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr)
-    openblas_set_num_threads(1);
-  return true;
-}
-
-// At start-up, not at the first GEMM: OpenBLAS starts its worker threads
-// when it is loaded, and an idle worker spins in sched_yield for a while
-// after start-up and after every job. Processes that never multiply (a
-// reducer, the allreduce benchmark's ranks) lost CPU to it on two cores.
-[[maybe_unused]] const bool blas_threads_configured = configure_blas_threads();
 
 } // namespace
 
@@ -81,12 +63,12 @@ void cpu_backend::gemm(const tensor& a, const tensor& b, tensor& out, double alp
   dispatch_floating(out.type(), "matmul", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, pa.trans, pb.trans, static_cast<blasint>(m),
+      openblas().sgemm(CblasRowMajor, pa.trans, pb.trans, static_cast<blasint>(m),
                   static_cast<blasint>(n), static_cast<blasint>(k), static_cast<float>(alpha),
                   pa.data.template data<float>(), pa.ld, pb.data.template data<float>(), pb.ld,
                   static_cast<float>(beta), out.template data<float>(), static_cast<blasint>(ldc));
     } else {
-      cblas_dgemm(CblasRowMajor, pa.trans, pb.trans, static_cast<blasint>(m),
+      openblas().dgemm(CblasRowMajor, pa.trans, pb.trans, static_cast<blasint>(m),
                   static_cast<blasint>(n), static_cast<blasint>(k), alpha,
                   pa.data.template data<double>(), pa.ld, pb.data.template data<double>(), pb.ld,
                   beta, out.template data<double>(), static_cast<blasint>(ldc));
