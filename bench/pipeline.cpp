@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
     parallel::schedule_kind schedule;
     std::size_t micro_batches;
     bool remote;
+    std::size_t chunks; // model chunks per process (interleaved: > 1)
     std::unique_ptr<parallel::pipeline> pipe;
     std::vector<double> seconds;
     std::vector<double> bubbles;
@@ -189,14 +190,15 @@ int main(int argc, char** argv) {
     parallel::pipeline_options options;
     if (c.remote) {
       options = parallel::remote_options(*node, recipe());
-      options.places = {"worker0/cpu", "worker1/cpu"};
     } else {
       options.model = make_model();
-      options.places = {"worker0/cpu", "worker0/cpu"};
       options.optimizer = parallel::sgd_factory({.lr = 0.05});
       options.loss = parallel::mse_loss_function();
     }
-    options.split = parallel::from_balance({8, 8}, options.model->size());
+    for (std::size_t k = 0; k < c.chunks; ++k)
+      for (const char* place : {"worker0/cpu", c.remote ? "worker1/cpu" : "worker0/cpu"})
+        options.places.push_back(place);
+    options.split = parallel::even(options.places.size(), options.model->size());
     options.schedule = c.schedule;
     options.micro_batches = c.micro_batches;
     return parallel::pipeline::create(c.remote ? node->system() : system, std::move(options));
@@ -226,14 +228,18 @@ int main(int argc, char** argv) {
     return true;
   };
   std::vector<configuration> configurations;
+  const auto chunk_counts = bench::list_option(argc, argv, "chunks", "1,2");
   for (bool remote : {false, true}) {
     if (remote && !node)
       break;
+    for (auto chunks : chunk_counts)
     for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b}) {
       for (std::size_t m : {1, 2, 4, 8}) {
         auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
-        configuration c{remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, remote, nullptr,
-                        {}, {}, 0, 0};
+        if (chunks > 1)
+          name += fmt::format(" x{} chunks", chunks);
+        configuration c{remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, remote, std::size_t(chunks),
+                        nullptr, {}, {}, 0, 0};
         if (!remote) {
           auto pipe = make_pipe(c);
           if (!pipe) {

@@ -6,6 +6,7 @@
 // `baseline*` appear only where a peer or physical limit was measured in the
 // same run.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -131,6 +132,27 @@ inline std::string option(int argc, char** argv, std::string_view name, std::str
       return std::string(arg.substr(prefix.size()));
   }
   return fallback;
+}
+
+/// Command-line list `--name=1,2,4` of positive integers, or `fallback`'s;
+/// a bad item is reported (naming the option) and ends the program with 2.
+inline std::vector<std::size_t> list_option(int argc, char** argv, std::string_view name, std::string fallback) {
+  std::vector<std::size_t> values;
+  auto text = option(argc, argv, name, std::move(fallback));
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    auto end = std::min(text.find(',', begin), text.size());
+    auto item = text.substr(begin, end - begin);
+    std::size_t value = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (ec != std::errc{} || ptr != item.data() + item.size() || value == 0) {
+      fmt::print(stderr, "--{}: '{}' is not a positive integer (expected a list such as 1,2,4)\n", name, item);
+      std::exit(2);
+    }
+    values.push_back(value);
+    begin = end + 1;
+  }
+  return values;
 }
 
 } // namespace troupe::bench

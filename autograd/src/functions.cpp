@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "pass.hpp"
+#include "troupe/autograd/deferred_weight_grads.hpp"
 #include "troupe/autograd/grad_mode.hpp"
 #include "troupe/autograd/node.hpp"
 
@@ -485,14 +487,20 @@ variable linear(const variable& x, const variable& weight, const variable& bias)
 
   tensor keep_x = weight.requires_grad() ? x2 : tensor();
   tensor keep_w = x.requires_grad() ? w : tensor();
+  // A leaf weight's dW may be deferred (deferred_weight_grads.hpp).
+  std::shared_ptr<node> weight_accumulator =
+      grad_enabled() && weight.requires_grad() && weight.is_leaf() ? grad_accumulator(weight) : nullptr;
   return record("linear", y2.reshape(out_shape), {x, weight, bias},
-                [x2 = keep_x, w = keep_w, in_shape = in.shape(), out_features](
+                [x2 = keep_x, w = keep_w, in_shape = in.shape(), out_features, weight_accumulator](
                     const tensor& g, const needs_mask& n) {
                   auto g2 = g.reshape({-1, out_features});
                   std::vector<tensor> grads(3);
                   if (n[0]) // dx = dy W
                     grads[0] = troupe::matmul(g2, w).reshape(in_shape);
-                  if (n[1]) // dW = dy^T x
+                  auto* deferral = deferral_scope::active();
+                  if (n[1] && deferral != nullptr && weight_accumulator && pass_scope::accumulating())
+                    deferral->defer(weight_accumulator, g2, x2); // dW later, over all micro-batches
+                  else if (n[1]) // dW = dy^T x
                     grads[1] = troupe::matmul(g2.t(), x2);
                   if (n[2]) // db = rows of dy summed
                     grads[2] = troupe::sum(g2, {0});

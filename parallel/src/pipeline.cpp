@@ -182,6 +182,7 @@ expected<void> pipeline::start() {
       spec.credits = policy.credits;
       spec.backward_first = policy.backward_first;
       spec.rematerialize = remat;
+      spec.defer_weight_gradients = options_.defer_weight_gradients;
       if (options_.replication) {
         spec.replica_rank = options_.replication->index;
         for (const auto& member : rings[i])
@@ -202,6 +203,7 @@ expected<void> pipeline::start() {
       stage->optimizer = options_.optimizer(stage->layers->named_parameters());
       stage->loss = options_.loss;
       stage->rematerialize = remat;
+      stage->defer_weight_gradients = options_.defer_weight_gradients;
       stage->policy = policy;
       stage->sender = local_tensor_sender(names_[i]);
       stage->name = names_[i];

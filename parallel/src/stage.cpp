@@ -13,6 +13,7 @@
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace.hpp"
 #include "troupe/autograd/checkpoint.hpp"
+#include "troupe/autograd/deferred_weight_grads.hpp"
 #include "troupe/autograd/grad_mode.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/distributed_autograd.hpp"
@@ -68,17 +69,18 @@ expected<std::vector<std::string>> ring_places(const stage_spec& spec) {
 
 caf::message to_message(const stage_spec& spec) {
   return caf::make_message(spec.index, spec.stages, spec.begin, spec.end, spec.credits,
-                           spec.backward_first, spec.rematerialize, spec.replica_rank, spec.ring,
+                           spec.backward_first, spec.rematerialize, spec.defer_weight_gradients,
+                           spec.replica_rank, spec.ring,
                            spec.bucket_bytes, spec.ring_timeout_ms);
 }
 
 expected<stage_spec> stage_spec_from(const caf::message& message) {
   if (!message.match_elements<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t,
-                              std::uint64_t, bool, bool, std::uint64_t, std::string, std::uint64_t,
-                              std::uint64_t>())
+                              std::uint64_t, bool, bool, bool, std::uint64_t, std::string,
+                              std::uint64_t, std::uint64_t>())
     return make_error(errc::malformed_message,
                       "pipeline stage: the spawn arguments are {} but must be (index, stages, "
-                      "begin, end, credits, backward_first, rematerialize, replica_rank, ring, "
+                      "begin, end, credits, backward_first, rematerialize, defer_weight_gradients, replica_rank, ring, "
                       "bucket_bytes, ring_timeout_ms)",
                       caf::to_string(message));
   stage_spec spec;
@@ -89,10 +91,11 @@ expected<stage_spec> stage_spec_from(const caf::message& message) {
   spec.credits = message.get_as<std::uint64_t>(4);
   spec.backward_first = message.get_as<bool>(5);
   spec.rematerialize = message.get_as<bool>(6);
-  spec.replica_rank = message.get_as<std::uint64_t>(7);
-  spec.ring = message.get_as<std::string>(8);
-  spec.bucket_bytes = message.get_as<std::uint64_t>(9);
-  spec.ring_timeout_ms = message.get_as<std::uint64_t>(10);
+  spec.defer_weight_gradients = message.get_as<bool>(7);
+  spec.replica_rank = message.get_as<std::uint64_t>(8);
+  spec.ring = message.get_as<std::string>(9);
+  spec.bucket_bytes = message.get_as<std::uint64_t>(10);
+  spec.ring_timeout_ms = message.get_as<std::uint64_t>(11);
   if (auto ring = ring_places(spec); !ring)
     return ring.error_value();
   if (spec.index >= spec.stages || spec.begin >= spec.end || spec.credits == 0)
@@ -138,6 +141,7 @@ public:
     if (step_ != step) {
       // A previous step that failed may have left work and graphs behind.
       queue_.clear();
+      deferred_.clear();
       registry_.release_context(step_);
       waiting_for_target_.clear();
       targets_.clear();
@@ -245,6 +249,7 @@ public:
     require(queue_.in_flight() == 0 && registry_.empty(),
             "stage {}: step {} applied with {} micro-batches still in flight", options_->name,
             step, queue_.in_flight());
+    deferred_.flush(); // already empty unless the step's rows were miscounted
     if (data_parallel_)
       if (auto ok = data_parallel_->synchronize(); !ok)
         throw std::runtime_error(fmt::format("stage {}: averaging gradients with its replicas failed: {}",
@@ -354,25 +359,38 @@ private:
 
   void backward(const actors::tensor_message& work) {
     const context_key key{work.meta.context_id, work.meta.micro_batch, 0};
-    if (data_parallel_) {
-      // The step's last samples: their backward pass starts the buckets
-      // (the earlier micro-batches only accumulate).
-      const auto rows = static_cast<std::uint64_t>(micro_batch_rows_[key]);
-      data_parallel_->set_final_pass(rows_done_ + rows >= batch_);
-      rows_done_ += rows;
+    rows_done_ += static_cast<std::uint64_t>(micro_batch_rows_[key]);
+    const bool last_rows = rows_done_ >= batch_;
+    // The step's last samples: their backward pass (or the deferred weight
+    // gradients after it) starts the buckets; earlier ones only accumulate.
+    if (data_parallel_)
+      data_parallel_->set_final_pass(last_rows);
+    {
+      std::optional<autograd::deferral_scope> deferral;
+      if (options_->defer_weight_gradients)
+        deferral.emplace(deferred_);
+      registry_.backward_sent(key, work.value);
     }
-    registry_.backward_sent(key, work.value);
     queue_.finished_backward();
+    // The weight gradients of the whole step, once its last backward ran:
+    // after the input gradient has gone upstream (the previous stage waits
+    // for it; this stage's weights wait only for the optimizer step).
+    auto flush_after = [&] {
+      if (last_rows)
+        deferred_.flush();
+    };
     if (auto it = stash_bytes_.find(key); it != stash_bytes_.end()) {
       stashed_ -= it->second;
       stash_bytes_.erase(it);
     }
     if (first()) {
       registry_.forget(key);
+      flush_after();
       caf::anon_send(driver_, micro_batch_done_atom::value, key.context_id, key.micro_batch);
       return;
     }
     send(previous_, message_kind::backward_gradient, key, registry_.take_received_grad(key));
+    flush_after();
   }
 
   void evaluate(const actors::tensor_message& work) {
@@ -432,6 +450,7 @@ private:
   std::shared_ptr<stage_options> options_;
   std::unique_ptr<reducer_group> reducer_group_;
   std::unique_ptr<data_parallel> data_parallel_; ///< destroyed before its group
+  autograd::deferred_weight_grads deferred_;
   std::map<context_key, std::int64_t> micro_batch_rows_;
   std::uint64_t rows_done_ = 0; ///< samples whose backward ran this step
   work_queue queue_;

@@ -103,11 +103,12 @@ struct equivalence_case {
   schedule_kind schedule;
   std::size_t stages;
   std::size_t micro_batches;
+  bool defer_weight_gradients;
 };
 
 void PrintTo(const equivalence_case& c, std::ostream* os) {
-  *os << name_of(c.schedule) << ", " << c.stages << " stages, " << c.micro_batches
-      << " micro-batches";
+  *os << name_of(c.schedule) << ", " << c.stages << " stages, " << c.micro_batches << " micro-batches, "
+      << (c.defer_weight_gradients ? "deferred" : "immediate") << " weight gradients";
 }
 
 class PipelineEquivalence : public PipelineTest,
@@ -118,7 +119,9 @@ TEST_P(PipelineEquivalence, SameLossesAndParametersAsOneProcess) {
   auto reference = make_mlp();
   optim::sgd reference_opt(reference->named_parameters(), {.lr = 0.05, .momentum = 0.9});
   auto model = make_mlp();
-  auto pipe = make(options(model, c.stages, c.micro_batches, c.schedule));
+  auto o = options(model, c.stages, c.micro_batches, c.schedule);
+  o.defer_weight_gradients = c.defer_weight_gradients;
+  auto pipe = make(std::move(o));
   ASSERT_TRUE(pipe);
   for (std::uint64_t step = 0; step < 3; ++step) {
     auto b = make_batch(step);
@@ -155,18 +158,20 @@ std::vector<equivalence_case> all_cases() {
   for (auto schedule : {schedule_kind::gpipe, schedule_kind::one_f_one_b})
     for (std::size_t stages : {2, 3, 4})
       for (std::size_t m : {1, 3, 4})
-        out.push_back({schedule, stages, m});
+        for (bool defer : {true, false})
+          out.push_back({schedule, stages, m, defer});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(SchedulesStagesMicroBatches, PipelineEquivalence,
                          ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<equivalence_case>& info) {
-                           return fmt::format("{}_{}stages_{}mb",
+                           return fmt::format("{}_{}stages_{}mb_{}",
                                               info.param.schedule == schedule_kind::gpipe
                                                 ? "GPipe"
                                                 : "OneFOneB",
-                                              info.param.stages, info.param.micro_batches);
+                                              info.param.stages, info.param.micro_batches,
+                                              info.param.defer_weight_gradients ? "DeferredW" : "ImmediateW");
                          });
 
 TEST_F(PipelineTest, SchedulesStayWithinTheirCredits) {

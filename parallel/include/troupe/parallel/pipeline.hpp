@@ -102,6 +102,12 @@ struct pipeline_options {
   loss_function loss;
   /// Which stages recompute their forward in backward.
   rematerialization remat = rematerialization::never;
+  /// Each stage computes its linear layers' weight gradients once per step,
+  /// over all micro-batches, right after its last backward, instead of once
+  /// per micro-batch (autograd/deferred_weight_grads.hpp): fewer, larger
+  /// GEMMs, and the last stages do it while the first ones still run their
+  /// backward. Off: per micro-batch, as in plain backward().
+  bool defer_weight_gradients = true;
   /// Bound on every wait of train_step and forward (the time between two
   /// progress messages, not for the whole step).
   std::chrono::milliseconds timeout{30000};

@@ -128,6 +128,9 @@ struct stage_options {
   /// Used by the last stage only.
   loss_function loss;
   bool rematerialize = false;
+  /// Weight gradients computed once per step, after the stage's last
+  /// backward (autograd/deferred_weight_grads.hpp).
+  bool defer_weight_gradients = false;
   schedule_policy policy;
   tensor_sender sender;
   /// Where the stage lives, for error messages and traces ("worker0/cpu/stage1").
@@ -150,6 +153,7 @@ struct stage_spec {
   std::uint64_t credits = 1;
   bool backward_first = true;
   bool rematerialize = false;
+  bool defer_weight_gradients = false;
   /// Hybrid: the replica's rank, every replica's reducer place joined by
   /// ',' ("" when the stage is not replicated), bucket cap, timeout (ms).
   std::uint64_t replica_rank = 0;

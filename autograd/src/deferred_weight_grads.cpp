@@ -1,0 +1,57 @@
+#include "troupe/autograd/deferred_weight_grads.hpp"
+
+#include <algorithm>
+
+#include "pass.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::autograd {
+
+namespace {
+thread_local deferred_weight_grads* active_deferral = nullptr;
+} // namespace
+
+void deferred_weight_grads::defer(const std::shared_ptr<node>& accumulator, tensor dy, tensor x) {
+  TROUPE_ASSERT(accumulator != nullptr && dy.rank() == 2 && x.rank() == 2 && dy.size(0) == x.size(0),
+                "deferred_weight_grads::defer: dy {} and x {} must be [rows, out] and [rows, in]", dy.shape(),
+                x.shape());
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [&](const pending_weight& p) { return p.accumulator == accumulator; });
+  if (it == pending_.end()) {
+    pending_.push_back({accumulator, {}, {}});
+    it = std::prev(pending_.end());
+  }
+  it->dy.push_back(std::move(dy));
+  it->x.push_back(std::move(x));
+}
+
+void deferred_weight_grads::flush() {
+  // Taken first: a hook that throws leaves nothing half-delivered behind to
+  // be delivered twice by a later flush.
+  auto pending = std::move(pending_);
+  pending_.clear();
+  // Delivered as backward() delivers: into leaves, not a grad() pass.
+  pass_scope scope(true);
+  for (auto& p : pending) {
+    // One GEMM over all rows; the concatenation copies activations (rows x
+    // features), which is small beside the [out, in] product it saves m - 1
+    // times.
+    auto dy = p.dy.size() == 1 ? p.dy.front() : cat(p.dy, 0);
+    auto x = p.x.size() == 1 ? p.x.front() : cat(p.x, 0);
+    p.dy.clear();
+    p.x.clear();
+    std::vector<tensor> grads;
+    grads.push_back(matmul(dy.t(), x));
+    p.accumulator->apply(std::move(grads));
+  }
+}
+
+deferral_scope::deferral_scope(deferred_weight_grads& target) noexcept : previous_(active_deferral) {
+  active_deferral = &target;
+}
+
+deferral_scope::~deferral_scope() { active_deferral = previous_; }
+
+deferred_weight_grads* deferral_scope::active() noexcept { return active_deferral; }
+
+} // namespace troupe::autograd
