@@ -9,8 +9,13 @@
 // step then still waited for it ("exposed"), and #wrong = replicas whose
 // parameters are not bitwise equal to rank 0's at the end.
 //
-//   OPENBLAS_NUM_THREADS=1 build/bench/data_parallel [--json] [--steps=6] [--replicas=1,2,4]
-//                                                    [--bucket-mib=25] [--no-peers]
+//   build/bench/data_parallel [--json] [--steps=6] [--replicas=1,2,4] [--bucket-mib=25]
+//                             [--min-buckets=4] [--no-peers]
+//
+// Both sides get --bucket-mib as their cap. troupe's default also splits a
+// model smaller than min_buckets caps into about min_buckets buckets
+// (gradient_bucket.hpp); DDP has no such rule, --min-buckets=1 turns it off
+// for a plan like DDP's.
 //
 // This process is rank 0 and re-executes itself as the other replicas
 // (--child=replica); gradient chunks travel over the UCX data plane. With
@@ -48,6 +53,7 @@ constexpr int warmup = 2;
 struct settings {
   int steps = 6;
   double bucket_mib = 25;
+  std::size_t min_buckets = bucket_options{}.min_buckets;
 };
 
 struct replica_result {
@@ -88,6 +94,7 @@ expected<replica_result> train(actors::node& node, std::uint32_t replicas, const
   model->reset_parameters(0);
   data_parallel_options options;
   options.buckets.bucket_bytes = static_cast<std::size_t>(s.bucket_mib * (1 << 20));
+  options.buckets.min_buckets = s.min_buckets;
   auto dp = data_parallel::create(model->named_parameters(), **group, options);
   if (!dp)
     return dp.error();
@@ -122,6 +129,7 @@ settings parse(int argc, char** argv) {
   settings s;
   s.steps = std::stoi(bench::option(argc, argv, "steps", "6"));
   s.bucket_mib = std::stod(bench::option(argc, argv, "bucket-mib", "25"));
+  s.min_buckets = bench::list_option(argc, argv, "min-buckets", std::to_string(s.min_buckets)).front();
   return s;
 }
 
@@ -197,7 +205,7 @@ int parent(int argc, char** argv) {
         fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()), fmt::format("--troupe.rank={}", k),
         fmt::format("--troupe.world-size={}", n), fmt::format("--troupe.name=worker{}", k),
         "--troupe.listen-address=127.0.0.1", fmt::format("--steps={}", s.steps),
-        fmt::format("--bucket-mib={}", s.bucket_mib)}));
+        fmt::format("--bucket-mib={}", s.bucket_mib), fmt::format("--min-buckets={}", s.min_buckets)}));
     auto mine = train(*node, n, s);
     if (!mine)
       throw std::runtime_error(fmt::format("{} replicas: {}", n, mine.error().message()));
@@ -236,8 +244,9 @@ int parent(int argc, char** argv) {
                fmt::format("exposed {:.1f} ms per step", bench::median(mine->exposed_ms))});
   }
   if (!out.json()) {
-    fmt::print("# data-parallel MLP 8x1024, batch {} per replica, {} timed steps, buckets of {} MiB\n", batch, s.steps,
-               s.bucket_mib);
+    fmt::print("# data-parallel MLP 8x1024, batch {} per replica, {} timed steps, buckets of {} MiB (troupe: at least "
+               "{} buckets while they fit; DDP: its own rule)\n",
+               batch, s.steps, s.bucket_mib, s.min_buckets);
     for (const auto& l : table)
       fmt::print("{}\n", l);
   }

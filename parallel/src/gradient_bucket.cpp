@@ -11,6 +11,12 @@ namespace troupe::parallel {
 
 std::vector<gradient_bucket> plan_buckets(const nn::named_variables& parameters, const bucket_options& options) {
   require(!parameters.empty(), "plan_buckets: the model has no parameters");
+  require(options.min_buckets >= 1, "plan_buckets: min_buckets is 0 but must be at least 1");
+  std::size_t total = 0;
+  for (const auto& [name, p] : parameters)
+    total += static_cast<std::size_t>(p.numel()) * size_of(p.type());
+  const auto shrunk = std::max(options.first_bucket_bytes, (total + options.min_buckets - 1) / options.min_buckets);
+  const auto bucket_cap = std::min(options.bucket_bytes, shrunk);
   std::vector<gradient_bucket> buckets;
   // Reverse registration order approximates the order backward finishes
   // gradients in (output layers first).
@@ -21,8 +27,7 @@ std::vector<gradient_bucket> plan_buckets(const nn::named_variables& parameters,
     const auto bytes = static_cast<std::size_t>(p.numel()) * size_of(p.type());
     // The bucket being filled is capped by first_bucket_bytes while it is
     // the first one.
-    const auto cap =
-      buckets.size() == 1 ? std::min(options.first_bucket_bytes, options.bucket_bytes) : options.bucket_bytes;
+    const auto cap = buckets.size() == 1 ? std::min(options.first_bucket_bytes, bucket_cap) : bucket_cap;
     const bool fits = !buckets.empty() && buckets.back().type == p.type() && buckets.back().bytes() + bytes <= cap;
     if (!fits)
       buckets.push_back({p.type(), 0, {}});

@@ -125,7 +125,7 @@ TEST(GradientBuckets, ReverseOrderCapsAndDtypes) {
   auto params = model->named_parameters(); // 0.weight 0.bias 2.weight 2.bias 4.weight 4.bias
   // Float64: 4.bias 24 B, 4.weight 384 B, 2.bias 128 B, 2.weight 2048 B,
   // 0.bias 128 B, 0.weight 768 B.
-  auto buckets = plan_buckets(params, {.bucket_bytes = 1024, .first_bucket_bytes = 400});
+  auto buckets = plan_buckets(params, {.bucket_bytes = 1024, .first_bucket_bytes = 400, .min_buckets = 1});
   std::vector<std::vector<std::string>> names;
   for (auto& b : buckets) {
     names.emplace_back();
@@ -142,8 +142,32 @@ TEST(GradientBuckets, ReverseOrderCapsAndDtypes) {
     }
     EXPECT_EQ(b.numel, offset);
   }
-  // Default caps: one bucket of everything (1.7 KiB < 1 MiB).
+  // Default caps: one bucket of everything (3.4 KiB < 1 MiB, the first
+  // bucket's cap, below which min_buckets never shrinks the cap).
   EXPECT_EQ(plan_buckets(params).size(), 1u);
+}
+
+TEST(GradientBuckets, ASmallModelIsStillSplitIntoAboutMinBuckets) {
+  auto model = make_model(1);
+  auto params = model->named_parameters(); // 3,480 bytes in all
+  // Cap 1 MiB, but min_buckets 4: the cap shrinks to 3,480 / 4 = 870 bytes.
+  auto buckets = plan_buckets(params, {.bucket_bytes = 1 << 20, .first_bucket_bytes = 100, .min_buckets = 4});
+  std::vector<std::vector<std::string>> names;
+  for (auto& b : buckets) {
+    names.emplace_back();
+    for (auto& s : b.slots)
+      names.back().push_back(params[s.parameter].first);
+  }
+  using V = std::vector<std::vector<std::string>>;
+  EXPECT_EQ(names, (V{{"4.bias"}, {"4.weight", "2.bias"}, {"2.weight"}, {"0.bias"}, {"0.weight"}}));
+  // min_buckets 1: the plain cap, everything after the first bucket in one.
+  EXPECT_EQ(plan_buckets(params, {.bucket_bytes = 1 << 20, .first_bucket_bytes = 100, .min_buckets = 1}).size(), 2u);
+  try {
+    plan_buckets(params, {.bucket_bytes = 1 << 20, .first_bucket_bytes = 100, .min_buckets = 0});
+    FAIL() << "min_buckets 0 accepted";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("min_buckets is 0"));
+  }
 }
 
 TEST(GradientBuckets, RefusesWhatTheReducersCannotAdd) {
@@ -160,7 +184,7 @@ TEST(GradientBuckets, RefusesWhatTheReducersCannotAdd) {
 TEST(GradientBuckets, PackAndUnpackRoundTrip) {
   auto a = make_model(1), b = make_model(2);
   auto pa = a->named_parameters(), pb = b->named_parameters();
-  for (auto& bucket : plan_buckets(pa, {.bucket_bytes = 1024, .first_bucket_bytes = 400}))
+  for (auto& bucket : plan_buckets(pa, {.bucket_bytes = 1024, .first_bucket_bytes = 400, .min_buckets = 1}))
     unpack_parameters(bucket, pack_parameters(bucket, pa), pb);
   for (std::size_t k = 0; k < pa.size(); ++k)
     EXPECT_TRUE(bitwise_equal(pa[k].second.data(), pb[k].second.data())) << pa[k].first;
@@ -222,7 +246,7 @@ TEST_P(DataParallel, ReplicasEqualOneProcessWithTheWholeBatch) {
   local_ring ring(n, 64); // tiny chunks: many messages per bucket
   ASSERT_TRUE(ring.node);
   // Small caps: four buckets, reduced while backward runs.
-  auto results = train_replicas(ring, {.bucket_bytes = 1024, .first_bucket_bytes = 400});
+  auto results = train_replicas(ring, {.bucket_bytes = 1024, .first_bucket_bytes = 400, .min_buckets = 1});
   auto want = reference(n);
   for (std::uint32_t r = 0; r < n; ++r) {
     ASSERT_EQ(results[r].error, "") << "replica " << r;
@@ -357,7 +381,7 @@ TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
 std::string train_as_process(reducer_group& group, std::uint32_t n) {
   auto model = make_model(11 + group.rank());
   auto dp = data_parallel::create(model->named_parameters(), group,
-                                  dp_options({.bucket_bytes = 1024, .first_bucket_bytes = 400}));
+                                  dp_options({.bucket_bytes = 1024, .first_bucket_bytes = 400, .min_buckets = 1}));
   if (!dp)
     return "ERROR " + dp.error().message();
   optim::sgd opt(model->named_parameters(), sgd());

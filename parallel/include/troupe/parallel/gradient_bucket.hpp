@@ -25,6 +25,13 @@ struct bucket_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// Cap on the first bucket (the last layers'), so reduction starts early.
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  /// A model smaller than min_buckets x bucket_bytes is still split into
+  /// about this many buckets: the cap shrinks to the model's bytes /
+  /// min_buckets (never below first_bucket_bytes). With 25 MiB buckets a
+  /// 32 MiB model was two buckets, the second complete only at the end of
+  /// backward, so most of its reduction could not overlap anything. 1: the
+  /// cap is bucket_bytes whatever the model's size (PyTorch DDP's rule).
+  std::size_t min_buckets = 4;
 };
 
 /// One parameter's place in a bucket's flat buffer.
@@ -43,8 +50,8 @@ struct gradient_bucket {
 };
 
 /// Groups `parameters` (nn::module::named_parameters order) into buckets.
-/// Throws usage_error for an empty list or a dtype other than float32 or
-/// float64 (what the reducers add).
+/// Throws usage_error for an empty list, a dtype other than float32 or
+/// float64 (what the reducers add), or min_buckets 0.
 std::vector<gradient_bucket> plan_buckets(const nn::named_variables& parameters, const bucket_options& options = {});
 
 /// A flat tensor of the bucket's size holding each parameter's current data
