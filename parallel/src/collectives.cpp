@@ -66,6 +66,20 @@ template <class T> tensor copy_of(reducer_group& g, std::uint32_t to, const T* d
   return out;
 }
 
+/// dst = src + dst (divided by n when averaging: the same two operations as
+/// before, so results do not change by a bit), also written to `also` when
+/// given.
+template <class T> void final_sum(T* dst, const T* src, std::int64_t len, bool average, T n, T* also) {
+  for (std::int64_t i = 0; i < len; ++i) {
+    T v = src[i] + dst[i];
+    if (average)
+      v = v / n;
+    dst[i] = v;
+    if (also)
+      also[i] = v;
+  }
+}
+
 /// Runs the ring over the flat buffer `base[0, count)`. Ring steps are
 /// numbered 0..N-2 for reduce-scatter and N..2N-2 for all-gather.
 template <class T>
@@ -116,21 +130,33 @@ expected<void> ring(reducer_group& g, T* base, std::int64_t count, std::uint64_t
         T* dst = base + range.begin;
         const T* src = got->template data<T>();
         const auto len = range.end - range.begin;
-        for (std::int64_t i = 0; i < len; ++i)
-          dst[i] = src[i] + dst[i];
         if (s + 2 < n) {
           // ... and pass it on at once: the next chunk is still on its way.
-          if (auto ok = send(s + 1, seg, c); !ok)
+          // This rank never reads its partial sum of `seg` again (the final
+          // value arrives in the all-gather), so the sum is written straight
+          // into the outgoing chunk: one pass over the chunk instead of an
+          // add into `base` and a copy out of it.
+          const auto right = mod(std::int64_t{r} + 1, n);
+          auto out = g.chunk_buffer(right, dtype_of<T>::value, len);
+          T* sum = out.template data<T>();
+          for (std::int64_t i = 0; i < len; ++i)
+            sum[i] = src[i] + dst[i];
+          if (auto ok = g.send_right(id, s + 1, c, std::move(out)); !ok)
             return ok;
           continue;
         }
         // Last step: seg == r is final here. Average once, on the owner.
-        if (average)
-          for (std::int64_t i = 0; i < len; ++i)
-            dst[i] = dst[i] / static_cast<T>(n);
-        // Allreduce: the all-gather starts chunk by chunk, right now.
+        // Allreduce: the all-gather starts chunk by chunk, right now, its
+        // chunk written in the same pass as the final values.
+        tensor out;
+        T* also = nullptr;
+        if (gather) {
+          out = g.chunk_buffer(mod(std::int64_t{r} + 1, n), dtype_of<T>::value, len);
+          also = out.template data<T>();
+        }
+        final_sum(dst, src, len, average, static_cast<T>(n), also);
         if (gather)
-          if (auto ok = send(n, seg, c); !ok)
+          if (auto ok = g.send_right(id, n, c, std::move(out)); !ok)
             return ok;
       }
     }
