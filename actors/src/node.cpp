@@ -462,9 +462,34 @@ void node::stop() {
   agent_ = nullptr;
   registry_ = nullptr;
   state_->registry = nullptr;
+  await_actors_stopped();
   // The actor system's destructor waits for the actors stopped above.
   system_.reset();
   config_.reset();
+}
+
+void node::await_actors_stopped() {
+  // Bounded wait until every actor of this system (hidden ones aside) has
+  // stopped, before the middleman goes. The middleman's BASP broker keeps
+  // every local actor known to another node monitored; the down message an
+  // actor sends the broker as it stops carries a strong reference to that
+  // actor. Arriving after the broker stopped, it stayed in the broker's
+  // mailbox, kept the stopped (detached) actor alive and the actor system's
+  // destructor waiting for it forever: pipeline_demo --replicas=2 hung
+  // about one run in ten on one rank; gdb showed a stage's down message as
+  // the only reference left. Actors the user spawned and never stopped
+  // only cost the bound.
+  constexpr auto bound = std::chrono::milliseconds{1000};
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  bool waited = false;
+  while (system_->registry().running() > 0 && std::chrono::steady_clock::now() < deadline) {
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds{2});
+  }
+  // The last down messages were enqueued as those actors stopped; let the
+  // broker (on the multiplexer's thread) take them.
+  if (waited)
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
 }
 
 void node::register_factory(std::string name, actor_factory factory) {

@@ -186,7 +186,9 @@ struct tensor_router::impl {
     auto now = caf::make_timestamp();
     auto [it, fresh] = resolve_deadline.try_emplace(node, now + options.request_timeout);
     if (now < it->second) {
-      self->delayed_send(self, 50ms, route_atom_v, node);
+      // Anonymous: a reminder with this actor as its sender would be a
+      // strong reference to itself (see parallel/src/stage.cpp).
+      caf::delayed_anon_send(caf::actor_cast<caf::actor>(self), 50ms, route_atom_v, node);
       return;
     }
     resolve_deadline.erase(it);

@@ -121,6 +121,8 @@ private:
   node(node_options options);
   troupe::expected<void> join();
   troupe::expected<void> start_router();
+  /// stop(): waits (bounded) until the system's actors have stopped.
+  void await_actors_stopped();
 
   node_options options_;
   std::unique_ptr<caf::actor_system_config> config_;
