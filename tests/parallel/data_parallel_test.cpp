@@ -120,18 +120,25 @@ void expect_close(const std::vector<tensor>& got, const std::vector<tensor>& wan
 
 // ---- buckets ----------------------------------------------------------------
 
+/// Each bucket's parameter names, in bucket order.
+std::vector<std::vector<std::string>> bucket_names(const std::vector<gradient_bucket>& buckets,
+                                                   const nn::named_variables& params) {
+  std::vector<std::vector<std::string>> names;
+  for (const auto& b : buckets) {
+    names.emplace_back();
+    for (const auto& s : b.slots)
+      names.back().push_back(params[s.parameter].first);
+  }
+  return names;
+}
+
 TEST(GradientBuckets, ReverseOrderCapsAndDtypes) {
   auto model = make_model(1);
   auto params = model->named_parameters(); // 0.weight 0.bias 2.weight 2.bias 4.weight 4.bias
   // Float64: 4.bias 24 B, 4.weight 384 B, 2.bias 128 B, 2.weight 2048 B,
   // 0.bias 128 B, 0.weight 768 B.
   auto buckets = plan_buckets(params, {.bucket_bytes = 1024, .first_bucket_bytes = 400, .min_buckets = 1});
-  std::vector<std::vector<std::string>> names;
-  for (auto& b : buckets) {
-    names.emplace_back();
-    for (auto& s : b.slots)
-      names.back().push_back(params[s.parameter].first);
-  }
+  auto names = bucket_names(buckets, params);
   using V = std::vector<std::vector<std::string>>;
   EXPECT_EQ(names, (V{{"4.bias"}, {"4.weight", "2.bias"}, {"2.weight"}, {"0.bias", "0.weight"}}));
   for (auto& b : buckets) {
@@ -152,12 +159,7 @@ TEST(GradientBuckets, ASmallModelIsStillSplitIntoAboutMinBuckets) {
   auto params = model->named_parameters(); // 3,480 bytes in all
   // Cap 1 MiB, but min_buckets 4: the cap shrinks to 3,480 / 4 = 870 bytes.
   auto buckets = plan_buckets(params, {.bucket_bytes = 1 << 20, .first_bucket_bytes = 100, .min_buckets = 4});
-  std::vector<std::vector<std::string>> names;
-  for (auto& b : buckets) {
-    names.emplace_back();
-    for (auto& s : b.slots)
-      names.back().push_back(params[s.parameter].first);
-  }
+  auto names = bucket_names(buckets, params);
   using V = std::vector<std::vector<std::string>>;
   EXPECT_EQ(names, (V{{"4.bias"}, {"4.weight", "2.bias"}, {"2.weight"}, {"0.bias"}, {"0.weight"}}));
   // min_buckets 1: the plain cap, everything after the first bucket in one.
