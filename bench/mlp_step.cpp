@@ -4,7 +4,7 @@
 // (/usr/bin/python3, bench/peers/mlp_step_torch.py) in interleaved rounds
 // of the same run.
 //
-//   OPENBLAS_NUM_THREADS=1 build/bench/mlp_step [--json] [--rounds=5] [--steps=4]
+//   build/bench/mlp_step [--json] [--rounds=5] [--steps=4]
 #include <cmath>
 
 #include "peer_process.hpp"
