@@ -469,20 +469,36 @@ void node::stop() {
 }
 
 void node::await_actors_stopped() {
-  // Bounded wait until every actor of this system (hidden ones aside) has
-  // stopped, before the middleman goes. The middleman's BASP broker keeps
-  // every local actor known to another node monitored; the down message an
-  // actor sends the broker as it stops carries a strong reference to that
-  // actor. Arriving after the broker stopped, it stayed in the broker's
-  // mailbox, kept the stopped (detached) actor alive and the actor system's
+  // Wait until every actor of this system (hidden ones aside) has stopped,
+  // before the middleman goes. The middleman's BASP broker keeps every
+  // local actor known to another node monitored; the down message an actor
+  // sends the broker as it stops carries a strong reference to that actor.
+  // Arriving after the middleman stopped, it stayed in the broker's mailbox,
+  // kept the stopped (detached) actor alive and the actor system's
   // destructor waiting for it forever: pipeline_demo --replicas=2 hung
-  // about one run in ten on one rank; gdb showed a stage's down message as
-  // the only reference left. Actors the user spawned and never stopped
-  // only cost the bound.
-  constexpr auto bound = std::chrono::milliseconds{1000};
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  bool waited = false;
-  while (system_->registry().running() > 0 && std::chrono::steady_clock::now() < deadline) {
+  // about one run in ten on one rank, and a test with a killed stage hung
+  // when a reducer stopped more than a second after the stop began (its
+  // stage was still blocked on the dead replica, up to the ring's timeout);
+  // gdb showed the down message as the stopped actor's last reference.
+  // Actors block for at most their own timeouts, so this wait ends; the
+  // bound only guards against an actor the user never stopped (which the
+  // contract of stop() excludes), and a message says who is waited for.
+  constexpr auto bound = std::chrono::seconds{120};
+  constexpr auto report_after = std::chrono::seconds{2};
+  const auto start = std::chrono::steady_clock::now();
+  bool waited = false, reported = false;
+  while (system_->registry().running() > 0) {
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    if (elapsed > bound) {
+      fmt::print(stderr, "troupe node {}: {} actors still running after {} s; shutting down anyway (an actor "
+                 "that was never stopped?)\n", options_.name, system_->registry().running(), bound.count());
+      return;
+    }
+    if (!reported && elapsed > report_after) {
+      reported = true;
+      fmt::print(stderr, "troupe node {}: waiting for {} actors to stop before shutting down\n", options_.name,
+                 system_->registry().running());
+    }
     waited = true;
     std::this_thread::sleep_for(std::chrono::milliseconds{2});
   }
