@@ -62,9 +62,11 @@ public:
   node& operator=(const node&) = delete;
 
   /// Leaves the job (no loss is reported for an orderly stop), stops the
-  /// actors this node spawned, the agent and the registry, and shuts the
-  /// actor system down. Idempotent; the destructor calls it. Actors you
-  /// spawned yourself must be stopped before.
+  /// actors this node spawned, the agent and the registry, waits until
+  /// every actor of the system has stopped (an actor blocked in a collective
+  /// stops at its timeout; a message after 2 s, given up after 120 s), and
+  /// shuts the actor system down. Idempotent; the destructor calls it.
+  /// Actors you spawned yourself must be stopped before.
   void stop();
 
   caf::actor_system& system() { return *system_; }
