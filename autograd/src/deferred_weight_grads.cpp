@@ -21,6 +21,7 @@ void deferred_weight_grads::defer(const std::shared_ptr<node>& accumulator, tens
     pending_.push_back({accumulator, {}, {}});
     it = std::prev(pending_.end());
   }
+  bytes_ += dy.nbytes() + x.nbytes();
   it->dy.push_back(std::move(dy));
   it->x.push_back(std::move(x));
 }
@@ -30,6 +31,7 @@ void deferred_weight_grads::flush() {
   // be delivered twice by a later flush.
   auto pending = std::move(pending_);
   pending_.clear();
+  bytes_ = 0;
   // Delivered as backward() delivers: into leaves, not a grad() pass.
   pass_scope scope(true);
   for (auto& p : pending) {

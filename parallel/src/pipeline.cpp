@@ -469,8 +469,8 @@ expected<std::vector<stage_stats>> pipeline::stats() {
     std::optional<troupe::error> failed;
     driver_->self->request(stages_[i], options_.timeout, stats_atom::value)
       .receive(
-        [&](std::uint64_t bytes, std::uint64_t in_flight, double busy_ms) {
-          out[i] = {bytes, in_flight, busy_ms};
+        [&](std::uint64_t bytes, std::uint64_t in_flight, double busy_ms, std::uint64_t deferred) {
+          out[i] = {bytes, deferred, in_flight, busy_ms};
         },
         [&](caf::error& err) {
           failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,

@@ -371,6 +371,7 @@ private:
         deferral.emplace(deferred_);
       registry_.backward_sent(key, work.value);
     }
+    stats_.peak_deferred_bytes = std::max<std::uint64_t>(stats_.peak_deferred_bytes, deferred_.bytes());
     queue_.finished_backward();
     // The weight gradients of the whole step, once its last backward ran:
     // after the input gradient has gone upstream (the previous stage waits
@@ -544,7 +545,7 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
     },
     [=](stats_atom) {
       auto s = state->stats();
-      return caf::make_message(s.peak_stashed_bytes, s.peak_in_flight, s.busy_ms);
+      return caf::make_message(s.peak_stashed_bytes, s.peak_in_flight, s.busy_ms, s.peak_deferred_bytes);
     },
   };
 }

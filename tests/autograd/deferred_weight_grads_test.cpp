@@ -48,9 +48,14 @@ TEST(DeferredWeightGrads, FlushEqualsBackwardPerMicroBatch) {
   EXPECT_FALSE(deferred_net.w1.grad().defined());
   EXPECT_FALSE(deferred_net.w2.grad().defined());
   EXPECT_EQ(deferred.weights(), 2u);
+  // Kept per use of a layer (micro_batch_loss runs the net twice) in each
+  // of 3 micro-batches of 4 rows: x [4, 5] and dy [4, 6] for w1, x [4, 6]
+  // and dy [4, 3] for w2, float64.
+  EXPECT_EQ(deferred.bytes(), 3u * 2 * (4 * 5 + 4 * 6 + 4 * 6 + 4 * 3) * sizeof(double));
 
   deferred.flush();
   EXPECT_TRUE(deferred.empty());
+  EXPECT_EQ(deferred.bytes(), 0u);
   auto want = plain.parameters();
   auto got = deferred_net.parameters();
   for (std::size_t i = 0; i < want.size(); ++i) {

@@ -233,6 +233,29 @@ TEST_F(PipelineTest, RematerializationGivesIdenticalParametersAndStashesLess) {
   }
 }
 
+TEST_F(PipelineTest, DeferredWeightGradientsAreCountedAndHeldUntilTheStepEnds) {
+  // 1F1B, 2 stages of 4 x Linear(32, 32), 4 micro-batches of 3 float64 rows.
+  // Deferred, each linear keeps its input and output gradient (3 x 32 each)
+  // for every micro-batch until the step's last backward: m, not the
+  // stage's credits, which is the memory deferral costs under 1F1B.
+  auto deferred = make(options(make_mlp(), 2, 4, schedule_kind::one_f_one_b));
+  auto o = options(make_mlp(), 2, 4, schedule_kind::one_f_one_b);
+  o.defer_weight_gradients = false;
+  auto immediate = make(std::move(o));
+  auto b = make_batch(0);
+  ASSERT_TRUE(deferred->train_step(b.inputs, b.targets).has_value());
+  ASSERT_TRUE(immediate->train_step(b.inputs, b.targets).has_value());
+  auto with = deferred->stats();
+  auto without = immediate->stats();
+  ASSERT_TRUE(with.has_value() && without.has_value());
+  const std::uint64_t per_linear = 2 * 3 * 32 * sizeof(double);
+  for (std::size_t s = 0; s < 2; ++s) {
+    EXPECT_EQ((*with)[s].peak_deferred_bytes, 4 * 4 * per_linear) << "stage " << s;
+    EXPECT_EQ((*without)[s].peak_deferred_bytes, 0u) << "stage " << s;
+    EXPECT_LE((*with)[s].peak_in_flight, policy_for(schedule_kind::one_f_one_b, s, 2, 4).credits);
+  }
+}
+
 TEST_F(PipelineTest, AllButLastStageRecomputesEverywhereExceptTheLast) {
   auto model = make_mlp();
   auto o = options(model, 3, 3, schedule_kind::one_f_one_b);

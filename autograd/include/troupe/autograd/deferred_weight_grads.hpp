@@ -20,8 +20,10 @@
 //
 // Only weights that are leaves are deferred, and only in backward() (never in
 // grad(), which must not touch leaves); anything else is computed at once.
-// The kept tensors are the layer's saved input and the incoming gradient:
-// one activation-sized tensor more per layer and micro-batch until flush().
+// The kept tensors are the layer's saved input and the incoming gradient,
+// per layer and micro-batch, until flush(): memory that plain backward frees
+// at once (bytes() says how much). A 1F1B stage that flushes once per step
+// therefore holds these for all m micro-batches, not for its credits only.
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -46,11 +48,17 @@ public:
   void flush();
 
   /// Forgets what is kept without computing it (a failed step).
-  void clear() noexcept { pending_.clear(); }
+  void clear() noexcept {
+    pending_.clear();
+    bytes_ = 0;
+  }
 
   bool empty() const noexcept { return pending_.empty(); }
   /// Weights with kept factors.
   std::size_t weights() const noexcept { return pending_.size(); }
+  /// Bytes of the kept tensors (each counted whole, also when it is a view
+  /// another tensor shares): what deferral holds beyond plain backward.
+  std::size_t bytes() const noexcept { return bytes_; }
 
 private:
   struct pending_weight {
@@ -59,6 +67,7 @@ private:
     std::vector<tensor> x;
   };
   std::vector<pending_weight> pending_;
+  std::size_t bytes_ = 0;
 };
 
 /// Makes `target` the deferral of this thread for the scope's lifetime

@@ -106,7 +106,11 @@ struct pipeline_options {
   /// over all micro-batches, right after its last backward, instead of once
   /// per micro-batch (autograd/deferred_weight_grads.hpp): fewer, larger
   /// GEMMs, and the last stages do it while the first ones still run their
-  /// backward. Off: per micro-batch, as in plain backward().
+  /// backward. The cost is memory: each linear layer's input and output
+  /// gradient are kept for every micro-batch of the step (under 1F1B, m
+  /// micro-batches instead of the stage's credits; stage_stats::
+  /// peak_deferred_bytes reports it). Off: per micro-batch, as in plain
+  /// backward().
   bool defer_weight_gradients = true;
   /// Bound on every wait of train_step and forward (the time between two
   /// progress messages, not for the whole step).

@@ -177,6 +177,10 @@ struct stage_stats {
   /// each stashed micro-batch's input and every layer output its graph keeps
   /// (only input and output with recomputation).
   std::uint64_t peak_stashed_bytes = 0;
+  /// The most bytes held at once for deferred weight gradients (each
+  /// micro-batch's layer inputs and output gradients until the step's last
+  /// backward; 0 without deferral).
+  std::uint64_t peak_deferred_bytes = 0;
   std::uint64_t peak_in_flight = 0;
   /// Time spent computing (forward, backward, optimizer) in the last step.
   double busy_ms = 0;
