@@ -24,6 +24,7 @@
 // stage 0 here and stage 1 there ("2 processes" rows).
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include <caf/all.hpp>
 
@@ -274,8 +275,12 @@ int main(int argc, char** argv) {
   // PyTorch runs before and after troupe; each of its figures is the better
   // of the two runs, so the machine's drift never favours troupe.
   torch_figures torch_before;
-  if (peers)
+  if (peers) {
     torch_before = pytorch_pipeline(steps);
+    // PyTorch's RPC workers are still winding down when the script returns;
+    // measured at once, troupe's next figures lost up to a third.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
   std::vector<double> local_seconds;
   double local_first = local_step(), local_last = local_first;
   auto local_block = [&](bool reference) {
