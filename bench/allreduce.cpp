@@ -187,6 +187,7 @@ int parent(int argc, char** argv) {
     std::map<std::string, double> peer;
     if (!no_peers) {
       peer = peers(n, sizes, quick);
+      bench::settle_after_peer();
       if (peer.empty())
         out.note("allreduce.py gave no figures for n={} (python3-torch / openmpi missing?): peer columns skipped", n);
       else if (std::none_of(peer.begin(), peer.end(), [](const auto& kv) { return kv.first.starts_with("mpi-shm/"); }))

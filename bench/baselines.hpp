@@ -2,11 +2,13 @@
 // Peers measured in the same run as troupe's transport benchmark:
 // ucx_perftest (the UCX engine's own ceiling) and PyTorch RPC
 // (../shared/peers/rpc_latency.py).
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -14,6 +16,12 @@
 #include "peer_process.hpp"
 
 namespace troupe::bench {
+
+/// Waits for a peer's processes to wind down before troupe measures again:
+/// PyTorch's workers were still exiting when its script returned, and
+/// troupe's one-process pipeline baseline measured at once lost up to a
+/// third.
+inline void settle_after_peer() { std::this_thread::sleep_for(std::chrono::seconds(3)); }
 
 /// Runs a shell command with a time limit and returns its stdout.
 inline std::string run_command(const std::string& command, int timeout_seconds) {

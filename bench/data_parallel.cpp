@@ -162,6 +162,7 @@ std::optional<double> torch_ddp(std::uint32_t replicas, const settings& s, bench
   auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --replicas {} --steps {} --bucket-mib {}", script,
                                                replicas, s.steps, s.bucket_mib),
                                    300);
+  bench::settle_after_peer();
   auto rate = bench::json_number(output, "samples_per_s");
   if (!rate)
     out.note("PyTorch DDP peer gave no figure for {} replicas (python3-torch missing?)", replicas);

@@ -277,9 +277,7 @@ int main(int argc, char** argv) {
   torch_figures torch_before;
   if (peers) {
     torch_before = pytorch_pipeline(steps);
-    // PyTorch's RPC workers are still winding down when the script returns;
-    // measured at once, troupe's next figures lost up to a third.
-    std::this_thread::sleep_for(std::chrono::seconds(3));
+    bench::settle_after_peer();
   }
   std::vector<double> local_seconds;
   double local_first = local_step(), local_last = local_first;

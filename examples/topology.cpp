@@ -85,15 +85,20 @@ int main(int argc, char** argv) {
   // Compute runs detached (its own thread): heavy work never blocks CAF's scheduler.
   auto actor = n.rank() == 1 ? n.system().spawn<caf::detached>(behaviour) : n.system().spawn(behaviour);
   (void)n.register_actor(self_place, actor);
-  // Start only once every stage is registered: a tensor for a place nobody
-  // has registered yet is dropped by the receiving node's router.
-  for (const auto& p : stage)
-    for (auto deadline = steady_clock::now() + 30s; !n.lookup(p) && steady_clock::now() < deadline;)
-      std::this_thread::sleep_for(50ms);
+  // The producer starts only once every stage is registered: a tensor for a
+  // place nobody has registered yet is dropped by the receiving node's
+  // router. Only the producer waits: the others may still be looking up
+  // names when the job is done and the coordinator (the producer's node)
+  // has gone, and then wait for the registry in vain.
   auto t0 = steady_clock::now();
-  if (n.rank() == 0)
+  if (n.rank() == 0) {
+    for (const auto& p : stage)
+      for (auto deadline = steady_clock::now() + 30s; !n.lookup(p) && steady_clock::now() < deadline;)
+        std::this_thread::sleep_for(50ms);
+    t0 = steady_clock::now();
     for (std::int64_t c = 0; c < *credits; ++c)
       if (auto i = sent.fetch_add(1); i < total) forward(i, input, message_kind::forward_activation);
+  }
   bool done = finished.get_future().wait_for(120s) == std::future_status::ready;
   double ms = duration<double, std::milli>(steady_clock::now() - t0).count();
   caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
