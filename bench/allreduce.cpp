@@ -271,11 +271,14 @@ int parent(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
-  chunk_bytes = std::stoull(bench::option(argc, argv, "chunk-kib", std::to_string(chunk_bytes >> 10))) << 10;
-  min_chunks = static_cast<std::uint32_t>(std::stoul(bench::option(argc, argv, "min-chunks", std::to_string(min_chunks))));
+  chunk_bytes = static_cast<std::size_t>(bench::int_option(argc, argv, "chunk-kib",
+                                                            static_cast<std::int64_t>(chunk_bytes >> 10), 1, 1 << 20))
+                << 10;
+  min_chunks = static_cast<std::uint32_t>(bench::int_option(argc, argv, "min-chunks", min_chunks, 1, 1024));
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")
       return child(argc, argv);
+  bench::check_flags("allreduce", argc, argv, {"quick", "no-peers", "chunk-kib=", "min-chunks="});
   try {
     return parent(argc, argv);
   } catch (const std::exception& e) {

@@ -16,8 +16,9 @@ using namespace troupe;
 
 
 int main(int argc, char** argv) {
+  bench::check_flags("codec", argc, argv, {"rounds="});
   bench::report out("codec", argc, argv);
-  const auto rounds = std::stoi(bench::option(argc, argv, "rounds", "5"));
+  const auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 5, 1, 1000));
   generator gen{7};
   for (std::int64_t mib : {1, 16, 64}) {
     auto value = rand({mib * 1024 * 1024 / 4}, gen);

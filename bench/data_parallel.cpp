@@ -127,8 +127,8 @@ expected<replica_result> train(actors::node& node, std::uint32_t replicas, const
 
 settings parse(int argc, char** argv) {
   settings s;
-  s.steps = std::stoi(bench::option(argc, argv, "steps", "6"));
-  s.bucket_mib = std::stod(bench::option(argc, argv, "bucket-mib", "25"));
+  s.steps = static_cast<int>(bench::int_option(argc, argv, "steps", 6, 1, 1000));
+  s.bucket_mib = bench::number_option(argc, argv, "bucket-mib", 25, 0.001, 4096);
   s.min_buckets = bench::list_option(argc, argv, "min-buckets", std::to_string(s.min_buckets)).front();
   return s;
 }
@@ -173,18 +173,15 @@ std::optional<double> torch_ddp(std::uint32_t replicas, const settings& s, bench
 
 int parent(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
+  bench::check_flags("data_parallel", argc, argv, {"steps=", "bucket-mib=", "min-buckets=", "replicas=", "no-peers"});
   bench::report out("data_parallel", argc, argv);
   const auto s = parse(argc, argv);
   bool no_peers = false;
   for (int i = 1; i < argc; ++i)
     no_peers |= std::string_view(argv[i]) == "--no-peers";
   std::vector<std::uint32_t> counts;
-  {
-    std::istringstream list(bench::option(argc, argv, "replicas", "1,2,4"));
-    std::string item;
-    while (std::getline(list, item, ','))
-      counts.push_back(static_cast<std::uint32_t>(std::stoul(item)));
-  }
+  for (auto n : bench::list_option(argc, argv, "replicas", "1,2,4"))
+    counts.push_back(static_cast<std::uint32_t>(n));
   bool any_wrong = false;
   std::vector<std::string> table;
   table.push_back(fmt::format("{:>8} {:>7} {:>10} {:>9} {:>11} {:>9} {:>8} {:>10} {:>7} {:>10} {:>6}", "replicas",

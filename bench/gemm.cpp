@@ -25,8 +25,9 @@ struct shape_case {
 } // namespace
 
 int main(int argc, char** argv) {
+  bench::check_flags("gemm", argc, argv, {"rounds="});
   bench::report out("gemm", argc, argv);
-  auto rounds = std::stoi(bench::option(argc, argv, "rounds", "5"));
+  auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 5, 1, 1000));
   const shape_case cases[] = {
       {"1024x1024x1024", 1024, 1024, 1024, false},
       {"256x1024x1024 (B^T view)", 256, 1024, 1024, true},

@@ -19,9 +19,10 @@
 using namespace troupe;
 
 int main(int argc, char** argv) {
+  bench::check_flags("mlp_step", argc, argv, {"rounds=", "steps="});
   bench::report out("mlp_step", argc, argv);
-  const auto rounds = std::stoi(bench::option(argc, argv, "rounds", "5"));
-  const auto steps = std::stoi(bench::option(argc, argv, "steps", "4"));
+  const auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 5, 1, 1000));
+  const auto steps = static_cast<int>(bench::int_option(argc, argv, "steps", 4, 1, 1000));
   constexpr std::int64_t dim = 1024, layers = 8, batch = 256;
 
   auto model = std::make_shared<nn::sequential>();

@@ -137,13 +137,11 @@ torch_figures better(const torch_figures& a, const torch_figures& b) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "--stage-process")
     return run_stage_process(argc - 1, argv + 1);
+  bench::check_flags("pipeline", argc, argv,
+                     {"steps=", "processes=", "chunks=", "no-peers", "immediate-weight-gradients"});
   bench::report out("pipeline", argc, argv);
-  const int steps = std::stoi(bench::option(argc, argv, "steps", "3"));
-  const int processes = std::stoi(bench::option(argc, argv, "processes", "1"));
-  if (processes != 1 && processes != 2) {
-    fmt::print(stderr, "pipeline: --processes is {} but must be 1 or 2\n", processes);
-    return 2;
-  }
+  const int steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
+  const int processes = static_cast<int>(bench::int_option(argc, argv, "processes", 1, 1, 2));
   bool peers = true;
   bool defer_weight_gradients = true;
   for (int i = 1; i < argc; ++i) {

@@ -9,7 +9,9 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -153,6 +155,62 @@ inline std::vector<std::size_t> list_option(int argc, char** argv, std::string_v
     begin = end + 1;
   }
   return values;
+}
+
+/// Checks a benchmark's command line before anything runs: every argument
+/// must be `--json` or one of `known`, written "quick" for a switch and
+/// "rounds=" for an option with a value. `--help` lists them and exits 0;
+/// anything else is reported, naming it, and ends the program with 2 (a
+/// mistyped flag must not run a ten-minute benchmark with its defaults).
+inline void check_flags(std::string_view bench, int argc, char** argv,
+                        std::initializer_list<std::string_view> known) {
+  std::string listing = "--json";
+  for (auto k : known)
+    listing += fmt::format(" --{}{}", k, k.ends_with('=') ? "VALUE" : "");
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg(argv[i]);
+    if (arg == "--help" || arg == "-h") {
+      fmt::print("usage: {} [{}]\n", bench, listing);
+      std::exit(0);
+    }
+    bool ok = arg == "--json";
+    for (auto k : known) {
+      if (!arg.starts_with("--") || ok)
+        continue;
+      auto body = arg.substr(2);
+      ok = k.ends_with('=') ? body.starts_with(k) : body == k;
+    }
+    if (!ok) {
+      fmt::print(stderr, "{}: unknown argument '{}' (options: {})\n", bench, arg, listing);
+      std::exit(2);
+    }
+  }
+}
+
+/// `--name=N` as an integer in [min, max], or `fallback`; anything else is
+/// reported, naming the option, and ends the program with 2.
+inline std::int64_t int_option(int argc, char** argv, std::string_view name, std::int64_t fallback,
+                               std::int64_t min, std::int64_t max) {
+  auto text = option(argc, argv, name, std::to_string(fallback));
+  std::int64_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || ptr != text.data() + text.size() || value < min || value > max) {
+    fmt::print(stderr, "--{}: '{}' is not an integer in [{}, {}]\n", name, text, min, max);
+    std::exit(2);
+  }
+  return value;
+}
+
+/// `--name=X` as a number in [min, max], or `fallback`; as int_option.
+inline double number_option(int argc, char** argv, std::string_view name, double fallback, double min, double max) {
+  auto text = option(argc, argv, name, fmt::format("{}", fallback));
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || ptr != text.data() + text.size() || !(value >= min && value <= max)) {
+    fmt::print(stderr, "--{}: '{}' is not a number in [{}, {}]\n", name, text, min, max);
+    std::exit(2);
+  }
+  return value;
 }
 
 } // namespace troupe::bench

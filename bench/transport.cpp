@@ -661,6 +661,7 @@ std::string human(std::size_t bytes) {
 }
 
 int parent(int argc, char** argv) {
+  bench::check_flags("transport", argc, argv, {"quick", "no-peers", "only=", "rounds="});
   bench::report out("transport", argc, argv);
   bool quick = false, peers = true;
   std::string only;
@@ -671,9 +672,8 @@ int parent(int argc, char** argv) {
     peers &= arg != "--no-peers";
     if (arg.starts_with("--only="))
       only = std::string(arg.substr(7));
-    if (arg.starts_with("--rounds="))
-      rounds = std::atoi(argv[i] + 9);
   }
+  rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 0, 0, 1000));
   auto section = [&](std::string_view name) {
     return only.empty() || ("," + only + ",").find(fmt::format(",{},", name)) != std::string::npos;
   };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -70,14 +71,24 @@ template <class T> tensor copy_of(reducer_group& g, std::uint32_t to, const T* d
 /// before, so results do not change by a bit), also written to `also` when
 /// given.
 template <class T> void final_sum(T* dst, const T* src, std::int64_t len, bool average, T n, T* also) {
-  for (std::int64_t i = 0; i < len; ++i) {
-    T v = src[i] + dst[i];
-    if (average)
-      v = v / n;
-    dst[i] = v;
-    if (also)
-      also[i] = v;
-  }
+  // One loop per case, the branches outside: a loop with them inside stays
+  // scalar (GCC 12 does not unswitch at -O2).
+  auto loop = [&](auto averaged, auto copied) {
+    for (std::int64_t i = 0; i < len; ++i) {
+      T v = src[i] + dst[i];
+      if constexpr (averaged)
+        v = v / n;
+      dst[i] = v;
+      if constexpr (copied)
+        also[i] = v;
+    }
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  if (average)
+    also ? loop(yes{}, yes{}) : loop(yes{}, no{});
+  else
+    also ? loop(no{}, yes{}) : loop(no{}, no{});
 }
 
 /// Runs the ring over the flat buffer `base[0, count)`. Ring steps are

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every benchmark refuses what it does not know before it measures anything:
+# an unknown flag or a bad value ends it with exit code 2 and a message
+# naming the argument; --help lists the options and exits 0.
+#   check_flags.sh BENCH...
+set -uo pipefail
+fail=0
+expect() { # expect RC PATTERN -- COMMAND...
+  local rc=$1 pattern=$2; shift 3
+  local out; out=$(timeout 20 "$@" 2>&1); local got=$?
+  if [[ $got -ne $rc ]] || ! grep -q -- "$pattern" <<<"$out"; then
+    echo "FAIL: '$*' exited $got (want $rc) and printed: $out (want /$pattern/)"; fail=1
+  fi
+}
+for b in "$@"; do
+  name=$(basename "$b")
+  expect 2 "unknown argument '--bogus'" -- "$b" --bogus
+  expect 2 "unknown argument 'stray'" -- "$b" stray
+  expect 0 "usage: $name" -- "$b" --help
+done
+# Values are checked, not read with atoi (which made 'x' a zero).
+for b in "$@"; do
+  case $(basename "$b") in
+    gemm|codec|mlp_step) expect 2 "\-\-rounds: 'x' is not an integer" -- "$b" --rounds=x ;;
+    pipeline) expect 2 "\-\-processes: '3' is not an integer in \[1, 2\]" -- "$b" --processes=3 ;;
+    data_parallel) expect 2 "\-\-replicas: '0' is not a positive integer" -- "$b" --replicas=2,0 ;;
+    allreduce) expect 2 "\-\-chunk-kib: '-1'" -- "$b" --chunk-kib=-1 ;;
+    transport) expect 2 "\-\-rounds: '1e9'" -- "$b" --rounds=1e9 ;;
+  esac
+done
+[[ $fail -eq 0 ]] && echo "OK: $# benchmarks check their command lines"
+exit $fail
