@@ -47,6 +47,13 @@ struct node::state {
   caf::actor registry;
   std::chrono::milliseconds request_timeout{10000};
   std::shared_ptr<tensor_router> router;
+  /// Why the coordinator's registry went down, once it has (empty before).
+  std::string registry_gone;
+
+  caf::actor registry_now() {
+    std::lock_guard<std::mutex> guard(mutex);
+    return registry;
+  }
 
   std::shared_ptr<tensor_router> router_now() {
     std::lock_guard<std::mutex> guard(mutex);
@@ -98,6 +105,24 @@ troupe::expected<R> ask(caf::actor_system& system, const caf::actor& destination
   return std::move(*result);
 }
 
+// A request to the coordinator's registry. Once the registry is known to be
+// down (its node stopped or was lost), the request fails at once, naming the
+// coordinator: otherwise every call would wait out the request timeout (10 s
+// by default), and a caller retrying a lookup would wait for minutes.
+template <class R, class... Ts>
+troupe::expected<R> ask_registry(caf::actor_system& system, node::state& st, std::chrono::milliseconds timeout,
+                                  std::string_view what, Ts&&... xs) {
+  caf::actor registry;
+  {
+    std::lock_guard<std::mutex> guard(st.mutex);
+    if (!st.registry_gone.empty())
+      return make_error(errc::io_error, "{}: the coordinator {} is gone ({})", what, st.coordinator_name,
+                        st.registry_gone);
+    registry = st.registry;
+  }
+  return ask<R>(system, registry, timeout, what, std::forward<Ts>(xs)...);
+}
+
 caf::expected<caf::actor> call_factory(caf::actor_system& system, const actor_factory& factory, const place& where,
                                        const caf::message& args) {
   try {
@@ -138,7 +163,7 @@ caf::result<caf::actor> spawn_here(caf::event_based_actor* self, const std::shar
   }
   auto promise = self->make_response_promise();
   auto spawned = *handle;
-  self->request(st->registry, st->request_timeout, reg_name_atom_v, text, spawned)
+  self->request(st->registry_now(), st->request_timeout, reg_name_atom_v, text, spawned)
     .then([promise, spawned, st, text](caf::ok_atom) mutable {
             if (auto r = st->router_now())
               r->attach(text, spawned);
@@ -154,16 +179,18 @@ caf::result<caf::actor> spawn_here(caf::event_based_actor* self, const std::shar
 // The node agent: spawns actors by factory name, forwards spawns for other
 // nodes, and turns loss reports into peer_lost callbacks.
 caf::behavior node_agent(caf::event_based_actor* self, std::shared_ptr<node::state> st) {
-  self->monitor(st->registry);
+  self->monitor(st->registry_now());
   self->set_down_handler([self, st](caf::down_msg& msg) {
-    if (msg.source != st->registry.address())
+    if (msg.source != st->registry_now().address())
       return;
     std::string coordinator;
+    auto reason = self->system().render(msg.reason);
     {
       std::lock_guard<std::mutex> guard(st->mutex);
       coordinator = st->coordinator_name;
+      st->registry_gone = reason.empty() ? "no reason given" : reason;
     }
-    st->report(peer_lost{coordinator, {}, self->system().render(msg.reason)});
+    st->report(peer_lost{coordinator, {}, reason});
   });
   return {
     [self, st](spawn_here_atom, const std::string& text, const std::string& factory_name,
@@ -176,7 +203,7 @@ caf::behavior node_agent(caf::event_based_actor* self, std::shared_ptr<node::sta
       if (where->node == st->node_name)
         return spawn_here(self, st, text, factory_name, args);
       auto promise = self->make_response_promise();
-      self->request(st->registry, st->request_timeout, lookup_node_atom_v, where->node)
+      self->request(st->registry_now(), st->request_timeout, lookup_node_atom_v, where->node)
         .then(
           [self, st, promise, text, factory_name, args](const caf::actor& remote_agent) mutable {
             self->request(remote_agent, st->request_timeout, spawn_here_atom_v, text, factory_name, args)
@@ -343,7 +370,10 @@ troupe::expected<void> node::join() {
       return make_error(errc::io_error, "node {} could not join coordinator {} within {}: {}", options_.name,
                         coordinator.to_string(), seconds(options_.join_timeout), last_error);
   }
-  state_->registry = registry_;
+  {
+    std::lock_guard<std::mutex> guard(state_->mutex);
+    state_->registry = registry_;
+  }
   agent_ = sys.spawn(node_agent, state_);
   if (!options_.is_coordinator()) {
     auto port = listen(agent_, options_.port);
@@ -439,8 +469,8 @@ void node::stop() {
     return;
   // Leave first, so the others do not report this orderly stop as a loss.
   if (registry_ && agent_)
-    (void)ask<caf::ok_atom>(*system_, registry_, std::min(options_.request_timeout, std::chrono::milliseconds{2000}),
-                            "leave", leave_atom_v, options_.name);
+    (void)ask_registry<caf::ok_atom>(*system_, *state_,
+                                     std::min(options_.request_timeout, std::chrono::milliseconds{2000}), "leave", leave_atom_v, options_.name);
   std::vector<caf::actor> spawned;
   std::shared_ptr<tensor_router> router;
   {
@@ -461,7 +491,10 @@ void node::stop() {
     caf::anon_send_exit(registry_, caf::exit_reason::user_shutdown);
   agent_ = nullptr;
   registry_ = nullptr;
-  state_->registry = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(state_->mutex);
+    state_->registry = nullptr;
+  }
   await_actors_stopped();
   // The actor system's destructor waits for the actors stopped above.
   system_.reset();
@@ -532,7 +565,7 @@ troupe::expected<void> node::register_actor(const place& where, const caf::actor
   auto local = where.node == options_.name ? router() : nullptr;
   if (local)
     local->attach(where.to_string(), handle);
-  auto ok = ask<caf::ok_atom>(*system_, registry_, options_.request_timeout, "register " + where.to_string(),
+  auto ok = ask_registry<caf::ok_atom>(*system_, *state_, options_.request_timeout, "register " + where.to_string(),
                               reg_name_atom_v, where.to_string(), handle);
   if (!ok) {
     if (local)
@@ -545,7 +578,7 @@ troupe::expected<void> node::register_actor(const place& where, const caf::actor
 troupe::expected<void> node::unregister_actor(const place& where) {
   if (auto r = router())
     r->detach(where.to_string());
-  auto ok = ask<caf::ok_atom>(*system_, registry_, options_.request_timeout, "unregister " + where.to_string(),
+  auto ok = ask_registry<caf::ok_atom>(*system_, *state_, options_.request_timeout, "unregister " + where.to_string(),
                               unreg_name_atom_v, where.to_string());
   if (!ok)
     return ok.error();
@@ -553,7 +586,7 @@ troupe::expected<void> node::unregister_actor(const place& where) {
 }
 
 troupe::expected<caf::actor> node::lookup(const place& where) {
-  return ask<caf::actor>(*system_, registry_, options_.request_timeout, "look up " + where.to_string(),
+  return ask_registry<caf::actor>(*system_, *state_, options_.request_timeout, "look up " + where.to_string(),
                          lookup_name_atom_v, where.to_string());
 }
 
@@ -565,7 +598,7 @@ troupe::expected<caf::actor> node::spawn_remote(const place& where, const std::s
 }
 
 troupe::expected<void> node::wait_for_nodes(std::uint32_t count, std::chrono::milliseconds timeout) {
-  auto ok = ask<caf::ok_atom>(*system_, registry_, timeout, fmt::format("wait for {} nodes", count),
+  auto ok = ask_registry<caf::ok_atom>(*system_, *state_, timeout, fmt::format("wait for {} nodes", count),
                               await_nodes_atom_v, count);
   if (!ok)
     return ok.error();
@@ -573,12 +606,12 @@ troupe::expected<void> node::wait_for_nodes(std::uint32_t count, std::chrono::mi
 }
 
 troupe::expected<std::vector<std::string>> node::nodes() {
-  return ask<std::vector<std::string>>(*system_, registry_, options_.request_timeout, "list nodes",
+  return ask_registry<std::vector<std::string>>(*system_, *state_, options_.request_timeout, "list nodes",
                                        list_nodes_atom_v);
 }
 
 troupe::expected<troupe::device> node::landing_device(const place& from, const place& to) {
-  auto text = ask<std::string>(*system_, registry_, options_.request_timeout,
+  auto text = ask_registry<std::string>(*system_, *state_, options_.request_timeout,
                                fmt::format("device map {} -> {}", from.node, to.node), device_map_atom_v, from.node,
                                to.node);
   if (!text)

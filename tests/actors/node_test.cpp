@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <future>
 
 #include <caf/all.hpp>
 
@@ -53,6 +55,19 @@ child_process start_child(std::uint16_t coordinator_port, std::uint32_t rank, st
   return child_process::start(child_process::self_path(), args,
                               {"TROUPE_COORDINATOR=", "TROUPE_RANK=0", "TROUPE_WORLD_SIZE=1",
                                "TROUPE_NODE_NAME=worker" + std::to_string(rank)});
+}
+
+// A coordinator (rank 0 of 2) in a child process; it prints "READY <port>".
+child_process start_coordinator_child() {
+  return child_process::start(child_process::self_path(),
+                              {"--node-child", "--troupe.rank=0", "--troupe.world-size=2",
+                               "--troupe.listen-address=127.0.0.1", "--troupe.name=worker0"},
+                              {"TROUPE_COORDINATOR=", "TROUPE_RANK=0", "TROUPE_WORLD_SIZE=2"});
+}
+
+std::uint16_t ready_port(child_process& child) {
+  const auto& out = child.output();
+  return static_cast<std::uint16_t>(std::stoi(out.substr(out.find("READY") + 6)));
 }
 
 std::pair<std::string, int> ask_adder(node& n, const caf::actor& adder, int x) {
@@ -172,12 +187,9 @@ TEST(Node, JoinToAPortNobodyListensOnFailsClearlyAndQuickly) {
 TEST(Node, JoinToAStoppedCoordinatorTimesOut) {
   // A coordinator that accepts TCP connections but never answers (SIGSTOP):
   // remote_actor() would block forever; the join gives up at its timeout.
-  auto coordinator = child_process::start(child_process::self_path(),
-                                          {"--node-child", "--troupe.rank=0", "--troupe.world-size=2",
-                                           "--troupe.listen-address=127.0.0.1", "--troupe.name=worker0"},
-                                          {"TROUPE_COORDINATOR=", "TROUPE_RANK=0", "TROUPE_WORLD_SIZE=2"});
+  auto coordinator = start_coordinator_child();
   ASSERT_TRUE(coordinator.wait_for("READY", 15s)) << coordinator.output();
-  auto port = static_cast<std::uint16_t>(std::stoi(coordinator.output().substr(coordinator.output().find("READY") + 6)));
+  auto port = ready_port(coordinator);
   coordinator.signal(SIGSTOP);
   node_options options;
   options.name = "worker1";
@@ -192,6 +204,54 @@ TEST(Node, JoinToAStoppedCoordinatorTimesOut) {
   EXPECT_NE(joined.error().message().find("could not join coordinator"), std::string::npos)
     << joined.error().message();
   EXPECT_LT(elapsed, 4.0);
+}
+
+TEST(Node, RequestsToAKilledCoordinatorFailAtOnceNamingIt) {
+  // Without this, every lookup on a node whose coordinator is gone waited
+  // out the request timeout, and a caller retrying a lookup for minutes.
+  auto coordinator = start_coordinator_child();
+  ASSERT_TRUE(coordinator.wait_for("READY", 15s)) << coordinator.output();
+  auto port = ready_port(coordinator);
+  node_options options;
+  options.name = "worker1";
+  options.rank = 1;
+  options.world_size = 2;
+  options.coordinator = {"127.0.0.1", port};
+  options.listen_address = "127.0.0.1";
+  options.request_timeout = 5s;
+  auto joined = node::start(options);
+  ASSERT_TRUE(joined) << joined.error().message();
+  auto& n = **joined;
+  // Before: an unknown name is an ordinary "not registered" answer.
+  auto before = n.lookup(*place::parse("worker0/cpu/nobody"));
+  ASSERT_FALSE(before);
+  EXPECT_NE(before.error().message().find("no actor is registered"), std::string::npos) << before.error().message();
+  std::promise<std::string> lost;
+  std::atomic<bool> first{true};
+  n.on_peer_lost([&](const peer_lost& event) { // the registry's down message and the peer's loss may both report
+    if (first.exchange(false))
+      lost.set_value(event.node);
+  });
+  coordinator.signal(SIGKILL);
+  auto heard = lost.get_future();
+  ASSERT_EQ(heard.wait_for(5s), std::future_status::ready) << "no peer_lost within 5 s";
+  EXPECT_EQ(heard.get(), "worker0");
+  auto start = std::chrono::steady_clock::now();
+  auto after = n.lookup(*place::parse("worker0/cpu/nobody"));
+  auto late = n.system().spawn([] { return caf::behavior{[](int) {}}; });
+  auto registered = n.register_actor(*place::parse("worker1/cpu/late"), late);
+  auto elapsed = test::seconds_since(start);
+  ASSERT_FALSE(after);
+  EXPECT_NE(after.error().message().find("look up worker0/cpu/nobody: the coordinator worker0 is gone"),
+            std::string::npos)
+    << after.error().message();
+  ASSERT_FALSE(registered);
+  EXPECT_NE(registered.error().message().find("the coordinator worker0 is gone"), std::string::npos)
+    << registered.error().message();
+  EXPECT_LT(elapsed, 1.0) << "the requests waited for their timeout";
+  caf::anon_send_exit(late, caf::exit_reason::user_shutdown);
+  late = nullptr;
+  n.stop();
 }
 
 TEST(Node, UnregisteredMessageTypeToARemoteActorDoesNotCrashEitherNode) {
