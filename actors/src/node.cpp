@@ -50,6 +50,15 @@ struct node::state {
   /// Why the coordinator's registry went down, once it has (empty before).
   std::string registry_gone;
 
+  /// "the coordinator worker0 is gone (...)" once its registry is down,
+  /// empty before.
+  std::string registry_gone_message() {
+    std::lock_guard<std::mutex> guard(mutex);
+    if (registry_gone.empty())
+      return {};
+    return fmt::format("the coordinator {} is gone ({})", coordinator_name, registry_gone);
+  }
+
   caf::actor registry_now() {
     std::lock_guard<std::mutex> guard(mutex);
     return registry;
@@ -112,15 +121,9 @@ troupe::expected<R> ask(caf::actor_system& system, const caf::actor& destination
 template <class R, class... Ts>
 troupe::expected<R> ask_registry(caf::actor_system& system, node::state& st, std::chrono::milliseconds timeout,
                                   std::string_view what, Ts&&... xs) {
-  caf::actor registry;
-  {
-    std::lock_guard<std::mutex> guard(st.mutex);
-    if (!st.registry_gone.empty())
-      return make_error(errc::io_error, "{}: the coordinator {} is gone ({})", what, st.coordinator_name,
-                        st.registry_gone);
-    registry = st.registry;
-  }
-  return ask<R>(system, registry, timeout, what, std::forward<Ts>(xs)...);
+  if (auto gone = st.registry_gone_message(); !gone.empty())
+    return make_error(errc::io_error, "{}: {}", what, gone);
+  return ask<R>(system, st.registry_now(), timeout, what, std::forward<Ts>(xs)...);
 }
 
 caf::expected<caf::actor> call_factory(caf::actor_system& system, const actor_factory& factory, const place& where,
@@ -145,6 +148,8 @@ caf::result<caf::actor> spawn_here(caf::event_based_actor* self, const std::shar
   if (where->node != st->node_name)
     return make_caf_error(errc::invalid_argument,
                           "node " + st->node_name + " was asked to spawn " + text + ", which is on another node");
+  if (auto gone = st->registry_gone_message(); !gone.empty()) // the spawned actor could not be registered
+    return make_caf_error(errc::io_error, "spawn " + text + ": " + gone);
   actor_factory factory;
   {
     std::lock_guard<std::mutex> guard(st->mutex);
@@ -202,6 +207,8 @@ caf::behavior node_agent(caf::event_based_actor* self, std::shared_ptr<node::sta
         return to_caf_error(where.error());
       if (where->node == st->node_name)
         return spawn_here(self, st, text, factory_name, args);
+      if (auto gone = st->registry_gone_message(); !gone.empty())
+        return make_caf_error(errc::io_error, "spawn " + text + ": " + gone);
       auto promise = self->make_response_promise();
       self->request(st->registry_now(), st->request_timeout, lookup_node_atom_v, where->node)
         .then(

@@ -240,6 +240,7 @@ TEST(Node, RequestsToAKilledCoordinatorFailAtOnceNamingIt) {
   auto after = n.lookup(*place::parse("worker0/cpu/nobody"));
   auto late = n.system().spawn([] { return caf::behavior{[](int) {}}; });
   auto registered = n.register_actor(*place::parse("worker1/cpu/late"), late);
+  auto spawned = n.spawn_remote(*place::parse("worker0/cpu/adder"), "adder");
   auto elapsed = test::seconds_since(start);
   ASSERT_FALSE(after);
   EXPECT_NE(after.error().message().find("look up worker0/cpu/nobody: the coordinator worker0 is gone"),
@@ -248,6 +249,9 @@ TEST(Node, RequestsToAKilledCoordinatorFailAtOnceNamingIt) {
   ASSERT_FALSE(registered);
   EXPECT_NE(registered.error().message().find("the coordinator worker0 is gone"), std::string::npos)
     << registered.error().message();
+  ASSERT_FALSE(spawned);
+  EXPECT_NE(spawned.error().message().find("the coordinator worker0 is gone"), std::string::npos)
+    << spawned.error().message();
   EXPECT_LT(elapsed, 1.0) << "the requests waited for their timeout";
   caf::anon_send_exit(late, caf::exit_reason::user_shutdown);
   late = nullptr;
