@@ -17,7 +17,6 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
-#include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -77,8 +76,10 @@ int main(int argc, char** argv) {
     }};
   });
   (void)n.register_actor(ping, actor);
-  for (auto deadline = steady_clock::now() + 30s; !n.lookup(pong) && steady_clock::now() < deadline;)
-    std::this_thread::sleep_for(50ms); // until worker1 has registered pong
+  if (auto found = n.await_actor(pong, 30s); !found) { // until worker1 has registered pong
+    fmt::print(stderr, "ping: {}\n", found.error().message());
+    return 1;
+  }
   auto value = tensor::ones({*bytes / 4});
   const std::int64_t warmup = std::min<std::int64_t>(10, *rounds);
   std::vector<double> micros;

@@ -38,7 +38,6 @@
 // number of processes from 1 to 6 (one stage each).
 #include <atomic>
 #include <future>
-#include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -101,8 +100,8 @@ int main(int argc, char** argv) {
   for (std::uint32_t r = 0; r < world; ++r) {
     places.push_back(fmt::format("worker{}/cpu", r));
     auto peer_done = *actors::place::parse(places.back() + "/done");
-    for (auto deadline = steady_clock::now() + 30s; !n.lookup(peer_done) && steady_clock::now() < deadline;)
-      std::this_thread::sleep_for(50ms);
+    if (auto found = n.await_actor(peer_done, 30s); !found)
+      return fmt::print(stderr, "pipeline_demo: {}\n", found.error().message()), 1;
   }
   // Replica k's stage s runs on worker<k * stages + s>; each replica
   // trains on its own `batch` rows of every step's batch.

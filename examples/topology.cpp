@@ -16,7 +16,6 @@
 #include <atomic>
 #include <cmath>
 #include <future>
-#include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -93,8 +92,10 @@ int main(int argc, char** argv) {
   auto t0 = steady_clock::now();
   if (n.rank() == 0) {
     for (const auto& p : stage)
-      for (auto deadline = steady_clock::now() + 30s; !n.lookup(p) && steady_clock::now() < deadline;)
-        std::this_thread::sleep_for(50ms);
+      if (auto found = n.await_actor(p, 30s); !found) {
+        fmt::print(stderr, "producer: {}\n", found.error().message());
+        return 1;
+      }
     t0 = steady_clock::now();
     for (std::int64_t c = 0; c < *credits; ++c)
       if (auto i = sent.fetch_add(1); i < total) forward(i, input, message_kind::forward_activation);

@@ -597,6 +597,12 @@ troupe::expected<caf::actor> node::lookup(const place& where) {
                          lookup_name_atom_v, where.to_string());
 }
 
+troupe::expected<caf::actor> node::await_actor(const place& where, std::chrono::milliseconds timeout) {
+  return ask_registry<caf::actor>(*system_, *state_, timeout,
+                                  fmt::format("wait for {} to be registered ({} ms)", where.to_string(), timeout.count()),
+                                  await_name_atom_v, where.to_string());
+}
+
 troupe::expected<caf::actor> node::spawn_remote(const place& where, const std::string& factory, caf::message args) {
   // The agent needs two request timeouts at most (lookup, then the spawn).
   return ask<caf::actor>(*system_, agent_, 2 * options_.request_timeout,

@@ -26,6 +26,9 @@ struct registry_state {
   std::map<std::string, node_entry> nodes;   // by node name
   std::map<std::string, caf::actor> names;   // by place string
   std::vector<std::pair<std::uint32_t, caf::response_promise>> waiters;
+  // Requests for names not registered yet, answered when they are (a
+  // requester that timed out meanwhile just never reads the answer).
+  std::multimap<std::string, caf::response_promise> name_waiters;
   std::string coordinator_name;
   std::uint64_t job_token = 0;
   static inline const char* name = "troupe.registry";
@@ -129,7 +132,19 @@ caf::behavior registry(registry_actor* self, std::string coordinator_name, std::
       if (!inserted && i->second != handle)
         return make_caf_error(errc::invalid_argument, "the name " + name + " is already registered");
       self->monitor(handle);
+      auto [first, last] = st.name_waiters.equal_range(name);
+      for (auto w = first; w != last; ++w)
+        w->second.deliver(handle);
+      st.name_waiters.erase(first, last);
       return caf::ok_atom::value;
+    },
+    [self](await_name_atom, const std::string& name) -> caf::result<caf::actor> {
+      auto& st = self->state;
+      if (auto i = st.names.find(name); i != st.names.end())
+        return i->second;
+      auto promise = self->make_response_promise();
+      st.name_waiters.emplace(name, promise);
+      return promise;
     },
     [self](unreg_name_atom, const std::string& name) {
       self->state.names.erase(name);

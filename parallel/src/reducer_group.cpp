@@ -126,15 +126,11 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
   // Wait until every member is registered (bounded).
   auto deadline = std::chrono::steady_clock::now() + group->options_.timeout;
   for (std::uint32_t k = 0; k < group->size(); ++k) {
-    while (true) {
-      auto found = node.lookup(group->places_[k]);
-      if (found && *found)
-        break;
-      if (std::chrono::steady_clock::now() > deadline)
-        return make_error(errc::io_error, "reducer_group: {} did not join within {} ms", group->describe(k),
-                          group->options_.timeout.count());
-      std::this_thread::sleep_for(20ms);
-    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto found = node.await_actor(group->places_[k], std::max(left, std::chrono::milliseconds{1}));
+    if (!found)
+      return make_error(errc::io_error, "reducer_group: {} did not join within {} ms ({})", group->describe(k),
+                        group->options_.timeout.count(), found.error().message());
   }
   return group;
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <future>
+#include <thread>
 
 #include <caf/all.hpp>
 
@@ -255,6 +256,42 @@ TEST(Node, RequestsToAKilledCoordinatorFailAtOnceNamingIt) {
   EXPECT_LT(elapsed, 1.0) << "the requests waited for their timeout";
   caf::anon_send_exit(late, caf::exit_reason::user_shutdown);
   late = nullptr;
+  n.stop();
+}
+
+TEST(Node, AwaitActorAnswersWhenTheNameIsRegisteredAndTimesOutOtherwise) {
+  auto started = node::start(coordinator_options(1));
+  ASSERT_TRUE(started) << started.error().message();
+  auto& n = **started;
+  auto actor = n.system().spawn([] { return caf::behavior{[](int) {}}; });
+  const auto where = *place::parse("worker0/cpu/late");
+  auto registering = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(200ms);
+    return n.register_actor(where, actor);
+  });
+  auto start = std::chrono::steady_clock::now();
+  auto found = n.await_actor(where, 10s); // asked before the name exists
+  auto waited = test::seconds_since(start);
+  ASSERT_TRUE(registering.get());
+  ASSERT_TRUE(found) << found.error().message();
+  EXPECT_EQ(*found, actor);
+  EXPECT_GE(waited, 0.15);
+  EXPECT_LT(waited, 5.0);
+  // Already registered: answered at once.
+  auto again = n.await_actor(where, 1s);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(*again, actor);
+  // Never registered: an error naming the place after the timeout.
+  start = std::chrono::steady_clock::now();
+  auto never = n.await_actor(*place::parse("worker0/cpu/nobody"), 300ms);
+  auto elapsed = test::seconds_since(start);
+  ASSERT_FALSE(never);
+  EXPECT_NE(never.error().message().find("wait for worker0/cpu/nobody to be registered (300 ms)"), std::string::npos)
+    << never.error().message();
+  EXPECT_GE(elapsed, 0.25);
+  EXPECT_LT(elapsed, 3.0);
+  caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  actor = nullptr;
   n.stop();
 }
 

@@ -21,6 +21,7 @@ using lookup_name_atom = caf::atom_constant<caf::atom("t_lookup")>;
 using lookup_node_atom = caf::atom_constant<caf::atom("t_lookupn")>;
 using list_nodes_atom = caf::atom_constant<caf::atom("t_nodes")>;
 using await_nodes_atom = caf::atom_constant<caf::atom("t_await")>;
+using await_name_atom = caf::atom_constant<caf::atom("t_awaitnm")>; // (place) -> actor, once registered
 using device_map_atom = caf::atom_constant<caf::atom("t_devmap")>;
 using node_lost_atom = caf::atom_constant<caf::atom("t_lost")>;
 using joined_atom = caf::atom_constant<caf::atom("t_joined")>;
@@ -51,6 +52,7 @@ constexpr lookup_name_atom lookup_name_atom_v{};
 constexpr lookup_node_atom lookup_node_atom_v{};
 constexpr list_nodes_atom list_nodes_atom_v{};
 constexpr await_nodes_atom await_nodes_atom_v{};
+constexpr await_name_atom await_name_atom_v{};
 constexpr device_map_atom device_map_atom_v{};
 constexpr node_lost_atom node_lost_atom_v{};
 constexpr joined_atom joined_atom_v{};

@@ -95,6 +95,10 @@ public:
 
   /// Resolves a place string through the registry.
   troupe::expected<caf::actor> lookup(const place& where);
+  /// Resolves `where` once it is registered: the registry answers when it
+  /// is (one request, no polling); an error after `timeout`, or at once when
+  /// the coordinator is gone.
+  troupe::expected<caf::actor> await_actor(const place& where, std::chrono::milliseconds timeout);
 
   /// Spawns `factory` on `where.node` with `args`, registers the actor under
   /// `where` and returns it.
