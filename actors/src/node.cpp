@@ -477,7 +477,8 @@ void node::stop() {
   // Leave first, so the others do not report this orderly stop as a loss.
   if (registry_ && agent_)
     (void)ask_registry<caf::ok_atom>(*system_, *state_,
-                                     std::min(options_.request_timeout, std::chrono::milliseconds{2000}), "leave", leave_atom_v, options_.name);
+                                     std::min(options_.request_timeout, std::chrono::milliseconds{2000}), "leave",
+                                     leave_atom_v, options_.name);
   std::vector<caf::actor> spawned;
   std::shared_ptr<tensor_router> router;
   {
@@ -573,7 +574,7 @@ troupe::expected<void> node::register_actor(const place& where, const caf::actor
   if (local)
     local->attach(where.to_string(), handle);
   auto ok = ask_registry<caf::ok_atom>(*system_, *state_, options_.request_timeout, "register " + where.to_string(),
-                              reg_name_atom_v, where.to_string(), handle);
+                                       reg_name_atom_v, where.to_string(), handle);
   if (!ok) {
     if (local)
       local->detach(where.to_string());
@@ -585,8 +586,8 @@ troupe::expected<void> node::register_actor(const place& where, const caf::actor
 troupe::expected<void> node::unregister_actor(const place& where) {
   if (auto r = router())
     r->detach(where.to_string());
-  auto ok = ask_registry<caf::ok_atom>(*system_, *state_, options_.request_timeout, "unregister " + where.to_string(),
-                              unreg_name_atom_v, where.to_string());
+  auto ok = ask_registry<caf::ok_atom>(*system_, *state_, options_.request_timeout,
+                                       "unregister " + where.to_string(), unreg_name_atom_v, where.to_string());
   if (!ok)
     return ok.error();
   return {};
@@ -594,13 +595,12 @@ troupe::expected<void> node::unregister_actor(const place& where) {
 
 troupe::expected<caf::actor> node::lookup(const place& where) {
   return ask_registry<caf::actor>(*system_, *state_, options_.request_timeout, "look up " + where.to_string(),
-                         lookup_name_atom_v, where.to_string());
+                                  lookup_name_atom_v, where.to_string());
 }
 
 troupe::expected<caf::actor> node::await_actor(const place& where, std::chrono::milliseconds timeout) {
-  return ask_registry<caf::actor>(*system_, *state_, timeout,
-                                  fmt::format("wait for {} to be registered ({} ms)", where.to_string(), timeout.count()),
-                                  await_name_atom_v, where.to_string());
+  auto what = fmt::format("wait for {} to be registered ({} ms)", where.to_string(), timeout.count());
+  return ask_registry<caf::actor>(*system_, *state_, timeout, what, await_name_atom_v, where.to_string());
 }
 
 troupe::expected<caf::actor> node::spawn_remote(const place& where, const std::string& factory, caf::message args) {
@@ -612,7 +612,7 @@ troupe::expected<caf::actor> node::spawn_remote(const place& where, const std::s
 
 troupe::expected<void> node::wait_for_nodes(std::uint32_t count, std::chrono::milliseconds timeout) {
   auto ok = ask_registry<caf::ok_atom>(*system_, *state_, timeout, fmt::format("wait for {} nodes", count),
-                              await_nodes_atom_v, count);
+                                       await_nodes_atom_v, count);
   if (!ok)
     return ok.error();
   return {};
@@ -620,13 +620,13 @@ troupe::expected<void> node::wait_for_nodes(std::uint32_t count, std::chrono::mi
 
 troupe::expected<std::vector<std::string>> node::nodes() {
   return ask_registry<std::vector<std::string>>(*system_, *state_, options_.request_timeout, "list nodes",
-                                       list_nodes_atom_v);
+                                                list_nodes_atom_v);
 }
 
 troupe::expected<troupe::device> node::landing_device(const place& from, const place& to) {
   auto text = ask_registry<std::string>(*system_, *state_, options_.request_timeout,
-                               fmt::format("device map {} -> {}", from.node, to.node), device_map_atom_v, from.node,
-                               to.node);
+                                        fmt::format("device map {} -> {}", from.node, to.node), device_map_atom_v,
+                                        from.node, to.node);
   if (!text)
     return text.error();
   auto map = device_map::parse(*text);
