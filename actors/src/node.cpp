@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <future>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <random>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -115,15 +118,37 @@ troupe::expected<R> ask(caf::actor_system& system, const caf::actor& destination
 }
 
 // A request to the coordinator's registry. Once the registry is known to be
-// down (its node stopped or was lost), the request fails at once, naming the
-// coordinator: otherwise every call would wait out the request timeout (10 s
-// by default), and a caller retrying a lookup would wait for minutes.
+// down (its node stopped or was lost), the request fails, naming the
+// coordinator: at once when it was down before, within a poll interval when
+// it goes down while the request waits. Otherwise every call would wait out
+// its timeout (10 s by default; await_actor's can be minutes), and a caller
+// retrying a lookup would wait for minutes. The request runs in a helper
+// actor that fills a promise, so the caller can stop waiting early.
 template <class R, class... Ts>
 troupe::expected<R> ask_registry(caf::actor_system& system, node::state& st, std::chrono::milliseconds timeout,
                                   std::string_view what, Ts&&... xs) {
   if (auto gone = st.registry_gone_message(); !gone.empty())
     return make_error(errc::io_error, "{}: {}", what, gone);
-  return ask<R>(system, st.registry_now(), timeout, what, std::forward<Ts>(xs)...);
+  auto registry = st.registry_now();
+  if (!registry)
+    return make_error(errc::invalid_argument, "{}: no actor to ask", what);
+  auto reply = std::make_shared<std::promise<troupe::expected<R>>>();
+  auto answered = reply->get_future();
+  auto helper = system.spawn([reply, registry, timeout, what = std::string(what),
+                args = std::make_tuple(std::decay_t<Ts>(std::forward<Ts>(xs))...)](caf::event_based_actor* self) {
+    std::apply([&](const auto&... a) { return self->request(registry, timeout, a...); }, args)
+      .then([reply](R& value) { reply->set_value(std::move(value)); },
+            [reply, self, what](caf::error& err) { reply->set_value(to_troupe_error(self->system(), err, what)); });
+  });
+  // The helper's request has its own timeout, so this loop ends.
+  while (answered.wait_for(std::chrono::milliseconds{20}) != std::future_status::ready)
+    if (auto gone = st.registry_gone_message(); !gone.empty()) {
+      // Stop the helper too: its pending request would keep it, and the
+      // actor system's shutdown, alive until the request's timeout.
+      caf::anon_send_exit(helper, caf::exit_reason::user_shutdown);
+      return make_error(errc::io_error, "{}: {}", what, gone);
+    }
+  return answered.get();
 }
 
 caf::expected<caf::actor> call_factory(caf::actor_system& system, const actor_factory& factory, const place& where,

@@ -233,7 +233,21 @@ TEST(Node, RequestsToAKilledCoordinatorFailAtOnceNamingIt) {
     if (first.exchange(false))
       lost.set_value(event.node);
   });
+  // A request waiting when the coordinator goes ends too, not at its timeout.
+  auto waiting = std::async(std::launch::async, [&] {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = n.await_actor(*place::parse("worker0/cpu/never"), 30s);
+    return std::make_pair(std::move(r), test::seconds_since(t0));
+  });
+  std::this_thread::sleep_for(200ms); // let the request reach the registry
   coordinator.signal(SIGKILL);
+  auto [waited, waited_s] = waiting.get();
+  ASSERT_FALSE(waited);
+  EXPECT_NE(waited.error().message().find("wait for worker0/cpu/never to be registered (30000 ms): the coordinator "
+                                          "worker0 is gone"),
+            std::string::npos)
+    << waited.error().message();
+  EXPECT_LT(waited_s, 3.0) << "the waiting request ran into its timeout";
   auto heard = lost.get_future();
   ASSERT_EQ(heard.wait_for(5s), std::future_status::ready) << "no peer_lost within 5 s";
   EXPECT_EQ(heard.get(), "worker0");
