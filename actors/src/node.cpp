@@ -625,7 +625,8 @@ troupe::expected<caf::actor> node::lookup(const place& where) {
 
 troupe::expected<caf::actor> node::await_actor(const place& where, std::chrono::milliseconds timeout) {
   auto what = fmt::format("wait for {} to be registered ({} ms)", where.to_string(), timeout.count());
-  return ask_registry<caf::actor>(*system_, *state_, timeout, what, await_name_atom_v, where.to_string());
+  return ask_registry<caf::actor>(*system_, *state_, timeout, what, await_name_atom_v, where.to_string(),
+                                  static_cast<std::int64_t>(timeout.count()));
 }
 
 troupe::expected<caf::actor> node::spawn_remote(const place& where, const std::string& factory, caf::message args) {

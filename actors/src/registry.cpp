@@ -26,9 +26,14 @@ struct registry_state {
   std::map<std::string, node_entry> nodes;   // by node name
   std::map<std::string, caf::actor> names;   // by place string
   std::vector<std::pair<std::uint32_t, caf::response_promise>> waiters;
-  // Requests for names not registered yet, answered when they are (a
-  // requester that timed out meanwhile just never reads the answer).
-  std::multimap<std::string, caf::response_promise> name_waiters;
+  // Requests for names not registered yet, answered when they are, each
+  // with the time its requester stops waiting: expired ones are dropped at
+  // every new request, so only live requests are kept.
+  struct name_waiter {
+    caf::response_promise promise;
+    std::chrono::steady_clock::time_point expires;
+  };
+  std::multimap<std::string, name_waiter> name_waiters;
   std::string coordinator_name;
   std::uint64_t job_token = 0;
   static inline const char* name = "troupe.registry";
@@ -134,18 +139,22 @@ caf::behavior registry(registry_actor* self, std::string coordinator_name, std::
       self->monitor(handle);
       auto [first, last] = st.name_waiters.equal_range(name);
       for (auto w = first; w != last; ++w)
-        w->second.deliver(handle);
+        w->second.promise.deliver(handle);
       st.name_waiters.erase(first, last);
       return caf::ok_atom::value;
     },
-    [self](await_name_atom, const std::string& name) -> caf::result<caf::actor> {
+    [self](await_name_atom, const std::string& name, std::int64_t timeout_ms) -> caf::result<caf::actor> {
       auto& st = self->state;
       if (auto i = st.names.find(name); i != st.names.end())
         return i->second;
+      const auto now = std::chrono::steady_clock::now();
+      std::erase_if(st.name_waiters, [&](const auto& w) { return w.second.expires < now; });
       auto promise = self->make_response_promise();
-      st.name_waiters.emplace(name, promise);
+      st.name_waiters.emplace(name, registry_state::name_waiter{
+                                      promise, now + std::chrono::milliseconds{std::max<std::int64_t>(timeout_ms, 0)}});
       return promise;
     },
+    [self](await_name_atom, waiting_atom) { return static_cast<std::uint64_t>(self->state.name_waiters.size()); },
     [self](unreg_name_atom, const std::string& name) {
       self->state.names.erase(name);
       return caf::ok_atom::value;

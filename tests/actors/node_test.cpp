@@ -304,6 +304,24 @@ TEST(Node, AwaitActorAnswersWhenTheNameIsRegisteredAndTimesOutOtherwise) {
     << never.error().message();
   EXPECT_GE(elapsed, 0.25);
   EXPECT_LT(elapsed, 3.0);
+  // The registry keeps only requests still waiting: three that timed out
+  // are dropped when the next one arrives.
+  for (int i = 0; i < 3; ++i)
+    ASSERT_FALSE(n.await_actor(*place::parse(fmt::format("worker0/cpu/gone{}", i)), 50ms));
+  std::this_thread::sleep_for(100ms);
+  auto live = std::async(std::launch::async, [&] { return n.await_actor(*place::parse("worker0/cpu/live"), 5s); });
+  std::uint64_t kept = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + 3s; kept != 1 && std::chrono::steady_clock::now() < deadline;) {
+    caf::scoped_actor self{n.system()};
+    self->request(n.registry(), 1s, await_name_atom_v, waiting_atom_v)
+      .receive([&](std::uint64_t count) { kept = count; }, [&](caf::error&) {});
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(kept, 1u) << "expired requests were kept";
+  ASSERT_TRUE(n.register_actor(*place::parse("worker0/cpu/live"), actor));
+  auto answered = live.get();
+  ASSERT_TRUE(answered) << answered.error().message();
+  EXPECT_EQ(*answered, actor);
   caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
   actor = nullptr;
   n.stop();

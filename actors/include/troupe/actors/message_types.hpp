@@ -21,7 +21,8 @@ using lookup_name_atom = caf::atom_constant<caf::atom("t_lookup")>;
 using lookup_node_atom = caf::atom_constant<caf::atom("t_lookupn")>;
 using list_nodes_atom = caf::atom_constant<caf::atom("t_nodes")>;
 using await_nodes_atom = caf::atom_constant<caf::atom("t_await")>;
-using await_name_atom = caf::atom_constant<caf::atom("t_awaitnm")>; // (place) -> actor, once registered
+using await_name_atom = caf::atom_constant<caf::atom("t_awaitnm")>; // (place, timeout ms) -> actor, once registered
+using waiting_atom = caf::atom_constant<caf::atom("t_waiting")>;   // (await_name, waiting) -> uint64 kept requests
 using device_map_atom = caf::atom_constant<caf::atom("t_devmap")>;
 using node_lost_atom = caf::atom_constant<caf::atom("t_lost")>;
 using joined_atom = caf::atom_constant<caf::atom("t_joined")>;
@@ -53,6 +54,7 @@ constexpr lookup_node_atom lookup_node_atom_v{};
 constexpr list_nodes_atom list_nodes_atom_v{};
 constexpr await_nodes_atom await_nodes_atom_v{};
 constexpr await_name_atom await_name_atom_v{};
+constexpr waiting_atom waiting_atom_v{};
 constexpr device_map_atom device_map_atom_v{};
 constexpr node_lost_atom node_lost_atom_v{};
 constexpr joined_atom joined_atom_v{};
