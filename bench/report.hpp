@@ -187,30 +187,27 @@ inline void check_flags(std::string_view bench, int argc, char** argv,
   }
 }
 
-/// `--name=N` as an integer in [min, max], or `fallback`; anything else is
+/// `--name=X` parsed as a T in [min, max], or `fallback`; anything else is
 /// reported, naming the option, and ends the program with 2.
-inline std::int64_t int_option(int argc, char** argv, std::string_view name, std::int64_t fallback,
-                               std::int64_t min, std::int64_t max) {
-  auto text = option(argc, argv, name, std::to_string(fallback));
-  std::int64_t value = 0;
+template <class T>
+T ranged_option(int argc, char** argv, std::string_view name, T fallback, T min, T max, std::string_view kind) {
+  auto text = option(argc, argv, name, fmt::format("{}", fallback));
+  T value{};
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || ptr != text.data() + text.size() || value < min || value > max) {
-    fmt::print(stderr, "--{}: '{}' is not an integer in [{}, {}]\n", name, text, min, max);
+  if (ec != std::errc{} || ptr != text.data() + text.size() || !(value >= min && value <= max)) {
+    fmt::print(stderr, "--{}: '{}' is not {} in [{}, {}]\n", name, text, kind, min, max);
     std::exit(2);
   }
   return value;
 }
 
-/// `--name=X` as a number in [min, max], or `fallback`; as int_option.
+inline std::int64_t int_option(int argc, char** argv, std::string_view name, std::int64_t fallback,
+                               std::int64_t min, std::int64_t max) {
+  return ranged_option(argc, argv, name, fallback, min, max, "an integer");
+}
+
 inline double number_option(int argc, char** argv, std::string_view name, double fallback, double min, double max) {
-  auto text = option(argc, argv, name, fmt::format("{}", fallback));
-  double value = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || ptr != text.data() + text.size() || !(value >= min && value <= max)) {
-    fmt::print(stderr, "--{}: '{}' is not a number in [{}, {}]\n", name, text, min, max);
-    std::exit(2);
-  }
-  return value;
+  return ranged_option(argc, argv, name, fallback, min, max, "a number");
 }
 
 } // namespace troupe::bench

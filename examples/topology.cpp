@@ -86,9 +86,9 @@ int main(int argc, char** argv) {
   (void)n.register_actor(self_place, actor);
   // The producer starts only once every stage is registered: a tensor for a
   // place nobody has registered yet is dropped by the receiving node's
-  // router. Only the producer waits: the others may still be looking up
-  // names when the job is done and the coordinator (the producer's node)
-  // has gone, and then wait for the registry in vain.
+  // router. Only the producer waits; the others just answer what arrives
+  // (were they to wait too, the job could be over, and the coordinator gone,
+  // before they had finished).
   auto t0 = steady_clock::now();
   if (n.rank() == 0) {
     for (const auto& p : stage)
