@@ -598,6 +598,8 @@ void tensor_router::on_peer_lost(const peer_lost& event) {
                                 event.reason));
 }
 
+std::string tensor_router::host_key() const { return impl_->arena ? impl_->options.host_key : std::string(); }
+
 std::string tensor_router::data_plane_address() const {
   if (!impl_->plane)
     return {};

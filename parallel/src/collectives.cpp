@@ -3,12 +3,15 @@
 // (reduce-scatter) and/or phase 3 (all-gather), chunk by chunk.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <type_traits>
 
 #include <fmt/format.h>
 
 #include "troupe/parallel/collectives.hpp"
+
+#include "same_host_workspace.hpp"
 
 namespace troupe::parallel {
 
@@ -217,21 +220,45 @@ expected<void> finish(reducer_group& g, std::uint64_t id, expected<void> result)
 
 } // namespace
 
-expected<void> ring_allreduce(reducer_group& group, const tensor& data, allreduce_options options) {
+namespace {
+
+/// ring_allreduce with this call's place in the same-host order (taken
+/// when the call was made, see same_host_workspace.hpp "Order").
+expected<void> allreduce(reducer_group& group, const tensor& data, allreduce_options options,
+                         std::optional<std::uint64_t> ticket) {
   if (auto ok = check(data, "ring_allreduce"); !ok)
     return ok;
   auto id = pick(group, options.context_id);
-  return finish(group, id, typed(data, [&](auto* base) {
-                  return ring(group, base, data.numel(), id, true, true, options.op == reduce_op::average);
-                }));
+  const bool average = options.op == reduce_op::average;
+  if (auto* ws = group.workspace())
+    return typed(data, [&](auto* base) {
+      return ws->allreduce(base, data.numel(), average, id, ticket ? *ticket : ws->take_ticket());
+    });
+  return finish(group, id, typed(data, [&](auto* base) { return ring(group, base, data.numel(), id, true, true, average); }));
+}
+
+} // namespace
+
+expected<void> ring_allreduce(reducer_group& group, const tensor& data, allreduce_options options) {
+  return allreduce(group, data, options, std::nullopt);
 }
 
 std::future<expected<void>> ring_allreduce_async(reducer_group& group, tensor data, allreduce_options options) {
-  // Take the id now, on the caller's thread, so ids follow call order.
+  // Take the id (and the same-host turn) now, on the caller's thread, so
+  // that both follow call order. A call refused here takes no turn.
+  if (auto ok = check(data, "ring_allreduce"); !ok) {
+    std::promise<expected<void>> refused;
+    refused.set_value(ok);
+    return refused.get_future();
+  }
   if (!options.context_id)
     options.context_id = group.next_id();
-  return std::async(std::launch::async,
-                    [&group, data = std::move(data), options] { return ring_allreduce(group, data, options); });
+  std::optional<std::uint64_t> ticket;
+  if (auto* ws = group.workspace())
+    ticket = ws->take_ticket();
+  return std::async(std::launch::async, [&group, data = std::move(data), options, ticket] {
+    return allreduce(group, data, options, ticket);
+  });
 }
 
 expected<tensor> reduce_scatter(reducer_group& group, const tensor& input, reduce_scatter_options options) {

@@ -1,11 +1,14 @@
 #include "troupe/parallel/reducer_group.hpp"
 
+#include <cstring>
 #include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include "troupe/actors/tensor_router.hpp"
+
+#include "same_host_workspace.hpp"
 
 namespace troupe::parallel {
 
@@ -132,10 +135,86 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
       return make_error(errc::io_error, "reducer_group: {} did not join within {} ms ({})", group->describe(k),
                         group->options_.timeout.count(), found.error().message());
   }
+  if (group->size() > 1)
+    if (auto ok = group->offer_same_host(); !ok)
+      return ok.error();
   return group;
 }
 
+expected<void> reducer_group::offer_same_host() {
+  // Collective id 0 is never a collective's (0 in the options means "take
+  // next_id()"), so the offers cannot mix with a collective's chunks.
+  constexpr std::uint64_t offer_id = 0;
+  same_host_offer mine;
+  mine.host_key = state_->router->host_key();
+  std::unique_ptr<same_host_workspace> ws;
+  if (options_.same_host == same_host_algorithm::shared_memory && !mine.host_key.empty()) {
+    std::weak_ptr<state> weak = state_;
+    auto created = same_host_workspace::create({
+        .rank = rank(),
+        .size = size(),
+        .pass_bytes = options_.same_host_pass_bytes,
+        .timeout = options_.timeout,
+        .failure = [weak]() -> std::optional<std::string> {
+          auto s = weak.lock();
+          if (!s)
+            return std::string("the reducer group is gone");
+          std::lock_guard lock(s->mutex);
+          return s->failure;
+        },
+        .describe = [this](std::uint32_t k) { return describe(k); },
+    });
+    if (created) {
+      ws = std::move(*created);
+      mine.wants = true;
+      mine.segment = ws->own();
+    } else if (created.error().code() == errc::invalid_argument) {
+      return make_error(errc::invalid_argument, "reducer_group: {}", created.error().message());
+    }
+    // Otherwise (no room in /dev/shm, ...) this rank declines and every
+    // member keeps to the ring.
+  }
+  auto bytes = encode_offer(mine);
+  for (std::uint32_t k = 0; k < size(); ++k) {
+    if (k == rank())
+      continue;
+    auto t = tensor::empty({static_cast<std::int64_t>(bytes.size())}, dtype::uint8);
+    std::memcpy(t.data<std::uint8_t>(), bytes.data(), bytes.size());
+    if (auto ok = send_to(k, offer_id, 0, rank(), std::move(t)); !ok)
+      return ok;
+  }
+  bool all = mine.wants;
+  std::vector<same_host_offer> offers(size());
+  for (std::uint32_t k = 0; k < size(); ++k) {
+    if (k == rank())
+      continue;
+    auto got = receive(k, offer_id, 0, k);
+    if (!got)
+      return make_error(got.error().code(), "reducer_group: no same-host offer: {}", got.error().message());
+    if (got->type() != dtype::uint8 || !got->is_contiguous())
+      return make_error(errc::malformed_message, "reducer_group: the same-host offer of {} is not a byte tensor",
+                        describe(k));
+    auto offer = decode_offer(std::as_bytes(std::span(got->data<std::uint8_t>(), static_cast<std::size_t>(got->numel()))));
+    if (!offer)
+      return make_error(offer.error().code(), "reducer_group: from {}: {}", describe(k), offer.error().message());
+    all = all && offer->wants && offer->host_key == mine.host_key;
+    offers[k] = std::move(*offer);
+  }
+  if (!all)
+    return {}; // some member is elsewhere or declined: the ring for everything
+  // Every member saw the same offers, so every member is here now.
+  for (std::uint32_t k = 0; k < size(); ++k)
+    if (k != rank())
+      if (auto ok = ws->map_peer(k, offers[k].segment); !ok)
+        return make_error(ok.error().code(), "reducer_group: {}", ok.error().message());
+  if (auto ok = ws->finish_setup(); !ok)
+    return make_error(ok.error().code(), "reducer_group: {}", ok.error().message());
+  workspace_ = std::move(ws);
+  return {};
+}
+
 reducer_group::~reducer_group() {
+  workspace_.reset();
   if (peer_lost_handler_)
     node_.remove_peer_lost_handler(peer_lost_handler_);
   (void)node_.unregister_actor(places_[options_.rank]);

@@ -80,10 +80,24 @@ void check_allreduce_sizes(local_ring& ring, std::uint32_t n) {
   }
 }
 
+constexpr auto ring_path = same_host_algorithm::ring;
+constexpr auto shared_path = same_host_algorithm::shared_memory;
+
 TEST_P(Collectives, AllreduceSumMatchesReferenceAndIsBitwiseEqual) {
   const auto n = GetParam();
-  local_ring ring(n); // 1 KiB chunks: many per segment
+  local_ring ring(n, 1024, 5000ms, 1, ring_path); // 1 KiB chunks: many per segment
   ASSERT_TRUE(ring.node);
+  EXPECT_FALSE(ring.groups[0]->shares_memory());
+  check_allreduce_sizes(ring, n);
+}
+
+TEST_P(Collectives, SameHostAllreduceMatchesReferenceAndIsBitwiseEqual) {
+  const auto n = GetParam();
+  // 4 KiB passes: the larger sizes take hundreds of passes through both slots.
+  local_ring ring(n, 1024, 5000ms, 1, shared_path, 4096);
+  ASSERT_TRUE(ring.node);
+  for (auto& g : ring.groups)
+    ASSERT_TRUE(g->shares_memory());
   check_allreduce_sizes(ring, n);
 }
 
@@ -91,26 +105,28 @@ TEST_P(Collectives, SegmentsShorterThanAChunkAreCutIntoSeveral) {
   const auto n = GetParam();
   // 1 MiB chunks, at least 4 per segment (of at least 64 KiB): the large
   // sizes take the min_chunks path.
-  local_ring ring(n, std::size_t{1} << 20, 5000ms, 4);
+  local_ring ring(n, std::size_t{1} << 20, 5000ms, 4, ring_path);
   ASSERT_TRUE(ring.node);
   check_allreduce_sizes(ring, n);
 }
 
 TEST_P(Collectives, AllreduceAverageFloat64) {
   const auto n = GetParam();
-  local_ring ring(n);
-  ASSERT_TRUE(ring.node);
-  const std::int64_t count = 4099;
-  std::vector<tensor> data(n);
-  ring.each([&](std::uint32_t k) {
-    data[k] = input(k, count).to(dtype::float64);
-    EXPECT_TRUE(ring_allreduce(*ring.groups[k], data[k], {.op = reduce_op::average}));
-  });
-  auto got = data[0].to_vector<double>();
-  for (std::int64_t i = 0; i < count; ++i)
-    ASSERT_NEAR(got[static_cast<std::size_t>(i)], reference(n, i) / n, 1e-12);
-  for (std::uint32_t k = 1; k < n; ++k)
-    EXPECT_TRUE(bitwise_equal(data[0], data[k]));
+  for (auto path : {ring_path, shared_path}) {
+    local_ring ring(n, 1024, 5000ms, 1, path, 4096);
+    ASSERT_TRUE(ring.node);
+    const std::int64_t count = 4099;
+    std::vector<tensor> data(n);
+    ring.each([&](std::uint32_t k) {
+      data[k] = input(k, count).to(dtype::float64);
+      EXPECT_TRUE(ring_allreduce(*ring.groups[k], data[k], {.op = reduce_op::average}));
+    });
+    auto got = data[0].to_vector<double>();
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_NEAR(got[static_cast<std::size_t>(i)], reference(n, i) / n, 1e-12);
+    for (std::uint32_t k = 1; k < n; ++k)
+      EXPECT_TRUE(bitwise_equal(data[0], data[k]));
+  }
 }
 
 TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
@@ -149,7 +165,8 @@ TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
 
 TEST_P(Collectives, ConcurrentCollectivesWithDifferentIdsDoNotMix) {
   const auto n = GetParam();
-  local_ring ring(n, 256);
+  // The ring matches chunks by id, whatever the order of the calls.
+  local_ring ring(n, 256, 5000ms, 1, ring_path);
   ASSERT_TRUE(ring.node);
   const std::int64_t count = 5000;
   std::vector<tensor> a(n), b(n);
@@ -171,18 +188,82 @@ TEST_P(Collectives, ConcurrentCollectivesWithDifferentIdsDoNotMix) {
   }
 }
 
+TEST_P(Collectives, SameHostAsyncAllreducesRunInCallOrder) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 5000ms, 1, shared_path, 4096);
+  ASSERT_TRUE(ring.node);
+  const std::int64_t count = 5000;
+  std::vector<tensor> a(n), b(n), c(n);
+  ring.each([&](std::uint32_t k) {
+    a[k] = input(k, count);
+    b[k] = tensor::full({count}, k + 1.0);
+    c[k] = tensor::full({7}, 1.0);
+    // Three in flight at once: their threads may start in any order, but
+    // the turns were taken here, in call order, on every rank.
+    auto fa = ring_allreduce_async(*ring.groups[k], a[k]);
+    auto fb = ring_allreduce_async(*ring.groups[k], b[k]);
+    auto fc = ring_allreduce_async(*ring.groups[k], c[k], {.op = reduce_op::average});
+    EXPECT_TRUE(fa.get());
+    EXPECT_TRUE(fb.get());
+    EXPECT_TRUE(fc.get());
+  });
+  for (std::uint32_t k = 0; k < n; ++k) {
+    auto va = a[k].to_vector<float>();
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_NEAR(va[static_cast<std::size_t>(i)], reference(n, i), 1e-5 * reference(n, i));
+    for (float v : b[k].to_vector<float>())
+      ASSERT_EQ(v, n * (n + 1) / 2.0f);
+    for (float v : c[k].to_vector<float>())
+      ASSERT_EQ(v, 1.0f);
+    EXPECT_TRUE(bitwise_equal(a[0], a[k]));
+  }
+}
+
+TEST_P(Collectives, SameHostAllreducesInDifferentOrdersFailNamingTheReplica) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 2000ms, 1, shared_path, 4096);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::string> errors(n);
+  std::vector<tensor> big(n), small(n);
+  auto start = std::chrono::steady_clock::now();
+  ring.each([&](std::uint32_t k) {
+    big[k] = input(k, 3000);
+    small[k] = input(k, 10);
+    // Rank n-1 swaps the two: never a wrong sum, an error on every rank.
+    auto& first = k + 1 == n ? small[k] : big[k];
+    auto& second = k + 1 == n ? big[k] : small[k];
+    auto ok = ring_allreduce(*ring.groups[k], first);
+    if (ok)
+      ok = ring_allreduce(*ring.groups[k], second);
+    errors[k] = ok ? "" : ok.error().message();
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 6s);
+  for (std::uint32_t k = 0; k < n; ++k)
+    ASSERT_NE(errors[k], "") << "rank " << k;
+  // The last rank sees rank 0 at another collective, and says so.
+  EXPECT_THAT(errors[n - 1], HasSubstr("replica 0 (worker0/cpu/reducer0) is at collective"));
+  EXPECT_THAT(errors[n - 1], HasSubstr("same order"));
+  // Later calls are refused at once with the first error.
+  auto again = input(0, 10);
+  auto refused = ring_allreduce(*ring.groups[n - 1], again);
+  ASSERT_FALSE(refused);
+  EXPECT_THAT(refused.error().message(), HasSubstr("stopped at an earlier failure"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ring, Collectives, ::testing::Values(2u, 3u, 4u));
 
 TEST(Collectives, SilentNeighbourTimesOutNamingIt) {
-  local_ring ring(2);
-  ASSERT_TRUE(ring.node);
-  auto data = input(0, 100);
-  // Rank 1 never calls: rank 0 waits at most the timeout.
-  auto start = std::chrono::steady_clock::now();
-  auto ok = ring_allreduce(*ring.groups[0], data);
-  ASSERT_FALSE(ok);
-  EXPECT_THAT(ok.error().message(), HasSubstr("replica 1 (worker0/cpu/reducer1)"));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 8s);
+  for (auto path : {ring_path, shared_path}) {
+    local_ring ring(2, 1024, 1000ms, 1, path);
+    ASSERT_TRUE(ring.node);
+    auto data = input(0, 100);
+    // Rank 1 never calls: rank 0 waits at most the timeout.
+    auto start = std::chrono::steady_clock::now();
+    auto ok = ring_allreduce(*ring.groups[0], data);
+    ASSERT_FALSE(ok);
+    EXPECT_THAT(ok.error().message(), HasSubstr("replica 1 (worker0/cpu/reducer1)"));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  }
 }
 
 // ---- across processes -------------------------------------------------------
@@ -214,15 +295,17 @@ int run_child(int argc, char** argv) {
   }
   {
     auto n = (*started)->options().world_size;
+    const std::string_view mode = argv[1];
     auto group = reducer_group::join(**started, {.rank = (*started)->rank(), .places = places_for(n),
-                                                 .timeout = 10000ms});
+                                                 .timeout = 10000ms,
+                                                 .same_host = mode.ends_with("-ring") ? ring_path : shared_path});
     if (!group) {
       std::printf("JOIN ERROR %s\n", group.error().message().c_str());
       std::fflush(stdout);
     } else {
       std::printf("READY\n");
       std::fflush(stdout);
-      if (std::string_view(argv[1]) == "--reducer-child") {
+      if (mode.starts_with("--reducer-child")) {
         auto result = run_allreduces(**group);
         std::printf("%s\n", result.empty() ? "ALLREDUCE OK" : ("ALLREDUCE FAILED " + result).c_str());
         std::fflush(stdout);
@@ -238,25 +321,37 @@ int run_child(int argc, char** argv) {
 
 class CrossProcess : public ::testing::TestWithParam<std::uint32_t> {};
 
-TEST_P(CrossProcess, AllreduceCorrectOnEveryRank) {
-  const auto n = GetParam();
+/// Every rank's allreduces across `n` processes, on `path`.
+void allreduce_across_processes(std::uint32_t n, same_host_algorithm path) {
   cluster c;
-  ASSERT_NO_FATAL_FAILURE(start_cluster(c, n, "--reducer-child"));
-  auto group = reducer_group::join(*c.coordinator, {.rank = 0, .places = places_for(n), .timeout = 10000ms});
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, n, path == ring_path ? "--reducer-child-ring" : "--reducer-child"));
+  auto group = reducer_group::join(*c.coordinator,
+                                   {.rank = 0, .places = places_for(n), .timeout = 10000ms, .same_host = path});
   ASSERT_TRUE(group) << group.error().message() << "\n" << c.workers[0].output() << "\n" << c.workers.back().output();
+  // Processes on one host (the same boot and /dev/shm) share memory unless told not to.
+  EXPECT_EQ((*group)->shares_memory(), path == shared_path);
   EXPECT_EQ(run_allreduces(**group), "");
   for (auto& w : c.workers)
     EXPECT_TRUE(w.wait_for("ALLREDUCE OK", 20s)) << w.output();
   group->reset();
 }
 
+TEST_P(CrossProcess, AllreduceCorrectOnEveryRank) { allreduce_across_processes(GetParam(), shared_path); }
+
+TEST_P(CrossProcess, RingAllreduceCorrectOnEveryRank) { allreduce_across_processes(GetParam(), ring_path); }
+
 INSTANTIATE_TEST_SUITE_P(Ring, CrossProcess, ::testing::Values(2u, 3u));
 
-TEST(CrossProcess, KilledPeerFailsNamingIt) {
+class KilledPeer : public ::testing::TestWithParam<same_host_algorithm> {};
+
+TEST_P(KilledPeer, FailsNamingIt) {
+  const auto path = GetParam();
   cluster c;
-  ASSERT_NO_FATAL_FAILURE(start_cluster(c, 2, "--reducer-idle"));
-  auto group = reducer_group::join(*c.coordinator, {.rank = 0, .places = places_for(2), .timeout = 3000ms});
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, 2, path == ring_path ? "--reducer-idle-ring" : "--reducer-idle"));
+  auto group = reducer_group::join(*c.coordinator,
+                                   {.rank = 0, .places = places_for(2), .timeout = 3000ms, .same_host = path});
   ASSERT_TRUE(group) << group.error().message();
+  EXPECT_EQ((*group)->shares_memory(), path == shared_path);
   ASSERT_TRUE(c.workers[0].wait_for("READY", 10s)) << c.workers[0].output();
   c.workers[0].signal(SIGKILL);
   auto data = input(0, 1 << 16);
@@ -268,10 +363,12 @@ TEST(CrossProcess, KilledPeerFailsNamingIt) {
   group->reset();
 }
 
+INSTANTIATE_TEST_SUITE_P(CrossProcess, KilledPeer, ::testing::Values(ring_path, shared_path));
+
 } // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && (std::string_view(argv[1]) == "--reducer-child" || std::string_view(argv[1]) == "--reducer-idle"))
+  if (argc > 1 && std::string_view(argv[1]).starts_with("--reducer-"))
     return run_child(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

@@ -34,7 +34,9 @@ struct local_ring {
   std::vector<std::unique_ptr<reducer_group>> groups;
 
   explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024,
-                      std::chrono::milliseconds timeout = 5000ms, std::uint32_t min_chunks = 1) {
+                      std::chrono::milliseconds timeout = 5000ms, std::uint32_t min_chunks = 1,
+                      parallel::same_host_algorithm same_host = parallel::same_host_algorithm::shared_memory,
+                      std::size_t same_host_pass_bytes = std::size_t{1} << 20) {
     auto started = start_local_node();
     EXPECT_TRUE(started) << started.error().message();
     if (!started)
@@ -48,7 +50,8 @@ struct local_ring {
     for (std::uint32_t k = 0; k < n; ++k)
       joins.emplace_back([&, k] {
         reducer_group_options o{.rank = k, .places = places, .chunk_bytes = chunk_bytes, .min_chunks = min_chunks,
-                                .timeout = timeout};
+                                .timeout = timeout, .same_host = same_host,
+                                .same_host_pass_bytes = same_host_pass_bytes};
         auto g = reducer_group::join(*node, o);
         if (g)
           groups[k] = std::move(*g);

@@ -180,6 +180,11 @@ public:
   /// Regions of this node's arena lent to other nodes and not yet released.
   std::size_t arena_loans_outstanding() const;
 
+  /// Which host this node is on (tensor_router_options::host_key), or
+  /// empty when the node has no shared arena (TLS on, or arena_bytes = 0):
+  /// nodes with equal, non-empty keys can share memory.
+  std::string host_key() const;
+
   /// This node's data-plane address (empty when encrypted): its host key
   /// line, then the UCX worker address.
   std::string data_plane_address() const;

@@ -22,6 +22,17 @@
 // concurrent collectives with different ids never mix; the collective
 // running on the caller's thread takes its chunks from there.
 //
+// One host. When every member runs on this host (the same host key, see
+// tensor_router), allreduce does not go through the ring's messages: each
+// rank maps every member's shared-memory workspace and moves each byte once
+// between processes (parallel/src/same_host_workspace.hpp narrates the
+// protocol). Joining decides it: every member tells every other whether it
+// wants that path, its host and its workspace; all of them agree or none
+// takes it. Such allreduces run one at a time per group, in call order, so
+// replicas must issue them in the same order (as with NCCL or MPI; a
+// mismatch is an error naming the replica, never a wrong sum). The other
+// collectives always use the ring.
+//
 // Failure. A member's node lost (node::on_peer_lost), a refused send, or no
 // chunk from the left neighbour within `timeout` fails the collective with
 // an error naming the replica (rank and place); nothing waits forever.
@@ -47,6 +58,14 @@
 
 namespace troupe::parallel {
 
+class same_host_workspace;
+
+/// How an allreduce runs when every member is on this host.
+enum class same_host_algorithm {
+  shared_memory, ///< each rank reads the others' workspaces: one copy between processes
+  ring,          ///< the ring's messages, as between hosts
+};
+
 struct reducer_group_options {
   /// This replica's rank in the ring, 0 <= rank < places.size().
   std::uint32_t rank = 0;
@@ -67,6 +86,12 @@ struct reducer_group_options {
   std::size_t min_chunk_bytes = std::size_t{64} << 10;
   /// Bound on every wait: joining, and each chunk of a collective.
   std::chrono::milliseconds timeout{10000};
+  /// Allreduce when every member is on this host (members on several hosts
+  /// always use the ring). Every member must choose the same.
+  same_host_algorithm same_host = same_host_algorithm::shared_memory;
+  /// Bytes of one pass of the same-host allreduce (each rank's workspace
+  /// holds two), a multiple of 64 in [4096, 2^30].
+  std::size_t same_host_pass_bytes = std::size_t{1} << 20;
 };
 
 /// The default places for `size` members with one rank per node:
@@ -90,6 +115,11 @@ public:
   const actors::place& place_of(std::uint32_t rank) const { return places_.at(rank); }
   /// "replica 2 (worker2/cpu/reducer2)".
   std::string describe(std::uint32_t rank) const;
+
+  /// Whether allreduce takes the same-host path (decided when joining).
+  bool shares_memory() const noexcept { return workspace_ != nullptr; }
+  /// The same-host workspace, or nullptr (collectives use it).
+  same_host_workspace* workspace() noexcept { return workspace_.get(); }
 
   /// A fresh collective id (same sequence on every rank when every rank
   /// issues its collectives in the same order). Explicit ids passed in the
@@ -122,6 +152,8 @@ public:
 
 private:
   reducer_group(actors::node& node, reducer_group_options options, std::vector<actors::place> places);
+  /// Joining's last step: the same-host offers, and the workspace if all agree.
+  expected<void> offer_same_host();
 
   actors::node& node_;
   reducer_group_options options_;
@@ -132,6 +164,7 @@ private:
   /// This member's place, as the sender of its chunks in traces.
   trace::name_id trace_name_;
   std::uint64_t peer_lost_handler_ = 0;
+  std::unique_ptr<same_host_workspace> workspace_;
 };
 
 } // namespace troupe::parallel

@@ -1,0 +1,512 @@
+#include "same_host_workspace.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <random>
+#include <thread>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "troupe/parallel/ring_allreduce.hpp"
+
+namespace troupe::parallel {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+constexpr std::uint64_t magic = 0x7377'6570'756f'7274; // "troupews", little-endian
+constexpr std::uint32_t slot_count = 2;                  // passes in flight per rank
+constexpr std::size_t control_bytes = 4096;
+constexpr std::string_view name_prefix = "/troupe-ws-";
+
+/// One pass's slot, as its owner announces it. `published` and `reduced`
+/// hold pass numbers; the plain fields are written before the release
+/// store of `published` and read after an acquire load that saw it.
+struct alignas(64) slot_header {
+  std::atomic<std::uint32_t> published{0};
+  std::uint32_t element_bytes = 0;
+  std::uint64_t id = 0;
+  std::uint64_t count = 0;      // elements of the whole collective
+  std::uint64_t pass_index = 0; // which pass of the collective
+  alignas(64) std::atomic<std::uint32_t> reduced{0};
+};
+
+/// The head of every segment. Counters sit on lines of their own: peers
+/// poll them while the owner writes its other fields.
+struct control {
+  std::uint64_t magic = 0;
+  std::uint64_t nonce = 0;
+  std::uint64_t pass_bytes = 0;
+  std::uint32_t slots = 0;
+  std::uint32_t rank = 0;
+  alignas(64) std::atomic<std::uint32_t> doorbell{0}; // futex word: bumped by every publish
+  alignas(64) std::atomic<std::uint32_t> sleepers{0}; // waiters asleep on the doorbell
+  alignas(64) std::atomic<std::uint32_t> ready{0};    // set up: every peer mapped
+  alignas(64) std::atomic<std::uint32_t> released{0}; // last pass this rank has finished reading
+  slot_header slot[slot_count];
+};
+static_assert(sizeof(control) <= control_bytes);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+std::size_t segment_bytes(std::size_t pass_bytes) { return control_bytes + slot_count * pass_bytes; }
+
+/// Wrap-safe "a is at or after b" for pass numbers.
+bool at_or_after(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) >= 0; }
+
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
+  // Shared (not FUTEX_PRIVATE): the word lies in memory other processes map.
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+/// Tells waiters on `c` that something it publishes changed.
+void ring_doorbell(control& c) {
+  c.doorbell.fetch_add(1);
+  if (c.sleepers.load() > 0)
+    futex(&c.doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+expected<void> check_name(const std::string& name) {
+  if (name.size() <= name_prefix.size() || name.size() > 255 || name.compare(0, name_prefix.size(), name_prefix) != 0)
+    return make_error(errc::malformed_message, "workspace name '{}' must start with '{}' and be at most 255 bytes",
+                      name, name_prefix);
+  for (std::size_t i = 1; i < name.size(); ++i) {
+    auto c = static_cast<unsigned char>(name[i]);
+    if (!(std::isalnum(c) || c == '-'))
+      return make_error(errc::malformed_message, "workspace name '{}' has character {:#x} at {}; allowed are [A-Za-z0-9-]",
+                        name, static_cast<unsigned>(c), i);
+  }
+  return {};
+}
+
+} // namespace
+
+struct same_host_workspace::segment {
+  std::string name;
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  bool linked = false; // this process created the name and has not unlinked it
+
+  control& head() const { return *static_cast<control*>(base); }
+  std::byte* slot(std::uint32_t i, std::size_t pass_bytes) const {
+    return static_cast<std::byte*>(base) + control_bytes + i * pass_bytes;
+  }
+  ~segment() {
+    if (base)
+      ::munmap(base, bytes);
+    if (linked)
+      ::shm_unlink(name.c_str());
+  }
+};
+
+same_host_workspace::same_host_workspace(same_host_workspace_options options) : options_(std::move(options)) {
+  segments_.resize(options_.size);
+  spin_ = options_.size <= std::max(1u, std::thread::hardware_concurrency());
+}
+
+same_host_workspace::~same_host_workspace() = default;
+
+expected<std::unique_ptr<same_host_workspace>> same_host_workspace::create(same_host_workspace_options options) {
+  if (options.size < 2 || options.rank >= options.size)
+    return make_error(errc::invalid_argument, "same-host workspace: rank {} of {} (needs 2 or more ranks)",
+                      options.rank, options.size);
+  if (options.pass_bytes < 4096 || options.pass_bytes % 64 != 0 || options.pass_bytes > (std::size_t{1} << 30))
+    return make_error(errc::invalid_argument,
+                      "same-host workspace: pass_bytes {} must be a multiple of 64 in [4096, 2^30]",
+                      options.pass_bytes);
+  std::unique_ptr<same_host_workspace> ws(new same_host_workspace(std::move(options)));
+  const auto& o = ws->options_;
+  std::random_device entropy;
+  const std::uint64_t nonce = (std::uint64_t{entropy()} << 32) | entropy();
+  auto seg = std::make_unique<segment>();
+  seg->name = fmt::format("{}{}-{}-{:016x}", name_prefix, ::getpid(), o.rank, nonce);
+  seg->bytes = segment_bytes(o.pass_bytes);
+  int fd = ::shm_open(seg->name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0)
+    return make_error(errc::io_error, "same-host workspace: shm_open({}): {}", seg->name, std::strerror(errno));
+  seg->linked = true;
+  if (::ftruncate(fd, static_cast<off_t>(seg->bytes)) != 0) {
+    auto why = std::strerror(errno);
+    ::close(fd);
+    return make_error(errc::io_error, "same-host workspace: ftruncate({}, {}): {}", seg->name, seg->bytes, why);
+  }
+  void* base = ::mmap(nullptr, seg->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED)
+    return make_error(errc::io_error, "same-host workspace: mmap({}): {}", seg->name, std::strerror(errno));
+  seg->base = base;
+  auto* c = new (base) control;
+  c->nonce = nonce;
+  c->pass_bytes = o.pass_bytes;
+  c->slots = slot_count;
+  c->rank = o.rank;
+  std::atomic_thread_fence(std::memory_order_release);
+  c->magic = magic;
+  ws->segments_[o.rank] = std::move(seg);
+  return ws;
+}
+
+same_host_workspace::invitation same_host_workspace::own() const {
+  const auto& seg = *segments_[options_.rank];
+  return {seg.name, seg.head().nonce, options_.pass_bytes};
+}
+
+expected<void> same_host_workspace::map_peer(std::uint32_t rank, const invitation& peer) {
+  if (rank >= options_.size || rank == options_.rank)
+    return make_error(errc::invalid_argument, "same-host workspace: no peer rank {} in a group of {}", rank,
+                      options_.size);
+  auto who = options_.describe ? options_.describe(rank) : fmt::format("rank {}", rank);
+  if (auto ok = check_name(peer.name); !ok)
+    return make_error(errc::malformed_message, "same-host workspace of {}: {}", who, ok.error().message());
+  if (peer.pass_bytes != options_.pass_bytes)
+    return make_error(errc::invalid_argument, "same-host workspace of {}: pass_bytes {} differs from this rank's {}",
+                      who, peer.pass_bytes, options_.pass_bytes);
+  int fd = ::shm_open(peer.name.c_str(), O_RDWR, 0);
+  if (fd < 0)
+    return make_error(errc::io_error, "same-host workspace of {}: shm_open({}): {}", who, peer.name,
+                      std::strerror(errno));
+  struct stat info {};
+  const auto want = segment_bytes(options_.pass_bytes);
+  if (::fstat(fd, &info) != 0 || static_cast<std::size_t>(info.st_size) != want) {
+    ::close(fd);
+    return make_error(errc::malformed_message, "same-host workspace of {}: {} has {} bytes, want {}", who,
+                      peer.name, static_cast<long long>(info.st_size), want);
+  }
+  void* base = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (base == MAP_FAILED)
+    return make_error(errc::io_error, "same-host workspace of {}: mmap({}): {}", who, peer.name, std::strerror(errno));
+  auto seg = std::make_unique<segment>();
+  seg->name = peer.name;
+  seg->base = base;
+  seg->bytes = want;
+  const auto& c = seg->head();
+  if (c.magic != magic || c.nonce != peer.nonce || c.pass_bytes != options_.pass_bytes || c.slots != slot_count ||
+      c.rank != rank)
+    return make_error(errc::malformed_message,
+                      "same-host workspace of {}: {} does not hold what was announced (nonce {:#x} vs {:#x}, "
+                      "rank {}, pass_bytes {})",
+                      who, peer.name, c.nonce, peer.nonce, c.rank, c.pass_bytes);
+  segments_[rank] = std::move(seg);
+  return {};
+}
+
+template <class Pred> expected<void> same_host_workspace::wait_for(std::uint32_t peer, const char* what, Pred ready) {
+  if (ready())
+    return {};
+  auto& c = segments_[peer]->head();
+  const auto start = clock::now();
+  if (spin_) {
+    // The peer is running on another core: it usually answers within
+    // microseconds, far less than a futex sleep and wake-up.
+    for (std::uint32_t i = 1;; ++i) {
+      if (ready())
+        return {};
+      cpu_relax();
+      if (i % 256 == 0 && clock::now() - start > std::chrono::microseconds(50))
+        break;
+    }
+  }
+  const auto deadline = start + options_.timeout;
+  while (true) {
+    c.sleepers.fetch_add(1);
+    const auto bell = c.doorbell.load();
+    if (ready()) {
+      c.sleepers.fetch_sub(1);
+      return {};
+    }
+    timespec slice{0, 2'000'000}; // 2 ms: how often the failure flag and the deadline are looked at
+    futex(&c.doorbell, FUTEX_WAIT, bell, &slice);
+    c.sleepers.fetch_sub(1);
+    if (ready())
+      return {};
+    if (options_.failure)
+      if (auto failed = options_.failure())
+        return make_error(errc::io_error, "same-host allreduce: {}", *failed);
+    if (clock::now() > deadline)
+      return make_error(errc::io_error, "same-host allreduce: {} did not {} within {} ms",
+                        options_.describe ? options_.describe(peer) : fmt::format("rank {}", peer), what,
+                        options_.timeout.count());
+  }
+}
+
+expected<void> same_host_workspace::finish_setup() {
+  for (std::uint32_t k = 0; k < options_.size; ++k)
+    if (!segments_[k])
+      return make_error(errc::invalid_argument, "same-host workspace: rank {}'s segment is not mapped", k);
+  auto& mine = *segments_[options_.rank];
+  mine.head().ready.store(1);
+  ring_doorbell(mine.head());
+  for (std::uint32_t k = 0; k < options_.size; ++k)
+    if (k != options_.rank) {
+      const auto& c = segments_[k]->head();
+      if (auto ok = wait_for(k, "map every member's workspace", [&c] { return c.ready.load() != 0; }); !ok)
+        return ok;
+    }
+  // Every peer has mapped this segment: the name is no longer needed.
+  ::shm_unlink(mine.name.c_str());
+  mine.linked = false;
+  return {};
+}
+
+std::uint64_t same_host_workspace::take_ticket() {
+  std::lock_guard lock(order_mutex_);
+  return next_ticket_++;
+}
+
+expected<void> same_host_workspace::turn(std::uint64_t ticket) {
+  std::unique_lock lock(order_mutex_);
+  const auto deadline = clock::now() + options_.timeout;
+  while (!broken_ && serving_ != ticket)
+    if (order_changed_.wait_until(lock, deadline) == std::cv_status::timeout && !broken_ && serving_ != ticket) {
+      broken_ = error(errc::io_error, fmt::format("same-host allreduce: collective {} still waits for collective {} "
+                                                  "of this rank after {} ms",
+                                                  ticket, serving_, options_.timeout.count()));
+      order_changed_.notify_all();
+    }
+  if (broken_)
+    return make_error(broken_->code(), "{} (the same-host workspace stopped at an earlier failure)",
+                      broken_->message());
+  return {};
+}
+
+void same_host_workspace::done(std::uint64_t ticket, const expected<void>& result) {
+  {
+    std::lock_guard lock(order_mutex_);
+    serving_ = ticket + 1;
+    if (!result && !broken_)
+      broken_ = result.error();
+  }
+  order_changed_.notify_all();
+}
+
+namespace {
+
+/// Segment r of one pass: acc = ((s0 + s1) + s2) + ... in rank order, the
+/// last sum averaged if asked and written to `out` as well. One loop per
+/// case, the branches outside, so that GCC vectorises each.
+template <class T>
+void reduce_segment(const std::vector<const T*>& src, T* acc, T* out, std::int64_t len, bool average) {
+  const auto n = src.size();
+  const T divisor = static_cast<T>(n);
+  for (std::size_t j = 1; j < n; ++j) {
+    const T* left = j == 1 ? src[0] : acc;
+    const T* right = src[j];
+    if (j + 1 < n) {
+      for (std::int64_t i = 0; i < len; ++i)
+        acc[i] = left[i] + right[i];
+    } else if (average) {
+      for (std::int64_t i = 0; i < len; ++i) {
+        T v = (left[i] + right[i]) / divisor;
+        acc[i] = v;
+        out[i] = v;
+      }
+    } else {
+      for (std::int64_t i = 0; i < len; ++i) {
+        T v = left[i] + right[i];
+        acc[i] = v;
+        out[i] = v;
+      }
+    }
+  }
+}
+
+} // namespace
+
+template <class T>
+expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool average, std::uint64_t id,
+                                              std::uint64_t ticket) {
+  if (auto ok = turn(ticket); !ok)
+    return ok;
+  const std::uint32_t n = options_.size;
+  const std::uint32_t r = options_.rank;
+  const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
+  auto& mine = *segments_[r];
+  std::vector<const T*> src(n);
+
+  auto run = [&]() -> expected<void> {
+    for (std::int64_t begin = 0, index = 0; begin < count; begin += pass_elems, ++index) {
+      const auto len = std::min(pass_elems, count - begin);
+      const std::uint32_t s = ++pass_;
+      const std::uint32_t i = s % slot_count;
+      T* here = data + begin;
+      auto slot_of = [&](std::uint32_t k) {
+        return reinterpret_cast<T*>(segments_[k]->slot(i, options_.pass_bytes));
+      };
+
+      // 1. The slot is free once every peer has finished pass s - slots.
+      for (std::uint32_t k = 0; k < n; ++k)
+        if (k != r) {
+          const auto& c = segments_[k]->head();
+          const std::uint32_t before = s - slot_count;
+          if (auto ok = wait_for(k, "finish an earlier pass",
+                                 [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); });
+              !ok)
+            return ok;
+        }
+
+      // 2. This rank's values of the other segments go into its slot.
+      for (std::uint32_t k = 0; k < n; ++k)
+        if (k != r) {
+          auto seg = ring_segment(len, n, k);
+          std::memcpy(slot_of(r) + seg.begin, here + seg.begin, static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
+        }
+      auto& own_slot = mine.head().slot[i];
+      own_slot.element_bytes = sizeof(T);
+      own_slot.id = id;
+      own_slot.count = static_cast<std::uint64_t>(count);
+      own_slot.pass_index = static_cast<std::uint64_t>(index);
+      own_slot.published.store(s, std::memory_order_release);
+      ring_doorbell(mine.head());
+
+      // 3. Every peer's values of this pass, for the same collective.
+      for (std::uint32_t k = 0; k < n; ++k) {
+        src[k] = k == r ? here : slot_of(k);
+        if (k == r)
+          continue;
+        const auto& theirs = segments_[k]->head().slot[i];
+        if (auto ok = wait_for(k, "publish its values",
+                               [&theirs, s] { return theirs.published.load(std::memory_order_acquire) == s; });
+            !ok)
+          return ok;
+        if (theirs.id != id || theirs.count != static_cast<std::uint64_t>(count) ||
+            theirs.element_bytes != sizeof(T) || theirs.pass_index != static_cast<std::uint64_t>(index))
+          return make_error(errc::invalid_argument,
+                            "same-host allreduce: {} is at collective {:#x} ({} elements of {} bytes, pass {}) "
+                            "where this rank is at collective {:#x} ({} elements of {} bytes, pass {}): replicas "
+                            "must issue their allreduces in the same order and with the same sizes",
+                            options_.describe ? options_.describe(k) : fmt::format("rank {}", k), theirs.id,
+                            theirs.count, theirs.element_bytes, theirs.pass_index, id, count, sizeof(T), index);
+      }
+
+      // 4. Reduce segment r, in rank order.
+      auto own = ring_segment(len, n, r);
+      std::vector<const T*> at(n);
+      for (std::uint32_t k = 0; k < n; ++k)
+        at[k] = src[k] + own.begin;
+      reduce_segment(at, slot_of(r) + own.begin, here + own.begin, own.end - own.begin, average);
+      own_slot.reduced.store(s, std::memory_order_release);
+      ring_doorbell(mine.head());
+
+      // 5. The other segments, final, from their owners (next rank first,
+      // so that the ranks do not all read one slot at once).
+      for (std::uint32_t step = 1; step < n; ++step) {
+        const auto k = (r + step) % n;
+        const auto& theirs = segments_[k]->head().slot[i];
+        if (auto ok = wait_for(k, "reduce its segment",
+                               [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
+            !ok)
+          return ok;
+        auto seg = ring_segment(len, n, k);
+        std::memcpy(here + seg.begin, slot_of(k) + seg.begin, static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
+      }
+
+      // 6. Done reading the peers' slots of pass s.
+      mine.head().released.store(s, std::memory_order_release);
+      ring_doorbell(mine.head());
+    }
+    return {};
+  };
+  auto result = run();
+  done(ticket, result);
+  return result;
+}
+
+template expected<void> same_host_workspace::allreduce<float>(float*, std::int64_t, bool, std::uint64_t, std::uint64_t);
+template expected<void> same_host_workspace::allreduce<double>(double*, std::int64_t, bool, std::uint64_t,
+                                                               std::uint64_t);
+
+} // namespace troupe::parallel
+
+namespace troupe::parallel {
+
+namespace {
+constexpr std::string_view offer_magic = "troupe-same-host 1";
+constexpr std::size_t max_offer_bytes = 1024;
+} // namespace
+
+std::vector<std::byte> encode_offer(const same_host_offer& offer) {
+  auto text = fmt::format("{}\n{}\n{}\n{}\n{:x}\n{}\n", offer_magic, offer.wants ? 1 : 0, offer.host_key,
+                          offer.segment.name, offer.segment.nonce, offer.segment.pass_bytes);
+  auto bytes = std::as_bytes(std::span(text.data(), text.size()));
+  return {bytes.begin(), bytes.end()};
+}
+
+expected<same_host_offer> decode_offer(std::span<const std::byte> bytes) {
+  if (bytes.size() > max_offer_bytes)
+    return make_error(errc::malformed_message, "same-host offer: {} bytes, at most {} allowed", bytes.size(),
+                      max_offer_bytes);
+  std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::vector<std::string_view> lines;
+  while (!text.empty()) {
+    auto end = text.find('\n');
+    if (end == std::string_view::npos)
+      return make_error(errc::malformed_message, "same-host offer: line {} does not end in a newline",
+                        lines.size() + 1);
+    lines.push_back(text.substr(0, end));
+    text.remove_prefix(end + 1);
+  }
+  if (lines.size() != 6)
+    return make_error(errc::malformed_message, "same-host offer: {} lines, want 6", lines.size());
+  if (lines[0] != offer_magic)
+    return make_error(errc::malformed_message, "same-host offer: first line '{}' is not '{}'", lines[0], offer_magic);
+  same_host_offer out;
+  if (lines[1] != "0" && lines[1] != "1")
+    return make_error(errc::malformed_message, "same-host offer: 'wants' is '{}' but must be 0 or 1", lines[1]);
+  out.wants = lines[1] == "1";
+  for (char c : lines[2])
+    if (!std::isprint(static_cast<unsigned char>(c)))
+      return make_error(errc::malformed_message, "same-host offer: the host key has the unprintable byte {:#x}",
+                        static_cast<unsigned>(static_cast<unsigned char>(c)));
+  out.host_key = std::string(lines[2]);
+  out.segment.name = std::string(lines[3]);
+  if (out.wants)
+    if (auto ok = check_name(out.segment.name); !ok)
+      return make_error(errc::malformed_message, "same-host offer: {}", ok.error().message());
+  auto number = [](std::string_view field, int base, std::uint64_t max, const char* what) -> expected<std::uint64_t> {
+    if (field.empty() || field.size() > 20)
+      return make_error(errc::malformed_message, "same-host offer: {} '{}' is not a number", what, field);
+    std::uint64_t value = 0;
+    for (char c : field) {
+      int digit = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                  : base == 16 && c >= 'a' && c <= 'f'        ? c - 'a' + 10
+                                                              : -1;
+      if (digit < 0 || digit >= base)
+        return make_error(errc::malformed_message, "same-host offer: {} '{}' is not a base-{} number", what, field,
+                          base);
+      if (value > (max - static_cast<std::uint64_t>(digit)) / static_cast<std::uint64_t>(base))
+        return make_error(errc::malformed_message, "same-host offer: {} '{}' is above {}", what, field, max);
+      value = value * static_cast<std::uint64_t>(base) + static_cast<std::uint64_t>(digit);
+    }
+    return value;
+  };
+  auto nonce = number(lines[4], 16, ~std::uint64_t{0}, "nonce");
+  if (!nonce)
+    return nonce.error();
+  auto pass = number(lines[5], 10, std::uint64_t{1} << 30, "pass_bytes");
+  if (!pass)
+    return pass.error();
+  out.segment.nonce = *nonce;
+  out.segment.pass_bytes = *pass;
+  return out;
+}
+
+} // namespace troupe::parallel

@@ -1,0 +1,144 @@
+#pragma once
+// The same-host allreduce of a reducer_group (private to parallel/).
+//
+// When every member of a group runs on this host, the ring's messages are
+// the wrong tool: each chunk is copied into a message, handed over, and
+// read again, and a rank waits for its left neighbour at every one of the
+// 2(N-1) steps. Instead each rank owns one POSIX shared-memory segment that
+// every other rank maps, and an allreduce moves each byte once between
+// processes (Open MPI's "vader" shared-memory component and NCCL's
+// single-node paths work the same way):
+//
+//   The flat tensor is cut into passes of at most `pass_bytes`; each pass
+//   into N segments (ring_segment). Seen from rank r, pass s uses slot
+//   s % slots of every segment:
+//     1. Wait until every peer has finished reading pass s - slots (its
+//        `released` counter), so the slot may be written again.
+//     2. Copy this rank's values of the other ranks' segments into the slot
+//        and publish (slot's collective id, element count, then `published`).
+//     3. Wait until every peer has published pass s with the same collective
+//        id and count (a different one means the replicas issued their
+//        collectives in different orders: an error, never a wrong sum).
+//     4. Reduce segment r: sum the N ranks' values in rank order (this
+//        rank's own from its tensor, the others' from their slots), average
+//        once if asked, write the result to the tensor and to this rank's
+//        slot, and publish `reduced`.
+//     5. For every peer k, wait for its `reduced` and copy segment k of its
+//        slot into the tensor.
+//     6. Publish `released` = s.
+//   Every element is reduced by exactly one rank in one fixed order and the
+//   others copy it, so every rank ends bitwise identical.
+//
+// Waiting. A waiter spins briefly when the group has no more ranks than
+// the host has cores (the peer is running and will answer within
+// microseconds), then sleeps on the peer's doorbell futex (every publish
+// rings it), checking the group's failure flag and its deadline every few
+// milliseconds. Nothing waits longer than the group's timeout.
+//
+// Order. Collectives on one workspace run one at a time, in the order the
+// callers took their tickets (ring_allreduce takes one when called, the
+// _async variant on the calling thread). Replicas must issue them in the
+// same order, as with NCCL or MPI; step 3 detects when they do not.
+//
+// After any failure (a timeout, a lost replica, an order mismatch) the
+// passes of the ranks are out of step for good: the workspace refuses
+// every later collective with the first error.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::parallel {
+
+struct same_host_workspace_options {
+  std::uint32_t rank = 0;
+  std::uint32_t size = 1;
+  /// Bytes of one pass (the slot size).
+  std::size_t pass_bytes = std::size_t{1} << 20;
+  /// Bound on every wait.
+  std::chrono::milliseconds timeout{10000};
+  /// Returns the group's sticky failure (a lost replica), if any.
+  std::function<std::optional<std::string>()> failure;
+  /// "replica 2 (worker2/cpu/reducer2)".
+  std::function<std::string(std::uint32_t)> describe;
+};
+
+class same_host_workspace {
+public:
+  /// What a rank tells the others about its segment.
+  struct invitation {
+    std::string name;
+    std::uint64_t nonce = 0;
+    std::uint64_t pass_bytes = 0;
+  };
+
+  /// Creates this rank's segment (named after the process and rank, with a
+  /// random nonce, so it never collides with another job's).
+  static expected<std::unique_ptr<same_host_workspace>> create(same_host_workspace_options options);
+
+  ~same_host_workspace();
+  same_host_workspace(const same_host_workspace&) = delete;
+  same_host_workspace& operator=(const same_host_workspace&) = delete;
+
+  invitation own() const;
+
+  /// Maps peer `rank`'s segment, checking its size and nonce against what
+  /// the peer announced.
+  expected<void> map_peer(std::uint32_t rank, const invitation& peer);
+
+  /// Once every peer is mapped: marks this rank ready, waits (bounded) until
+  /// every peer is ready too, then unlinks this rank's name (the peers hold
+  /// mappings, so nothing is left in /dev/shm even after a crash).
+  expected<void> finish_setup();
+
+  /// A place in the order of collectives (see "Order").
+  std::uint64_t take_ticket();
+
+  /// Allreduces data[0, count) in place (float or double), `id` naming the
+  /// collective on every rank. Waits for `ticket`'s turn first.
+  template <class T>
+  expected<void> allreduce(T* data, std::int64_t count, bool average, std::uint64_t id, std::uint64_t ticket);
+
+  struct segment; // one mapped segment: this rank's or a peer's
+
+private:
+  explicit same_host_workspace(same_host_workspace_options options);
+
+  template <class Pred> expected<void> wait_for(std::uint32_t peer, const char* what, Pred ready);
+  expected<void> turn(std::uint64_t ticket);
+  void done(std::uint64_t ticket, const expected<void>& result);
+
+  same_host_workspace_options options_;
+  std::vector<std::unique_ptr<segment>> segments_; // by rank
+  std::uint32_t pass_ = 0;                         // last pass run (wraps)
+  bool spin_ = false;
+
+  std::mutex order_mutex_;
+  std::condition_variable order_changed_;
+  std::uint64_t next_ticket_ = 0;
+  std::uint64_t serving_ = 0;
+  std::optional<error> broken_;
+};
+
+/// What every member tells every other when a group is joined: whether it
+/// wants the same-host path, which host it is on, and its segment. Sent as
+/// a uint8 tensor through the ring (it comes from another process: the
+/// decoder checks every field).
+struct same_host_offer {
+  bool wants = false;
+  std::string host_key;
+  same_host_workspace::invitation segment;
+};
+std::vector<std::byte> encode_offer(const same_host_offer& offer);
+/// errc::malformed_message naming the field that is wrong.
+expected<same_host_offer> decode_offer(std::span<const std::byte> bytes);
+
+} // namespace troupe::parallel
