@@ -1,13 +1,17 @@
-// Float32 sum allreduce through troupe's ring of reducer actors, 4 KiB to
-// 64 MiB on 2 and 4 processes, in the nccl-tests manner (size, count, time,
-// algbw, busbw = 2(n-1)/n * bytes / time, #wrong from checking every
-// element against the expected sum), beside Gloo and Open MPI over shared
-// memory from ../shared/peers/allreduce.py in the same run.
+// Float32 sum allreduce through troupe's reducer groups, 4 KiB to 64 MiB on
+// 2 and 4 processes, in the nccl-tests manner (size, count, time, algbw,
+// busbw = 2(n-1)/n * bytes / time, #wrong from checking every element
+// against the expected sum), beside Gloo and Open MPI over shared memory
+// from ../shared/peers/allreduce.py in the same run. Both of troupe's
+// same-host algorithms run, interleaved case by case: the shared-memory
+// workspaces (the default on one host) and the ring of messages (what runs
+// between hosts).
 //
 //   build/bench/allreduce [--json] [--quick] [--no-peers] [--chunk-kib=1024] [--min-chunks=4]
+//                         [--pass-kib=1024] [--algorithm=both|shared-memory|ring]
 //
 // This process is rank 0 and re-executes itself as ranks 1..n-1
-// (--child=rank); chunks travel over the UCX data plane. Rank 0 tells the
+// (--child=rank); the ring's chunks travel over the data plane. Rank 0 tells the
 // others on stdin what to run; each iteration every rank refills its buffer
 // with rank+1 (untimed), the ranks meet in the collective, and rank 0 times
 // it: the ring cannot finish on one rank before every rank has sent.
@@ -41,21 +45,38 @@ std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe")
 /// least chunks per segment (--min-chunks=N).
 std::size_t chunk_bytes = reducer_group_options{}.chunk_bytes;
 std::uint32_t min_chunks = reducer_group_options{}.min_chunks;
+/// Pass size of the shared-memory allreduce (--pass-kib=N).
+std::size_t pass_bytes = reducer_group_options{}.same_host_pass_bytes;
+/// Which algorithms run (--algorithm=...): index 0 shared memory, 1 ring.
+bool runs[2] = {true, true};
+constexpr const char* algorithm_names[2] = {"shared-memory", "ring"};
 
-reducer_group_options ring_options(std::uint32_t rank, std::vector<std::string> places) {
+reducer_group_options group_options(std::uint32_t rank, std::uint32_t n, int algorithm) {
   reducer_group_options o;
   o.rank = rank;
-  o.places = std::move(places);
+  for (std::uint32_t k = 0; k < n; ++k)
+    o.places.push_back(fmt::format("worker{}/cpu/{}{}", k, algorithm == 0 ? "shm" : "ring", k));
   o.chunk_bytes = chunk_bytes;
   o.min_chunks = min_chunks;
+  o.same_host = algorithm == 0 ? same_host_algorithm::shared_memory : same_host_algorithm::ring;
+  o.same_host_pass_bytes = pass_bytes;
   return o;
 }
 
-std::vector<std::string> places_for(std::uint32_t n) {
-  std::vector<std::string> names;
-  for (std::uint32_t k = 0; k < n; ++k)
-    names.push_back("worker" + std::to_string(k));
-  return reducer_places(names);
+/// One group per algorithm that runs (index as in `runs`).
+using groups = std::unique_ptr<reducer_group>[2];
+
+expected<void> join_all(actors::node& node, groups& out) {
+  for (int a = 0; a < 2; ++a)
+    if (runs[a]) {
+      auto g = reducer_group::join(node, group_options(node.rank(), node.options().world_size, a));
+      if (!g)
+        return g.error();
+      if (a == 0 && !(*g)->shares_memory())
+        return make_error(errc::invalid_argument, "the ranks did not agree on shared memory (not one host?)");
+      out[a] = std::move(*g);
+    }
+  return {};
 }
 
 /// `iters` timed allreduces (after 2 warm-ups) of `count` floats; returns
@@ -91,9 +112,9 @@ int child(int argc, char** argv) {
   }
   auto& node = **started;
   {
-    auto group = reducer_group::join(node, ring_options(node.rank(), places_for(options->world_size)));
-    if (!group) {
-      std::printf("ERROR %s\n", group.error().message().c_str());
+    groups group;
+    if (auto joined = join_all(node, group); !joined) {
+      std::printf("ERROR %s\n", joined.error().message().c_str());
       std::fflush(stdout);
       node.stop();
       return 4;
@@ -111,10 +132,10 @@ int child(int argc, char** argv) {
         break;
       std::istringstream in(line);
       std::int64_t count = 0;
-      int iters = 0;
-      in >> count >> iters;
+      int iters = 0, algorithm = 0;
+      in >> count >> iters >> algorithm;
       std::int64_t wrong = 0;
-      auto times = run_case(**group, count, iters, wrong);
+      auto times = run_case(*group[algorithm == 1 ? 1 : 0], count, iters, wrong);
       if (times)
         std::printf("DONE %lld\n", static_cast<long long>(wrong));
       else
@@ -181,8 +202,8 @@ int parent(int argc, char** argv) {
   }
   bool any_wrong = false;
   std::vector<std::string> table;
-  table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10} {:>8} {:>8} {:>7} {:>10} {:>10}", "n", "size", "count",
-                              "time(us)", "algbw", "busbw", "#wrong", "gloo", "mpi-shm"));
+  table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10} {:>8} {:>10} {:>10} {:>7} {:>10} {:>10}", "n", "size",
+                              "count", "time(us)", "algbw", "busbw:shm", "busbw:ring", "#wrong", "gloo", "mpi-shm"));
   for (auto n : ranks) {
     std::map<std::string, double> peer;
     if (!no_peers) {
@@ -207,11 +228,13 @@ int parent(int argc, char** argv) {
         self_path(), "--child=rank", fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()),
         fmt::format("--troupe.rank={}", k), fmt::format("--troupe.world-size={}", n),
         fmt::format("--troupe.name=worker{}", k), "--troupe.listen-address=127.0.0.1",
-        fmt::format("--chunk-kib={}", chunk_bytes >> 10), fmt::format("--min-chunks={}", min_chunks)}));
+        fmt::format("--chunk-kib={}", chunk_bytes >> 10), fmt::format("--min-chunks={}", min_chunks),
+        fmt::format("--pass-kib={}", pass_bytes >> 10),
+        fmt::format("--algorithm={}", runs[0] && runs[1] ? "both" : algorithm_names[runs[0] ? 0 : 1])}));
     {
-      auto group = reducer_group::join(*node, ring_options(0, places_for(n)));
-      if (!group)
-        throw std::runtime_error(group.error().message());
+      groups group;
+      if (auto joined = join_all(*node, group); !joined)
+        throw std::runtime_error(joined.error().message());
       for (auto& c : children) {
         auto line = c->read_line(30'000).value_or("");
         if (!line.starts_with("READY"))
@@ -220,38 +243,51 @@ int parent(int argc, char** argv) {
       for (auto bytes : sizes) {
         const auto count = bytes / 4;
         int iters = quick ? 5 : static_cast<int>(std::clamp<std::int64_t>((256 << 20) / bytes, 5, 200));
-        for (auto& c : children)
-          c->ask(fmt::format("{} {}", count, iters), 0).has_value(); // the answer comes after the run
+        double busbw[2] = {0, 0};
+        double seconds[2] = {0, 0};
         std::int64_t wrong = 0;
-        auto times = run_case(**group, count, iters, wrong);
-        if (!times)
-          throw std::runtime_error(fmt::format("{} procs, {}: {}", n, human(bytes), times.error().message()));
-        for (auto& c : children) {
-          auto line = c->read_line(120'000).value_or("FAILED no answer");
-          std::istringstream in(line);
-          std::string word;
-          std::int64_t theirs = 0;
-          in >> word >> theirs;
-          if (word != "DONE")
-            throw std::runtime_error(fmt::format("{} procs, {}: a rank failed: {}", n, human(bytes), line));
-          wrong += theirs;
+        for (int a = 0; a < 2; ++a) {
+          if (!runs[a])
+            continue;
+          for (auto& c : children)
+            c->ask(fmt::format("{} {} {}", count, iters, a), 0).has_value(); // the answer comes after the run
+          auto times = run_case(*group[a], count, iters, wrong);
+          if (!times)
+            throw std::runtime_error(fmt::format("{} procs, {}, {}: {}", n, human(bytes), algorithm_names[a],
+                                                 times.error().message()));
+          for (auto& c : children) {
+            auto line = c->read_line(120'000).value_or("FAILED no answer");
+            std::istringstream in(line);
+            std::string word;
+            std::int64_t theirs = 0;
+            in >> word >> theirs;
+            if (word != "DONE")
+              throw std::runtime_error(fmt::format("{} procs, {}: a rank failed: {}", n, human(bytes), line));
+            wrong += theirs;
+          }
+          seconds[a] = bench::median(*times);
+          busbw[a] = static_cast<double>(bytes) / seconds[a] / 1e9 * 2.0 * (n - 1) / n;
         }
-        const double t = bench::median(*times);
-        const double algbw = static_cast<double>(bytes) / t / 1e9;
-        const double busbw = algbw * 2.0 * (n - 1) / n;
         any_wrong |= wrong != 0;
         auto key = [&](const char* impl) { return fmt::format("{}/{}/{}", impl, n, bytes); };
         auto gloo = peer.count(key("gloo")) ? std::optional<double>(peer[key("gloo")]) : std::nullopt;
         auto mpi = peer.count(key("mpi-shm")) ? std::optional<double>(peer[key("mpi-shm")]) : std::nullopt;
         auto col = [](std::optional<double> v) { return v ? fmt::format("{:10.3f}", *v) : fmt::format("{:>10}", "-"); };
-        table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10.1f} {:>8.3f} {:>8.3f} {:>7} {} {}", n, human(bytes),
-                                    count, t * 1e6, algbw, busbw, wrong ? fmt::format("{} WRONG", wrong) : "0",
+        auto ours = [&](int a) { return runs[a] ? std::optional<double>(busbw[a]) : std::nullopt; };
+        const int shown = runs[0] ? 0 : 1; // the time and algbw columns: shared memory when it ran
+        table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10.1f} {:>8.3f} {} {} {:>7} {} {}", n, human(bytes), count,
+                                    seconds[shown] * 1e6, static_cast<double>(bytes) / seconds[shown] / 1e9,
+                                    col(ours(0)), col(ours(1)), wrong ? fmt::format("{} WRONG", wrong) : "0",
                                     col(gloo), col(mpi)));
-        auto name = fmt::format("troupe ring, {} procs, {}", n, human(bytes));
         auto note = wrong ? fmt::format("{} WRONG", wrong) : std::string("#wrong 0");
-        out.add({name, "busbw", busbw, "GB/s", gloo ? "gloo" : "", gloo, note});
-        if (mpi)
-          out.add({name, "busbw", busbw, "GB/s", "mpi-shm", mpi, note});
+        for (int a = 0; a < 2; ++a) {
+          if (!runs[a])
+            continue;
+          auto name = fmt::format("troupe {}, {} procs, {}", algorithm_names[a], n, human(bytes));
+          out.add({name, "busbw", busbw[a], "GB/s", gloo ? "gloo" : "", gloo, note});
+          if (mpi)
+            out.add({name, "busbw", busbw[a], "GB/s", "mpi-shm", mpi, note});
+        }
       }
       for (auto& c : children)
         c->ask("quit", 0);
@@ -260,7 +296,8 @@ int parent(int argc, char** argv) {
     node->stop();
   }
   if (!out.json()) {
-    fmt::print("# allreduce, float32 sum, busbw = 2(n-1)/n * bytes / time (GB/s); peers' busbw beside\n");
+    fmt::print("# allreduce, float32 sum, busbw = 2(n-1)/n * bytes / time (GB/s); time and algbw of the first\n"
+               "# troupe column that ran; shm: shared-memory workspaces, ring: the ring's messages; peers' busbw beside\n");
     for (const auto& l : table)
       fmt::print("{}\n", l);
   }
@@ -275,10 +312,25 @@ int main(int argc, char** argv) {
                                                             static_cast<std::int64_t>(chunk_bytes >> 10), 1, 1 << 20))
                 << 10;
   min_chunks = static_cast<std::uint32_t>(bench::int_option(argc, argv, "min-chunks", min_chunks, 1, 1024));
+  pass_bytes = static_cast<std::size_t>(bench::int_option(argc, argv, "pass-kib",
+                                                           static_cast<std::int64_t>(pass_bytes >> 10), 4, 1 << 20))
+               << 10;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (!arg.starts_with("--algorithm="))
+      continue;
+    auto which = arg.substr(12);
+    if (which != "both" && which != "shared-memory" && which != "ring") {
+      fmt::print(stderr, "allreduce: --algorithm is '{}' but must be both, shared-memory or ring\n", which);
+      return 2;
+    }
+    runs[0] = which != "ring";
+    runs[1] = which != "shared-memory";
+  }
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")
       return child(argc, argv);
-  bench::check_flags("allreduce", argc, argv, {"quick", "no-peers", "chunk-kib=", "min-chunks="});
+  bench::check_flags("allreduce", argc, argv, {"quick", "no-peers", "chunk-kib=", "min-chunks=", "pass-kib=", "algorithm="});
   try {
     return parent(argc, argv);
   } catch (const std::exception& e) {

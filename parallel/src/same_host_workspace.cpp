@@ -1,6 +1,7 @@
 #include "same_host_workspace.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -215,15 +216,26 @@ template <class Pred> expected<void> same_host_workspace::wait_for(std::uint32_t
   auto& c = segments_[peer]->head();
   const auto start = clock::now();
   if (spin_) {
-    // The peer is running on another core: it usually answers within
-    // microseconds, far less than a futex sleep and wake-up.
+    // The peer is likely running on another core: it usually answers
+    // within microseconds, far less than a futex sleep and wake-up.
     for (std::uint32_t i = 1;; ++i) {
       if (ready())
         return {};
       cpu_relax();
-      if (i % 256 == 0 && clock::now() - start > std::chrono::microseconds(50))
+      if (i % 64 == 0 && clock::now() - start > std::chrono::microseconds(10))
         break;
     }
+  }
+  // Then give the core up: with more ranks than cores (or when the
+  // scheduler put the peer on this core) the rank this one waits for may be
+  // waiting for it, and yielding lets it run at once, without the futex's
+  // sleep and wake-up on both sides.
+  for (std::uint32_t i = 1;; ++i) {
+    if (ready())
+      return {};
+    sched_yield();
+    if (i % 8 == 0 && clock::now() - start > std::chrono::microseconds(200))
+      break;
   }
   const auto deadline = start + options_.timeout;
   while (true) {

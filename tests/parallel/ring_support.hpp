@@ -36,7 +36,7 @@ struct local_ring {
   explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024,
                       std::chrono::milliseconds timeout = 5000ms, std::uint32_t min_chunks = 1,
                       parallel::same_host_algorithm same_host = parallel::same_host_algorithm::shared_memory,
-                      std::size_t same_host_pass_bytes = std::size_t{1} << 20) {
+                      std::size_t same_host_pass_bytes = std::size_t{256} << 10) {
     auto started = start_local_node();
     EXPECT_TRUE(started) << started.error().message();
     if (!started)

@@ -90,8 +90,11 @@ struct reducer_group_options {
   /// always use the ring). Every member must choose the same.
   same_host_algorithm same_host = same_host_algorithm::shared_memory;
   /// Bytes of one pass of the same-host allreduce (each rank's workspace
-  /// holds two), a multiple of 64 in [4096, 2^30].
-  std::size_t same_host_pass_bytes = std::size_t{1} << 20;
+  /// holds two), a multiple of 64 in [4096, 2^30]. 256 KiB measured best of
+  /// 128 KiB - 4 MiB with build/bench/allreduce --pass-kib=N on 2 and 4
+  /// processes (2026-11-23, alternated runs): 4 MiB passes were 1.5-2x
+  /// slower at 4-64 MiB, 128 KiB slower on 4 processes.
+  std::size_t same_host_pass_bytes = std::size_t{256} << 10;
 };
 
 /// The default places for `size` members with one rank per node:
