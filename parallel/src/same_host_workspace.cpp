@@ -216,13 +216,16 @@ template <class Pred> expected<void> same_host_workspace::wait_for(std::uint32_t
   auto& c = segments_[peer]->head();
   const auto start = clock::now();
   if (spin_) {
-    // The peer is likely running on another core: it usually answers
-    // within microseconds, far less than a futex sleep and wake-up.
+    // The peer is likely running on another core: it often answers within
+    // a microsecond or two, far less than a futex sleep and wake-up. Kept
+    // short: when the scheduler has put both on one core (a woken process
+    // lands on its waker's core until the balancer moves it), every
+    // microsecond spun is one the peer cannot run.
     for (std::uint32_t i = 1;; ++i) {
       if (ready())
         return {};
       cpu_relax();
-      if (i % 64 == 0 && clock::now() - start > std::chrono::microseconds(10))
+      if (i % 32 == 0 && clock::now() - start > std::chrono::microseconds(2))
         break;
     }
   }
@@ -354,47 +357,67 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   auto& mine = *segments_[r];
   std::vector<const T*> src(n);
 
+  const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
+  const std::uint32_t first = pass_ + 1; // pass numbers first, first+1, ... (wrapping)
+  pass_ += static_cast<std::uint32_t>(passes);
+  auto slot_of = [&](std::uint32_t k, std::uint32_t s) {
+    return reinterpret_cast<T*>(segments_[k]->slot(s % slot_count, options_.pass_bytes));
+  };
+  auto extent = [&](std::int64_t index) { return std::min(pass_elems, count - index * pass_elems); };
+
+  // Steps 1 and 2 for one pass.
+  auto publish = [&](std::int64_t index) -> expected<void> {
+    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    const auto len = extent(index);
+    const T* here = data + index * pass_elems;
+    // 1. The slot is free once every peer has finished pass s - slots.
+    for (std::uint32_t k = 0; k < n; ++k)
+      if (k != r) {
+        const auto& c = segments_[k]->head();
+        const std::uint32_t before = s - slot_count;
+        if (auto ok = wait_for(k, "finish an earlier pass",
+                               [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); });
+            !ok)
+          return ok;
+      }
+    // 2. This rank's values of the other segments go into its slot.
+    for (std::uint32_t k = 0; k < n; ++k)
+      if (k != r) {
+        auto seg = ring_segment(len, n, k);
+        std::memcpy(slot_of(r, s) + seg.begin, here + seg.begin,
+                    static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
+      }
+    auto& own_slot = mine.head().slot[s % slot_count];
+    own_slot.element_bytes = sizeof(T);
+    own_slot.id = id;
+    own_slot.count = static_cast<std::uint64_t>(count);
+    own_slot.pass_index = static_cast<std::uint64_t>(index);
+    own_slot.published.store(s, std::memory_order_release);
+    ring_doorbell(mine.head());
+    return {};
+  };
+
   auto run = [&]() -> expected<void> {
-    for (std::int64_t begin = 0, index = 0; begin < count; begin += pass_elems, ++index) {
-      const auto len = std::min(pass_elems, count - begin);
-      const std::uint32_t s = ++pass_;
-      const std::uint32_t i = s % slot_count;
-      T* here = data + begin;
-      auto slot_of = [&](std::uint32_t k) {
-        return reinterpret_cast<T*>(segments_[k]->slot(i, options_.pass_bytes));
-      };
-
-      // 1. The slot is free once every peer has finished pass s - slots.
-      for (std::uint32_t k = 0; k < n; ++k)
-        if (k != r) {
-          const auto& c = segments_[k]->head();
-          const std::uint32_t before = s - slot_count;
-          if (auto ok = wait_for(k, "finish an earlier pass",
-                                 [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); });
-              !ok)
-            return ok;
-        }
-
-      // 2. This rank's values of the other segments go into its slot.
-      for (std::uint32_t k = 0; k < n; ++k)
-        if (k != r) {
-          auto seg = ring_segment(len, n, k);
-          std::memcpy(slot_of(r) + seg.begin, here + seg.begin, static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
-        }
-      auto& own_slot = mine.head().slot[i];
-      own_slot.element_bytes = sizeof(T);
-      own_slot.id = id;
-      own_slot.count = static_cast<std::uint64_t>(count);
-      own_slot.pass_index = static_cast<std::uint64_t>(index);
-      own_slot.published.store(s, std::memory_order_release);
-      ring_doorbell(mine.head());
+    if (passes > 0)
+      if (auto ok = publish(0); !ok)
+        return ok;
+    for (std::int64_t index = 0; index < passes; ++index) {
+      const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+      const auto len = extent(index);
+      T* here = data + index * pass_elems;
+      // The next pass's values go out before this pass is reduced: the
+      // peers find them ready when they get there, and the copy fills
+      // what would otherwise be a wait (the pipeline).
+      if (index + 1 < passes)
+        if (auto ok = publish(index + 1); !ok)
+          return ok;
 
       // 3. Every peer's values of this pass, for the same collective.
       for (std::uint32_t k = 0; k < n; ++k) {
-        src[k] = k == r ? here : slot_of(k);
+        src[k] = k == r ? here : slot_of(k, s);
         if (k == r)
           continue;
-        const auto& theirs = segments_[k]->head().slot[i];
+        const auto& theirs = segments_[k]->head().slot[s % slot_count];
         if (auto ok = wait_for(k, "publish its values",
                                [&theirs, s] { return theirs.published.load(std::memory_order_acquire) == s; });
             !ok)
@@ -414,21 +437,22 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
       std::vector<const T*> at(n);
       for (std::uint32_t k = 0; k < n; ++k)
         at[k] = src[k] + own.begin;
-      reduce_segment(at, slot_of(r) + own.begin, here + own.begin, own.end - own.begin, average);
-      own_slot.reduced.store(s, std::memory_order_release);
+      reduce_segment(at, slot_of(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
+      mine.head().slot[s % slot_count].reduced.store(s, std::memory_order_release);
       ring_doorbell(mine.head());
 
       // 5. The other segments, final, from their owners (next rank first,
       // so that the ranks do not all read one slot at once).
       for (std::uint32_t step = 1; step < n; ++step) {
         const auto k = (r + step) % n;
-        const auto& theirs = segments_[k]->head().slot[i];
+        const auto& theirs = segments_[k]->head().slot[s % slot_count];
         if (auto ok = wait_for(k, "reduce its segment",
                                [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
             !ok)
           return ok;
         auto seg = ring_segment(len, n, k);
-        std::memcpy(here + seg.begin, slot_of(k) + seg.begin, static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
+        std::memcpy(here + seg.begin, slot_of(k, s) + seg.begin,
+                    static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
       }
 
       // 6. Done reading the peers' slots of pass s.
