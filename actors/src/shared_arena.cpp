@@ -1,10 +1,12 @@
 #include "troupe/actors/shared_arena.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <iterator>
@@ -179,6 +181,35 @@ std::string shared_arena::name_for(std::string_view job, std::string_view node) 
   out += '-';
   append(node);
   return out.substr(0, 255);
+}
+
+std::size_t shared_arena::remove_left_by(long pid) {
+  if (pid <= 0)
+    return 0;
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir)
+    return 0;
+  const auto marker = "_" + std::to_string(pid) + "-";
+  const std::string_view prefix = name_prefix.substr(1); // "troupe-", as listed in /dev/shm
+  std::vector<std::string> doomed;
+  while (auto* entry = ::readdir(dir)) {
+    std::string_view name = entry->d_name;
+    if (!name.starts_with(prefix))
+      continue;
+    auto rest = name.substr(prefix.size());
+    auto token_end = rest.find('_');
+    if (token_end == 0 || token_end == std::string_view::npos ||
+        !std::all_of(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(token_end),
+                     [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); }) ||
+        !rest.substr(token_end).starts_with(marker))
+      continue;
+    doomed.push_back("/" + std::string(name));
+  }
+  ::closedir(dir);
+  std::size_t removed = 0;
+  for (const auto& name : doomed)
+    removed += ::shm_unlink(name.c_str()) == 0;
+  return removed;
 }
 
 expected<std::unique_ptr<shared_arena>> shared_arena::create(std::string name, std::size_t bytes) {

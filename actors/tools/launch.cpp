@@ -33,6 +33,7 @@
 
 #include "troupe/actors/launcher.hpp"
 #include "troupe/actors/node_options.hpp"
+#include "troupe/actors/shared_arena.hpp"
 
 using namespace troupe::actors;
 using clock_type = std::chrono::steady_clock;
@@ -361,6 +362,8 @@ int main(int argc, char** argv) {
       int status = 0;
       if (r.pid > 0 && !r.status && waitpid(r.pid, &status, WNOHANG) == r.pid) {
         r.status = status;
+        // A rank that was killed could not unlink its shared arena.
+        troupe::actors::shared_arena::remove_left_by(r.pid);
         if (failed(status) && !r.stopped_by_us)
           stop_all(fmt::format("rank {} ({}) {}", r.command.rank, r.command.node_name, describe(status)),
                    WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));

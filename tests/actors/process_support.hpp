@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "troupe/actors/shared_arena.hpp"
+
 namespace troupe::test {
 
 using namespace std::chrono_literals;
@@ -112,6 +114,7 @@ public:
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         status_ = status;
+        reaped();
         break;
       }
       if (std::chrono::steady_clock::now() >= deadline)
@@ -128,6 +131,7 @@ public:
       int status = 0;
       waitpid(pid_, &status, 0);
       status_ = status;
+      reaped();
     }
     if (out_ >= 0)
       close(out_);
@@ -136,6 +140,9 @@ public:
   }
 
 private:
+  // A child killed by a test cannot unlink its node's shared arena.
+  void reaped() { actors::shared_arena::remove_left_by(pid_); }
+
   // Reads what is available, waiting up to `timeout` for something.
   bool drain(std::chrono::milliseconds timeout) {
     if (out_ < 0)

@@ -285,6 +285,30 @@ TEST(SharedArena, StaleNamesAreReplacedAndNamesUnlinkedOnClose) {
   EXPECT_FALSE(shared_arena::create(unique_name("zero"), 0));
 }
 
+TEST(SharedArena, ArenasLeftByAGoneProcessAreRemovedByItsPid) {
+  // Names as a router makes them, for a process id no live process has
+  // here (above the default pid_max) and for a neighbour's.
+  const long gone = 4'000'001, other = 4'000'011;
+  auto left = shared_arena::name_for(fmt::format("{:x}-{}", 0xabcdef, gone), "worker1");
+  auto left_too = shared_arena::name_for(fmt::format("{:x}-{}", 0x12, gone), "worker0");
+  auto neighbour = shared_arena::name_for(fmt::format("{:x}-{}", 0xabcdef, other), "worker1");
+  auto lookalike = "/troupe-notHex_" + std::to_string(gone) + "-worker1"; // not a router's name
+  for (const auto& name : {left, left_too, neighbour, lookalike}) {
+    int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0) << name;
+    ::close(fd);
+  }
+  EXPECT_EQ(shared_arena::remove_left_by(gone), 2u);
+  EXPECT_FALSE(shm_exists(left));
+  EXPECT_FALSE(shm_exists(left_too));
+  EXPECT_TRUE(shm_exists(neighbour));
+  EXPECT_TRUE(shm_exists(lookalike));
+  EXPECT_EQ(shared_arena::remove_left_by(gone), 0u);
+  EXPECT_EQ(shared_arena::remove_left_by(0), 0u);
+  ::shm_unlink(neighbour.c_str());
+  ::shm_unlink(lookalike.c_str());
+}
+
 TEST(SharedArena, ShareRegionCountsLikeShareAndContainsOnlyItsOwnMemory) {
   auto arena = shared_arena::create(unique_name("region"), 4096);
   ASSERT_TRUE(arena);

@@ -60,6 +60,14 @@ public:
   /// other than [A-Za-z0-9_.] become '_').
   static std::string name_for(std::string_view job, std::string_view node);
 
+  /// Unlinks the arenas that process `pid` created and left behind: a
+  /// killed process cannot unlink its own, and its name (with any pages
+  /// touched) would stay in /dev/shm until reboot. Routers name their arena
+  /// "/troupe-<token hex>_<pid>-<node>"; only names of that form with this
+  /// pid are removed. For whoever started the process and has reaped it
+  /// (the launcher, tests). Returns how many were removed.
+  static std::size_t remove_left_by(long pid);
+
   /// Creates an arena of `bytes` (rounded up to whole 64-byte blocks) under
   /// `name` ("/troupe-..."). A stale arena of that name (a crashed run) is
   /// unlinked and replaced.
