@@ -360,7 +360,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")
       return child(argc, argv);
-  bench::check_flags("allreduce", argc, argv, {"quick", "no-peers", "chunk-kib=", "min-chunks=", "pass-kib=", "algorithm="});
+  bench::check_flags("allreduce", argc, argv,
+                     {"quick", "no-peers", "chunk-kib=", "min-chunks=", "pass-kib=", "algorithm="});
   try {
     return parent(argc, argv);
   } catch (const std::exception& e) {

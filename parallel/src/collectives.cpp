@@ -234,7 +234,9 @@ expected<void> allreduce(reducer_group& group, const tensor& data, allreduce_opt
     return typed(data, [&](auto* base) {
       return ws->allreduce(base, data.numel(), average, id, ticket ? *ticket : ws->take_ticket());
     });
-  return finish(group, id, typed(data, [&](auto* base) { return ring(group, base, data.numel(), id, true, true, average); }));
+  return finish(group, id, typed(data, [&](auto* base) {
+                  return ring(group, base, data.numel(), id, true, true, average);
+                }));
 }
 
 } // namespace

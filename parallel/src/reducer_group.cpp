@@ -194,7 +194,8 @@ expected<void> reducer_group::offer_same_host() {
     if (got->type() != dtype::uint8 || !got->is_contiguous())
       return make_error(errc::malformed_message, "reducer_group: the same-host offer of {} is not a byte tensor",
                         describe(k));
-    auto offer = decode_offer(std::as_bytes(std::span(got->data<std::uint8_t>(), static_cast<std::size_t>(got->numel()))));
+    auto offer =
+        decode_offer(std::as_bytes(std::span(got->data<std::uint8_t>(), static_cast<std::size_t>(got->numel()))));
     if (!offer)
       return make_error(offer.error().code(), "reducer_group: from {}: {}", describe(k), offer.error().message());
     all = all && offer->wants && offer->host_key == mine.host_key;

@@ -92,8 +92,9 @@ expected<void> check_name(const std::string& name) {
   for (std::size_t i = 1; i < name.size(); ++i) {
     auto c = static_cast<unsigned char>(name[i]);
     if (!(std::isalnum(c) || c == '-'))
-      return make_error(errc::malformed_message, "workspace name '{}' has character {:#x} at {}; allowed are [A-Za-z0-9-]",
-                        name, static_cast<unsigned>(c), i);
+      return make_error(errc::malformed_message,
+                        "workspace name '{}' has character {:#x} at {}; allowed are [A-Za-z0-9-]", name,
+                        static_cast<unsigned>(c), i);
   }
   return {};
 }
@@ -375,9 +376,8 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
       if (k != r) {
         const auto& c = segments_[k]->head();
         const std::uint32_t before = s - slot_count;
-        if (auto ok = wait_for(k, "finish an earlier pass",
-                               [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); });
-            !ok)
+        auto free_again = [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); };
+        if (auto ok = wait_for(k, "finish an earlier pass", free_again); !ok)
           return ok;
       }
     // 2. This rank's values of the other segments go into its slot.
