@@ -218,10 +218,6 @@ expected<void> finish(reducer_group& g, std::uint64_t id, expected<void> result)
   return result;
 }
 
-} // namespace
-
-namespace {
-
 /// ring_allreduce with this call's place in the same-host order (taken
 /// when the call was made, see same_host_workspace.hpp "Order").
 expected<void> allreduce(reducer_group& group, const tensor& data, allreduce_options options,

@@ -166,6 +166,10 @@ expected<std::unique_ptr<same_host_workspace>> same_host_workspace::create(same_
   return ws;
 }
 
+std::string same_host_workspace::who(std::uint32_t rank) const {
+  return options_.describe ? options_.describe(rank) : fmt::format("rank {}", rank);
+}
+
 same_host_workspace::invitation same_host_workspace::own() const {
   const auto& seg = *segments_[options_.rank];
   return {seg.name, seg.head().nonce, options_.pass_bytes};
@@ -175,27 +179,27 @@ expected<void> same_host_workspace::map_peer(std::uint32_t rank, const invitatio
   if (rank >= options_.size || rank == options_.rank)
     return make_error(errc::invalid_argument, "same-host workspace: no peer rank {} in a group of {}", rank,
                       options_.size);
-  auto who = options_.describe ? options_.describe(rank) : fmt::format("rank {}", rank);
+  const auto owner = who(rank);
   if (auto ok = check_name(peer.name); !ok)
-    return make_error(errc::malformed_message, "same-host workspace of {}: {}", who, ok.error().message());
+    return make_error(errc::malformed_message, "same-host workspace of {}: {}", owner, ok.error().message());
   if (peer.pass_bytes != options_.pass_bytes)
     return make_error(errc::invalid_argument, "same-host workspace of {}: pass_bytes {} differs from this rank's {}",
-                      who, peer.pass_bytes, options_.pass_bytes);
+                      owner, peer.pass_bytes, options_.pass_bytes);
   int fd = ::shm_open(peer.name.c_str(), O_RDWR, 0);
   if (fd < 0)
-    return make_error(errc::io_error, "same-host workspace of {}: shm_open({}): {}", who, peer.name,
+    return make_error(errc::io_error, "same-host workspace of {}: shm_open({}): {}", owner, peer.name,
                       std::strerror(errno));
   struct stat info {};
   const auto want = segment_bytes(options_.pass_bytes);
   if (::fstat(fd, &info) != 0 || static_cast<std::size_t>(info.st_size) != want) {
     ::close(fd);
-    return make_error(errc::malformed_message, "same-host workspace of {}: {} has {} bytes, want {}", who,
+    return make_error(errc::malformed_message, "same-host workspace of {}: {} has {} bytes, want {}", owner,
                       peer.name, static_cast<long long>(info.st_size), want);
   }
   void* base = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (base == MAP_FAILED)
-    return make_error(errc::io_error, "same-host workspace of {}: mmap({}): {}", who, peer.name, std::strerror(errno));
+    return make_error(errc::io_error, "same-host workspace of {}: mmap({}): {}", owner, peer.name, std::strerror(errno));
   auto seg = std::make_unique<segment>();
   seg->name = peer.name;
   seg->base = base;
@@ -206,7 +210,7 @@ expected<void> same_host_workspace::map_peer(std::uint32_t rank, const invitatio
     return make_error(errc::malformed_message,
                       "same-host workspace of {}: {} does not hold what was announced (nonce {:#x} vs {:#x}, "
                       "rank {}, pass_bytes {})",
-                      who, peer.name, c.nonce, peer.nonce, c.rank, c.pass_bytes);
+                      owner, peer.name, c.nonce, peer.nonce, c.rank, c.pass_bytes);
   segments_[rank] = std::move(seg);
   return {};
 }
@@ -216,31 +220,30 @@ template <class Pred> expected<void> same_host_workspace::wait_for(std::uint32_t
     return {};
   auto& c = segments_[peer]->head();
   const auto start = clock::now();
-  if (spin_) {
-    // The peer is likely running on another core: it often answers within
-    // a microsecond or two, far less than a futex sleep and wake-up. Kept
-    // short: when the scheduler has put both on one core (a woken process
-    // lands on its waker's core until the balancer moves it), every
-    // microsecond spun is one the peer cannot run.
+  // Polls `ready`, pausing between polls, until `budget` has passed since
+  // `start` (the clock is read every `every` polls).
+  auto poll = [&](auto pause, std::uint32_t every, std::chrono::microseconds budget) {
     for (std::uint32_t i = 1;; ++i) {
       if (ready())
-        return {};
-      cpu_relax();
-      if (i % 32 == 0 && clock::now() - start > std::chrono::microseconds(2))
-        break;
+        return true;
+      pause();
+      if (i % every == 0 && clock::now() - start > budget)
+        return false;
     }
-  }
+  };
+  // The peer is likely running on another core: it often answers within a
+  // microsecond or two, far less than a futex sleep and wake-up. Kept
+  // short: when the scheduler has put both on one core (a woken process
+  // lands on its waker's core until the balancer moves it), every
+  // microsecond spun is one the peer cannot run.
+  if (spin_ && poll(cpu_relax, 32, std::chrono::microseconds(2)))
+    return {};
   // Then give the core up: with more ranks than cores (or when the
   // scheduler put the peer on this core) the rank this one waits for may be
   // waiting for it, and yielding lets it run at once, without the futex's
   // sleep and wake-up on both sides.
-  for (std::uint32_t i = 1;; ++i) {
-    if (ready())
-      return {};
-    sched_yield();
-    if (i % 8 == 0 && clock::now() - start > std::chrono::microseconds(200))
-      break;
-  }
+  if (poll([] { sched_yield(); }, 8, std::chrono::microseconds(200)))
+    return {};
   const auto deadline = start + options_.timeout;
   while (true) {
     c.sleepers.fetch_add(1);
@@ -259,7 +262,7 @@ template <class Pred> expected<void> same_host_workspace::wait_for(std::uint32_t
         return make_error(errc::io_error, "same-host allreduce: {}", *failed);
     if (clock::now() > deadline)
       return make_error(errc::io_error, "same-host allreduce: {} did not {} within {} ms",
-                        options_.describe ? options_.describe(peer) : fmt::format("rank {}", peer), what,
+                        who(peer), what,
                         options_.timeout.count());
   }
 }
@@ -356,7 +359,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   const std::uint32_t r = options_.rank;
   const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
   auto& mine = *segments_[r];
-  std::vector<const T*> src(n);
+  std::vector<const T*> sources(n); // each rank's values of this rank's segment, one pass at a time
 
   const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
   const std::uint32_t first = pass_ + 1; // pass numbers first, first+1, ... (wrapping)
@@ -414,7 +417,6 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
 
       // 3. Every peer's values of this pass, for the same collective.
       for (std::uint32_t k = 0; k < n; ++k) {
-        src[k] = k == r ? here : slot_of(k, s);
         if (k == r)
           continue;
         const auto& theirs = segments_[k]->head().slot[s % slot_count];
@@ -428,16 +430,15 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
                             "same-host allreduce: {} is at collective {:#x} ({} elements of {} bytes, pass {}) "
                             "where this rank is at collective {:#x} ({} elements of {} bytes, pass {}): replicas "
                             "must issue their allreduces in the same order and with the same sizes",
-                            options_.describe ? options_.describe(k) : fmt::format("rank {}", k), theirs.id,
+                            who(k), theirs.id,
                             theirs.count, theirs.element_bytes, theirs.pass_index, id, count, sizeof(T), index);
       }
 
       // 4. Reduce segment r, in rank order.
       auto own = ring_segment(len, n, r);
-      std::vector<const T*> at(n);
       for (std::uint32_t k = 0; k < n; ++k)
-        at[k] = src[k] + own.begin;
-      reduce_segment(at, slot_of(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
+        sources[k] = (k == r ? here : slot_of(k, s)) + own.begin;
+      reduce_segment(sources, slot_of(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
       mine.head().slot[s % slot_count].reduced.store(s, std::memory_order_release);
       ring_doorbell(mine.head());
 

@@ -120,6 +120,8 @@ private:
   explicit same_host_workspace(same_host_workspace_options options);
 
   template <class Pred> expected<void> wait_for(std::uint32_t peer, const char* what, Pred ready);
+  /// "replica 2 (worker2/cpu/reducer2)", or "rank 2" without a describe function.
+  std::string who(std::uint32_t rank) const;
   expected<void> turn(std::uint64_t ticket);
   void done(std::uint64_t ticket, const expected<void>& result);
 

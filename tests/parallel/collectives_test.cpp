@@ -163,6 +163,19 @@ TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
   }
 }
 
+/// After two allreduces run at once: a[k] (every rank's input(k, count))
+/// sums to the reference, b[k] (every rank's k + 1) to n(n+1)/2.
+void check_input_and_rank_sums(const std::vector<tensor>& a, const std::vector<tensor>& b, std::uint32_t n,
+                               std::int64_t count) {
+  for (std::uint32_t k = 0; k < n; ++k) {
+    auto va = a[k].to_vector<float>();
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_NEAR(va[static_cast<std::size_t>(i)], reference(n, i), 1e-5 * reference(n, i));
+    for (float v : b[k].to_vector<float>())
+      ASSERT_EQ(v, n * (n + 1) / 2.0f);
+  }
+}
+
 TEST_P(Collectives, ConcurrentCollectivesWithDifferentIdsDoNotMix) {
   const auto n = GetParam();
   // The ring matches chunks by id, whatever the order of the calls.
@@ -179,13 +192,7 @@ TEST_P(Collectives, ConcurrentCollectivesWithDifferentIdsDoNotMix) {
     EXPECT_TRUE(fa.get());
     EXPECT_TRUE(fb.get());
   });
-  for (std::uint32_t k = 0; k < n; ++k) {
-    auto va = a[k].to_vector<float>();
-    for (std::int64_t i = 0; i < count; ++i)
-      ASSERT_NEAR(va[static_cast<std::size_t>(i)], reference(n, i), 1e-5 * reference(n, i));
-    for (float v : b[k].to_vector<float>())
-      ASSERT_EQ(v, n * (n + 1) / 2.0f);
-  }
+  check_input_and_rank_sums(a, b, n, count);
 }
 
 TEST_P(Collectives, SameHostAsyncAllreducesRunInCallOrder) {
@@ -207,12 +214,8 @@ TEST_P(Collectives, SameHostAsyncAllreducesRunInCallOrder) {
     EXPECT_TRUE(fb.get());
     EXPECT_TRUE(fc.get());
   });
+  check_input_and_rank_sums(a, b, n, count);
   for (std::uint32_t k = 0; k < n; ++k) {
-    auto va = a[k].to_vector<float>();
-    for (std::int64_t i = 0; i < count; ++i)
-      ASSERT_NEAR(va[static_cast<std::size_t>(i)], reference(n, i), 1e-5 * reference(n, i));
-    for (float v : b[k].to_vector<float>())
-      ASSERT_EQ(v, n * (n + 1) / 2.0f);
     for (float v : c[k].to_vector<float>())
       ASSERT_EQ(v, 1.0f);
     EXPECT_TRUE(bitwise_equal(a[0], a[k]));
