@@ -24,7 +24,9 @@ for b in "$@"; do
     gemm|codec|mlp_step) expect 2 "\-\-rounds: 'x' is not an integer" -- "$b" --rounds=x ;;
     pipeline) expect 2 "\-\-processes: '3' is not an integer in \[1, 2\]" -- "$b" --processes=3 ;;
     data_parallel) expect 2 "\-\-replicas: '0' is not a positive integer" -- "$b" --replicas=2,0 ;;
-    allreduce) expect 2 "\-\-chunk-kib: '-1'" -- "$b" --chunk-kib=-1 ;;
+    allreduce) expect 2 "\-\-chunk-kib: '-1'" -- "$b" --chunk-kib=-1
+               expect 2 "\-\-pass-kib: '1'" -- "$b" --pass-kib=1
+               expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest ;;
     transport) expect 2 "\-\-rounds: '1e9'" -- "$b" --rounds=1e9 ;;
   esac
 done
