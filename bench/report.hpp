@@ -55,6 +55,8 @@ public:
 
   bool json() const noexcept { return json_; }
   void add(row r) { rows_.push_back(std::move(r)); }
+  /// The row added last (add() must have been called).
+  const row& last() const { return rows_.back(); }
 
   /// Prints progress or context lines (to stderr in JSON mode so stdout stays
   /// machine-readable).

@@ -1,6 +1,7 @@
 #include "troupe/actors/data_plane.hpp"
 
 #include <sys/epoll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -92,6 +93,22 @@
 //    stays 0, so idle CPU stays 0), eager at 1 MiB (rendezvous_threshold
 //    4 MB: 3.0-3.5 against 3.4-4.2 GB/s). The 64 KiB rendezvous threshold and UCX's defaults
 //    (RNDV_THRESH=auto, tcp put_zcopy, TX/RX seg 8K/64K) were kept.
+//  - Revisited 2026-11-24 (bench/transport, 5-7 sessions of 2000 round
+//    trips per setting, settings alternated in two passes; the bench's own
+//    sender no longer polls every 20 us while it waits, which had taken a
+//    core's share from the transport threads in the figures above):
+//    * Over tcp an ack is a send() of its own, and it went out before the
+//      reply that the delivered message caused. Replies now go first
+//      (drain() before flush_acks()), and acks wait until the thread goes
+//      idle: spin 0, median round trip 52-70 -> 49 us.
+//    * A spin that yields the core between polls (sched_yield: a runnable
+//      compute thread gets it at once) for 50 us: 49 -> 27-33 us, p99
+//      70-128 -> 48-67 us; 1-64 MiB throughput within noise; the pipeline
+//      bench over two processes unchanged (+-5%, two A/B passes). Now the
+//      default (data_plane_options::spin_before_sleep).
+//    * Not kept: letting the sending thread post an eager send itself while
+//      the transport thread sleeps (a worker mutex, UCS_THREAD_MODE_
+//      SERIALIZED): round trip 51 vs 52 us, 4 KiB throughput halved.
 
 namespace troupe::actors {
 
@@ -542,19 +559,28 @@ private:
     for (;;) {
       while (ucp_worker_progress(worker_) != 0) {
       }
-      flush_acks();
+      // Sends first: an echo or reply leaves before the ack for the message
+      // that caused it (over tcp an ack is a send() of its own).
       if (!drain()) {
+        flush_acks();
         shutdown();
         return;
       }
       if (options_.spin_before_sleep.count() > 0) {
         auto until = clock_type::now() + options_.spin_before_sleep;
         bool progressed = false;
-        while (clock_type::now() < until && !progressed)
+        while (clock_type::now() < until && !progressed) {
           progressed = ucp_worker_progress(worker_) != 0 || work_waiting();
+          if (!progressed)
+            sched_yield();
+        }
         if (progressed)
           continue;
       }
+      // Going idle: every credit owed goes back now. Acks wait this long
+      // (through the spin) so that a ping-pong, whose every burst is one
+      // message, does not pay an extra send() per message.
+      flush_acks();
       // Arm, then sleep: UCS_ERR_BUSY means events arrived meanwhile. The
       // eventfd stays readable until drain() reads it, so a command posted
       // after drain() still wakes us.

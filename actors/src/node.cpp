@@ -464,6 +464,7 @@ troupe::expected<void> node::start_router() {
   ro.data_plane.token = *token;
   ro.arena_bytes = options_.arena_bytes;
   ro.copy_into_arena_min_bytes = options_.arena_copy_min_bytes;
+  ro.data_plane.spin_before_sleep = options_.data_plane_spin;
   auto router = tensor_router::start(sys, std::move(ro));
   if (!router)
     return router.error();

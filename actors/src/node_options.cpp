@@ -74,11 +74,11 @@ troupe::expected<std::vector<flag>> collect_flags(int argc, const char* const* a
 
 } // namespace
 
-troupe::expected<std::chrono::milliseconds> parse_duration(std::string_view text, std::string_view what) {
+troupe::expected<std::chrono::microseconds> parse_duration_us(std::string_view text, std::string_view what) {
   auto fail = [&] {
     return make_error(errc::invalid_argument,
-                      "{}=\"{}\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m; a bare number is milliseconds)", what,
-                      text);
+                      "{}=\"{}\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m, 50us; a bare number is milliseconds)",
+                      what, text);
   };
   auto digits_end = text.find_first_not_of("0123456789.");
   auto number = text.substr(0, digits_end);
@@ -101,7 +101,14 @@ troupe::expected<std::chrono::milliseconds> parse_duration(std::string_view text
   auto ms = value * scale;
   if (ms > 24.0 * 3600 * 1000)
     return make_error(errc::invalid_argument, "{}=\"{}\" is longer than a day", what, text);
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(ms)));
+  return std::chrono::microseconds(static_cast<std::int64_t>(std::llround(ms * 1000)));
+}
+
+troupe::expected<std::chrono::milliseconds> parse_duration(std::string_view text, std::string_view what) {
+  auto us = parse_duration_us(text, what);
+  if (!us)
+    return us.error();
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(static_cast<double>(us->count()) / 1000)));
 }
 
 troupe::expected<void> node_options::set(std::string_view key, std::string_view value, std::string_view source) {
@@ -202,6 +209,16 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
     (key == "arena-bytes" ? arena_bytes : arena_copy_min_bytes) = bytes;
     return {};
   }
+  if (key == "data-plane-spin") {
+    auto parsed = parse_duration_us(value, source);
+    if (!parsed)
+      return parsed.error();
+    if (*parsed > std::chrono::milliseconds(10))
+      return make_error(errc::invalid_argument, "{}=\"{}\" is above 10ms (a poll that long is a busy core)", source,
+                        value);
+    data_plane_spin = *parsed;
+    return {};
+  }
   if (key.starts_with("device-map.")) {
     auto destination = key.substr(11);
     if (auto ok = validate_node_name(destination); !ok)
@@ -216,7 +233,7 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
                     "{}: unknown option \"{}\" (known: name, rank, world-size, coordinator, port, listen-address, "
                     "heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout, tls.certificate, "
                     "tls.key, tls.ca, tls.passphrase, scheduler.policy, scheduler.max-threads, middleman.workers, "
-                    "arena-bytes, arena-copy-min-bytes, device-map.<node>, config)",
+                    "arena-bytes, arena-copy-min-bytes, data-plane-spin, device-map.<node>, config)",
                     source, key);
 }
 

@@ -104,8 +104,8 @@ TEST(NodeOptions, BadFlagsNameTheFlagAndValue) {
   EXPECT_EQ(error_of({"--troupe.rank=x"}), "--troupe.rank=\"x\" is not a non-negative integer");
   EXPECT_EQ(error_of({"--troupe.port=99999"}), "--troupe.port=\"99999\" is not in [0, 65535]");
   EXPECT_EQ(error_of({"--troupe.heartbeat-interval=fast"}),
-            "--troupe.heartbeat-interval=\"fast\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m; a bare number is "
-            "milliseconds)");
+            "--troupe.heartbeat-interval=\"fast\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m, 50us; a bare number "
+            "is milliseconds)");
   EXPECT_EQ(error_of({"--troupe.join-timeout=0"}), "--troupe.join-timeout=\"0\" must be positive");
   EXPECT_EQ(error_of({"--troupe.scheduler.policy=fifo"}), "--troupe.scheduler.policy=\"fifo\" must be sharing or stealing");
   EXPECT_NE(error_of({"--troupe.colour=red"}).find("unknown option \"colour\""), std::string::npos);
@@ -126,6 +126,27 @@ TEST(NodeOptions, ArenaSizeAndCopyThreshold) {
   ASSERT_TRUE(options) << options.error().message();
   EXPECT_EQ(options->arena_bytes, 0u);
   EXPECT_EQ(options->arena_copy_min_bytes, 1048576u);
+}
+
+TEST(NodeOptions, DataPlaneSpinTakesMicrosecondsAndIsBounded) {
+  EXPECT_EQ(node_options{}.data_plane_spin, 50us);
+  auto options = from({"--troupe.data-plane-spin=20us"}, {});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->data_plane_spin, 20us);
+  options = from({"--troupe.data-plane-spin=0"}, {});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->data_plane_spin, 0us) << "0 turns polling off";
+  options = from({"--troupe.data-plane-spin=1.5ms"}, {});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->data_plane_spin, 1500us);
+  EXPECT_EQ(error_of({"--troupe.data-plane-spin=1s"}),
+            "--troupe.data-plane-spin=\"1s\" is above 10ms (a poll that long is a busy core)");
+  EXPECT_NE(error_of({"--troupe.data-plane-spin=-5us"}).find("is not a duration"), std::string::npos);
+  EXPECT_NE(error_of({"--troupe.data-plane-spin=5ns"}).find("is not a duration"), std::string::npos);
+  // Milliseconds elsewhere keep rounding to whole milliseconds.
+  auto interval = parse_duration("1500us", "interval");
+  ASSERT_TRUE(interval);
+  EXPECT_EQ(*interval, 2ms);
 }
 
 TEST(NodeOptions, ConfigFileHasTheLowestPrecedence) {
@@ -153,7 +174,7 @@ TEST(NodeOptions, ConfigFileHasTheLowestPrecedence) {
     out << "heartbeat-timeout = soon\n";
   }
   EXPECT_EQ(error_of({"--troupe.config=" + path}),
-            path + ":1: heartbeat-timeout=\"soon\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m; a bare number is "
+            path + ":1: heartbeat-timeout=\"soon\" is not a duration (e.g. 500ms, 5s, 1.5s, 2m, 50us; a bare number is "
                    "milliseconds)");
   std::remove(path.c_str());
   EXPECT_EQ(error_of({"--troupe.config=/nonexistent/troupe.conf"}),

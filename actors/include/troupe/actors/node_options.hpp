@@ -55,6 +55,9 @@ struct node_options {
   /// its size (0: none) and the smallest heap tensor copied into it.
   std::uint64_t arena_bytes = std::uint64_t{1} << 30;
   std::uint64_t arena_copy_min_bytes = std::uint64_t{64} << 10;
+  /// How long the data plane's thread polls after its last work before it
+  /// sleeps (data_plane_options::spin_before_sleep); 0: never poll.
+  std::chrono::microseconds data_plane_spin{50};
 
   bool is_coordinator() const { return rank == 0; }
 
@@ -70,7 +73,8 @@ struct node_options {
   /// (durations: 500ms, 5s, 1.5s, 2m; a bare number is milliseconds),
   /// tls.certificate, tls.key, tls.ca, tls.passphrase, scheduler.policy,
   /// scheduler.max-threads, middleman.workers, arena-bytes,
-  /// arena-copy-min-bytes (byte counts), device-map.<node>
+  /// arena-copy-min-bytes (byte counts), data-plane-spin (a duration, `50us`;
+  /// at most 10ms), device-map.<node>
   /// (`cpu->cpu,cuda:0->cuda:1`) and config (a file of `key = value` lines
   /// with the same keys; also TROUPE_CONFIG). Every bad value is an
   /// invalid_argument error naming the flag, variable or file line.
@@ -81,8 +85,12 @@ struct node_options {
   troupe::expected<void> set(std::string_view key, std::string_view value, std::string_view source);
 };
 
-/// Parses `500ms`, `5s`, `1.5s`, `2m` or a bare number of milliseconds.
+/// Parses `500ms`, `5s`, `1.5s`, `2m`, `50us` or a bare number of
+/// milliseconds, rounded to whole milliseconds.
 troupe::expected<std::chrono::milliseconds> parse_duration(std::string_view text,
                                                            std::string_view what);
+/// The same grammar, rounded to whole microseconds.
+troupe::expected<std::chrono::microseconds> parse_duration_us(std::string_view text,
+                                                              std::string_view what);
 
 } // namespace troupe::actors
