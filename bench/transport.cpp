@@ -786,6 +786,9 @@ int parent(int argc, char** argv) {
     compare(fmt::format("data plane RTT ({})", transports), "round trip", "us", "ucx_perftest ucp_am_lat",
             [&] { return session.round_trip_us(rtt_count); },
             [&] { return bench::ucx_perftest(transports, "ucp_am_lat", 64, 2000, 1, port++); });
+    if (transports == "sm,self")
+      out.add({"data plane RTT (sm,self)", "round trip", out.last().value, "us", "PyTorch rpc_sync (default)",
+               torch_figure("rtt/default"), "both over shared memory"});
     if (transports == "tcp") {
       // PyTorch's figures come from the start of this run (its shared-memory
       // transport busy-polls a core, so it cannot alternate with ours).
@@ -798,7 +801,7 @@ int parent(int argc, char** argv) {
               [&] { return std::optional<double>(sleeper.round_trip_us(rtt_count)); });
       out.add({"data plane RTT (tcp)", "round trip", rtt, "us", "PyTorch rpc_sync (uv)", torch_figure("rtt/uv"), ""});
       out.add({"data plane RTT (tcp)", "round trip", rtt, "us", "PyTorch rpc_sync (default)",
-               torch_figure("rtt/default"), ""});
+               torch_figure("rtt/default"), "PyTorch's default is shared memory on one host: compare the sm row"});
     }
     for (auto [bytes, count] : cases) {
       compare(fmt::format("data plane {}, {}", transports, human(bytes)), "throughput", "GB/s",
