@@ -2,6 +2,10 @@
 // Private: the CPU backend (OpenBLAS for GEMM, plain loops elsewhere). Its
 // kernels are split by concept over cpu_elementwise.cpp, cpu_reduce.cpp,
 // cpu_linalg.cpp, cpu_index.cpp, cpu_nn.cpp and cpu_random.cpp.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "troupe/tensor/backend.hpp"
 #include "troupe/tensor/tensor.hpp"
 
@@ -81,6 +85,46 @@ template <class T> T row_sum(const T* x, std::int64_t n, std::int64_t step) {
   for (; i < n; ++i)
     total += x[i * step];
   return total;
+}
+
+/// out[r] = row_sum(x + r, n, step) for every r in [0, rows), bitwise: the
+/// same additions in the same order, but made for a tile of neighbouring r
+/// at once. For a reduction whose rows lie side by side in memory (the
+/// column sums of a row-major matrix, such as a bias gradient), row_sum
+/// reads one element per cache line, `step` bytes apart; this reads each
+/// line once and vectorises across r.
+template <class T> void row_sums_side_by_side(const T* x, std::int64_t rows, std::int64_t n, std::int64_t step, T* out) {
+  if (n > 128) {
+    auto half = n / 2;
+    half -= half % 8;
+    row_sums_side_by_side(x, rows, half, step, out);
+    std::vector<T> right(static_cast<std::size_t>(rows));
+    row_sums_side_by_side(x + half * step, rows, n - half, step, right.data());
+    for (std::int64_t r = 0; r < rows; ++r)
+      out[r] = out[r] + right[static_cast<std::size_t>(r)];
+    return;
+  }
+  constexpr std::int64_t tile = 256; // eight lanes of it stay in L1
+  for (std::int64_t r0 = 0; r0 < rows; r0 += tile) {
+    const auto width = std::min(tile, rows - r0);
+    T lane[8][tile] = {};
+    std::int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; ++j) {
+        const T* src = x + (i + j) * step + r0;
+        for (std::int64_t r = 0; r < width; ++r)
+          lane[j][r] += src[r];
+      }
+    T* dst = out + r0;
+    for (std::int64_t r = 0; r < width; ++r)
+      dst[r] = ((lane[0][r] + lane[1][r]) + (lane[2][r] + lane[3][r])) +
+               ((lane[4][r] + lane[5][r]) + (lane[6][r] + lane[7][r]));
+    for (; i < n; ++i) {
+      const T* src = x + i * step + r0;
+      for (std::int64_t r = 0; r < width; ++r)
+        dst[r] += src[r];
+    }
+  }
 }
 
 } // namespace troupe::detail

@@ -59,6 +59,19 @@ TEST(Reduce, SumIsBitwiseIndependentOfTheLayout) {
   EXPECT_EQ(sum(a).item(), sum(transposed).item());
 }
 
+// Column sums of a row-major matrix (a bias gradient) take a path that reads
+// memory a line at a time; it must add in exactly row_sum's order.
+TEST(Reduce, ColumnSumsOfARowMajorMatrixEqualTheRowPathBitwise) {
+  for (auto type : {dtype::float32, dtype::float64, dtype::int64})
+    for (std::int64_t n : {1, 7, 8, 9, 64, 129, 300, 1000})
+      for (std::int64_t cols : {1, 3, 8, 255, 256, 257, 1025}) {
+        auto a = sample({n, cols}, static_cast<std::uint64_t>(n * 7919 + cols), type);
+        auto by_columns = sum(a, {0});                   // rows side by side: the new path
+        auto by_rows = sum(a.t().contiguous(), {1});      // the same sums, one row at a time
+        ASSERT_EQ(values(by_columns), values(by_rows)) << "n " << n << ", cols " << cols << ", " << name_of(type);
+      }
+}
+
 TEST(Reduce, Float32SumsStayAccurate) {
   auto a = tensor::full({100000}, 0.1, dtype::float32);
   EXPECT_NEAR(sum(a).item(), 10000.0, 0.05);
