@@ -781,7 +781,6 @@ int parent(int argc, char** argv) {
         note += fmt::format("; per-round ratio median {:.2f}, range {:.2f}-{:.2f}", bench::median(ratios), *lo, *hi);
       }
       out.add({name, metric, bench::median(mine), unit, peer, peer_median, note});
-      return peer_median;
     };
     compare(fmt::format("data plane RTT ({})", transports), "round trip", "us", "ucx_perftest ucp_am_lat",
             [&] { return session.round_trip_us(rtt_count); },
