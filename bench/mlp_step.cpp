@@ -4,7 +4,7 @@
 // (/usr/bin/python3, bench/peers/mlp_step_torch.py) in interleaved rounds
 // of the same run.
 //
-//   build/bench/mlp_step [--json] [--rounds=5] [--steps=4]
+//   build/bench/mlp_step [--json] [--rounds=5] [--steps=4] [--no-peers]
 #include <cmath>
 
 #include "peer_process.hpp"
@@ -19,7 +19,7 @@
 using namespace troupe;
 
 int main(int argc, char** argv) {
-  bench::check_flags("mlp_step", argc, argv, {"rounds=", "steps="});
+  bench::check_flags("mlp_step", argc, argv, {"rounds=", "steps=", "no-peers"});
   bench::report out("mlp_step", argc, argv);
   const auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 5, 1, 1000));
   const auto steps = static_cast<int>(bench::int_option(argc, argv, "steps", 4, 1, 1000));
@@ -44,9 +44,15 @@ int main(int argc, char** argv) {
     return loss.item();
   };
 
-  bench::peer_process torch({"/usr/bin/python3", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/mlp_step_torch.py"});
-  bool have_peer = torch.started() && torch.read_line(120'000).value_or("").find("ready") != std::string::npos;
-  if (!have_peer)
+  bool peers = true;
+  for (int i = 1; i < argc; ++i)
+    peers &= std::string_view(argv[i]) != "--no-peers";
+  std::optional<bench::peer_process> torch;
+  if (peers)
+    torch.emplace(std::vector<std::string>{"/usr/bin/python3",
+                                           std::string(TROUPE_SOURCE_DIR) + "/bench/peers/mlp_step_torch.py"});
+  bool have_peer = torch && torch->started() && torch->read_line(120'000).value_or("").find("ready") != std::string::npos;
+  if (peers && !have_peer)
     out.note("PyTorch peer unavailable (install python3-torch); reporting troupe alone");
 
   // Warm-up, then rounds in which each side runs `steps` timed steps, so the
@@ -55,7 +61,7 @@ int main(int argc, char** argv) {
   double last_loss = first_loss;
   double torch_loss = NAN;
   if (have_peer)
-    torch.ask("steps 1", 120'000);
+    torch->ask("steps 1", 120'000);
   std::vector<double> ours, theirs;
   for (int r = 0; r < rounds; ++r) {
     for (int s = 0; s < steps; ++s) {
@@ -64,7 +70,7 @@ int main(int argc, char** argv) {
       ours.push_back(bench::now_seconds() - start);
     }
     if (have_peer) {
-      auto reply = torch.ask(fmt::format("steps {}", steps), 300'000);
+      auto reply = torch->ask(fmt::format("steps {}", steps), 300'000);
       if (!reply) {
         out.note("PyTorch peer stopped answering");
         have_peer = false;

@@ -9,10 +9,12 @@
 // GPipe's (p−1)/(m+p−1).
 //
 //   build/bench/pipeline [--json] [--steps=3] [--no-peers] [--processes=2] [--chunks=1,2]
-//                        [--immediate-weight-gradients]
+//                        [--micro-batches=1,2,4,8] [--immediate-weight-gradients] [--no-idle-fill]
 //
 // Stages compute weight gradients once per step (deferred, the default of
-// pipeline_options) unless --immediate-weight-gradients; --chunks=2 places
+// pipeline_options) unless --immediate-weight-gradients, and compute kept
+// ones while they wait ("idle filled": that time as a share of the step,
+// summed over stages) unless --no-idle-fill; --chunks=2 places
 // two model chunks on every process (stages on worker0, worker1, worker0,
 // worker1), a form of interleaving by placement.
 //
@@ -138,13 +140,15 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "--stage-process")
     return run_stage_process(argc - 1, argv + 1);
   bench::check_flags("pipeline", argc, argv,
-                     {"steps=", "processes=", "chunks=", "no-peers", "immediate-weight-gradients"});
+                     {"steps=", "processes=", "chunks=", "micro-batches=", "no-peers", "immediate-weight-gradients", "no-idle-fill"});
   bench::report out("pipeline", argc, argv);
   const int steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
   const int processes = static_cast<int>(bench::int_option(argc, argv, "processes", 1, 1, 2));
   bool peers = true;
   bool defer_weight_gradients = true;
+  bool fill_idle = true;
   for (int i = 1; i < argc; ++i) {
+    fill_idle &= std::string_view(argv[i]) != "--no-idle-fill";
     peers &= std::string_view(argv[i]) != "--no-peers";
     defer_weight_gradients &= std::string_view(argv[i]) != "--immediate-weight-gradients";
   }
@@ -205,6 +209,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<parallel::pipeline> pipe;
     std::vector<double> seconds;
     std::vector<double> bubbles;
+    std::vector<double> fill_shares; // of the step, summed over stages
     double first_loss = 0, last_loss = 0;
   };
   auto make_pipe = [&](const configuration& c) {
@@ -223,6 +228,7 @@ int main(int argc, char** argv) {
     options.schedule = c.schedule;
     options.micro_batches = c.micro_batches;
     options.defer_weight_gradients = defer_weight_gradients;
+    options.fill_idle_with_weight_gradients = fill_idle;
     return parallel::pipeline::create(c.remote ? node->system() : system, std::move(options));
   };
   // One step of `c`: untimed (the warm-up) or timed, with the bubble from
@@ -242,26 +248,30 @@ int main(int argc, char** argv) {
       return true;
     c.seconds.push_back(elapsed);
     if (auto stats = c.pipe->stats()) {
-      double busiest = 0;
-      for (const auto& s : *stats)
+      double busiest = 0, fill = 0;
+      for (const auto& s : *stats) {
         busiest = std::max(busiest, s.busy_ms / 1e3);
+        fill += s.fill_ms / 1e3;
+      }
       c.bubbles.push_back(1.0 - busiest / elapsed);
+      c.fill_shares.push_back(fill / elapsed);
     }
     return true;
   };
   std::vector<configuration> configurations;
   const auto chunk_counts = bench::list_option(argc, argv, "chunks", "1");
+  const auto micro_batch_counts = bench::list_option(argc, argv, "micro-batches", "1,2,4,8");
   for (bool remote : {false, true}) {
     if (remote && !node)
       break;
     for (auto chunks : chunk_counts)
       for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b})
-        for (std::size_t m : {1, 2, 4, 8}) {
+        for (auto m : micro_batch_counts) {
           auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
           if (chunks > 1)
             name += fmt::format(" x{} chunks", chunks);
           configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, remote,
-                                    std::size_t(chunks), nullptr, {}, {}, 0, 0});
+                                    std::size_t(chunks), nullptr, {}, {}, {}, 0, 0});
         }
   }
 
@@ -325,8 +335,9 @@ int main(int argc, char** argv) {
     // Correctness column: the pipelined loss equals the one-process loss
     // (same model, seed and data; float summation order aside).
     bool same = std::abs(c.last_loss - local_last) <= 1e-4 * std::abs(local_last);
-    auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); loss {:.5f}{}", bench::median(c.bubbles),
-                            gpipe_bubble, c.last_loss, same ? "" : " WRONG (differs from one process)");
+    auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); idle filled {:.2f}; loss {:.5f}{}",
+                            bench::median(c.bubbles), gpipe_bubble, bench::median(c.fill_shares), c.last_loss,
+                            same ? "" : " WRONG (differs from one process)");
     out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "troupe one process", local_rate, note});
     if (torch.best_rpc)
       out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "PyTorch " + torch.best_rpc_case,

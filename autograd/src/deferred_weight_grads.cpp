@@ -26,6 +26,19 @@ void deferred_weight_grads::defer(const std::shared_ptr<node>& accumulator, tens
   it->x.push_back(std::move(x));
 }
 
+void deferred_weight_grads::deliver(pending_weight& p) {
+  // One GEMM over all rows; the concatenation copies activations (rows x
+  // features), which is small beside the [out, in] product it saves m - 1
+  // times.
+  auto dy = p.dy.size() == 1 ? p.dy.front() : cat(p.dy, 0);
+  auto x = p.x.size() == 1 ? p.x.front() : cat(p.x, 0);
+  p.dy.clear();
+  p.x.clear();
+  std::vector<tensor> grads;
+  grads.push_back(matmul(dy.t(), x));
+  p.accumulator->apply(std::move(grads));
+}
+
 void deferred_weight_grads::flush() {
   // Taken first: a hook that throws leaves nothing half-delivered behind to
   // be delivered twice by a later flush.
@@ -34,18 +47,20 @@ void deferred_weight_grads::flush() {
   bytes_ = 0;
   // Delivered as backward() delivers: into leaves, not a grad() pass.
   pass_scope scope(true);
-  for (auto& p : pending) {
-    // One GEMM over all rows; the concatenation copies activations (rows x
-    // features), which is small beside the [out, in] product it saves m - 1
-    // times.
-    auto dy = p.dy.size() == 1 ? p.dy.front() : cat(p.dy, 0);
-    auto x = p.x.size() == 1 ? p.x.front() : cat(p.x, 0);
-    p.dy.clear();
-    p.x.clear();
-    std::vector<tensor> grads;
-    grads.push_back(matmul(dy.t(), x));
-    p.accumulator->apply(std::move(grads));
-  }
+  for (auto& p : pending)
+    deliver(p);
+}
+
+bool deferred_weight_grads::flush_one() {
+  if (pending_.empty())
+    return false;
+  auto p = std::move(pending_.front());
+  pending_.erase(pending_.begin());
+  for (std::size_t i = 0; i < p.dy.size(); ++i)
+    bytes_ -= p.dy[i].nbytes() + p.x[i].nbytes();
+  pass_scope scope(true);
+  deliver(p);
+  return true;
 }
 
 deferral_scope::deferral_scope(deferred_weight_grads& target) noexcept : previous_(active_deferral) {

@@ -19,6 +19,7 @@ expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(actors::node&
     o.micro_batches = options.micro_batches;
     o.remat = options.remat;
     o.defer_weight_gradients = options.defer_weight_gradients;
+    o.fill_idle_with_weight_gradients = options.fill_idle_with_weight_gradients;
     o.timeout = options.timeout;
     o.name = fmt::format("r{}", k);
     pipeline_replication r;

@@ -183,6 +183,7 @@ expected<void> pipeline::start() {
       spec.backward_first = policy.backward_first;
       spec.rematerialize = remat;
       spec.defer_weight_gradients = options_.defer_weight_gradients;
+      spec.fill_idle_with_weight_gradients = options_.fill_idle_with_weight_gradients;
       if (options_.replication) {
         spec.replica_rank = options_.replication->index;
         for (const auto& member : rings[i])
@@ -204,6 +205,7 @@ expected<void> pipeline::start() {
       stage->loss = options_.loss;
       stage->rematerialize = remat;
       stage->defer_weight_gradients = options_.defer_weight_gradients;
+      stage->fill_idle_with_weight_gradients = options_.fill_idle_with_weight_gradients;
       stage->policy = policy;
       stage->sender = local_tensor_sender(names_[i]);
       stage->name = names_[i];
@@ -469,8 +471,9 @@ expected<std::vector<stage_stats>> pipeline::stats() {
     std::optional<troupe::error> failed;
     driver_->self->request(stages_[i], options_.timeout, stats_atom::value)
       .receive(
-        [&](std::uint64_t bytes, std::uint64_t in_flight, double busy_ms, std::uint64_t deferred) {
-          out[i] = {bytes, deferred, in_flight, busy_ms};
+        [&](std::uint64_t bytes, std::uint64_t in_flight, double busy_ms, std::uint64_t deferred,
+            double fill_ms) {
+          out[i] = {bytes, deferred, in_flight, busy_ms, fill_ms};
         },
         [&](caf::error& err) {
           failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,

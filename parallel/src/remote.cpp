@@ -53,6 +53,7 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
         stage->loss = recipe.loss;
         stage->rematerialize = spec->rematerialize;
         stage->defer_weight_gradients = spec->defer_weight_gradients;
+        stage->fill_idle_with_weight_gradients = spec->fill_idle_with_weight_gradients;
         stage->policy = schedule_policy{spec->credits, spec->backward_first};
         stage->sender = routed_tensor_sender(owner->router(), where.to_string());
         stage->name = where.to_string();

@@ -70,17 +70,18 @@ expected<std::vector<std::string>> ring_places(const stage_spec& spec) {
 caf::message to_message(const stage_spec& spec) {
   return caf::make_message(spec.index, spec.stages, spec.begin, spec.end, spec.credits,
                            spec.backward_first, spec.rematerialize, spec.defer_weight_gradients,
-                           spec.replica_rank, spec.ring,
+                           spec.fill_idle_with_weight_gradients, spec.replica_rank, spec.ring,
                            spec.bucket_bytes, spec.ring_timeout_ms);
 }
 
 expected<stage_spec> stage_spec_from(const caf::message& message) {
   if (!message.match_elements<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t,
-                              std::uint64_t, bool, bool, bool, std::uint64_t, std::string,
+                              std::uint64_t, bool, bool, bool, bool, std::uint64_t, std::string,
                               std::uint64_t, std::uint64_t>())
     return make_error(errc::malformed_message,
                       "pipeline stage: the spawn arguments are {} but must be (index, stages, "
-                      "begin, end, credits, backward_first, rematerialize, defer_weight_gradients, replica_rank, ring, "
+                      "begin, end, credits, backward_first, rematerialize, defer_weight_gradients, "
+                      "fill_idle_with_weight_gradients, replica_rank, ring, "
                       "bucket_bytes, ring_timeout_ms)",
                       caf::to_string(message));
   stage_spec spec;
@@ -92,10 +93,11 @@ expected<stage_spec> stage_spec_from(const caf::message& message) {
   spec.backward_first = message.get_as<bool>(5);
   spec.rematerialize = message.get_as<bool>(6);
   spec.defer_weight_gradients = message.get_as<bool>(7);
-  spec.replica_rank = message.get_as<std::uint64_t>(8);
-  spec.ring = message.get_as<std::string>(9);
-  spec.bucket_bytes = message.get_as<std::uint64_t>(10);
-  spec.ring_timeout_ms = message.get_as<std::uint64_t>(11);
+  spec.fill_idle_with_weight_gradients = message.get_as<bool>(8);
+  spec.replica_rank = message.get_as<std::uint64_t>(9);
+  spec.ring = message.get_as<std::string>(10);
+  spec.bucket_bytes = message.get_as<std::uint64_t>(11);
+  spec.ring_timeout_ms = message.get_as<std::uint64_t>(12);
   if (auto ring = ring_places(spec); !ring)
     return ring.error_value();
   if (spec.index >= spec.stages || spec.begin >= spec.end || spec.credits == 0)
@@ -209,13 +211,17 @@ public:
     }
   }
 
-  bool has_work() const noexcept { return queue_.has_runnable(); }
+  bool has_work() const noexcept { return queue_.has_runnable() || can_fill(); }
 
-  /// Runs one piece of queued work.
+  /// Runs one piece of queued work, or, with none runnable, one weight's
+  /// kept gradient.
   void run_one() {
     auto work = queue_.pop();
-    if (!work)
+    if (!work) {
+      if (can_fill())
+        fill_one();
       return;
+    }
     auto started = clock::now();
     // The trace shows the compute of each micro-batch as this stage's
     // handler (received when it runs, linked to its send by the flow id).
@@ -295,6 +301,30 @@ public:
   std::uint64_t step() const noexcept { return step_; }
 
 private:
+  /// Kept weight gradients may fill idle time: only between the step's
+  /// first and last backward. After the last one the rest is computed at
+  /// once; with a replicated stage, hooks fired before it only accumulate
+  /// (set_final_pass(false) at the previous backward).
+  bool can_fill() const noexcept {
+    return options_->fill_idle_with_weight_gradients && !deferred_.empty() && rows_done_ > 0 &&
+           rows_done_ < batch_;
+  }
+
+  void fill_one() {
+    static const auto kind = trace::intern("weight_gradients");
+    auto started = clock::now();
+    trace::handler_start(trace_name_, trace::message_info(kind, {}, 0, 0, static_cast<std::uint32_t>(step_),
+                                                          trace::no_step));
+    struct end_span {
+      trace::name_id name;
+      ~end_span() { trace::handler_end(name, kind); }
+    } span{trace_name_};
+    deferred_.flush_one();
+    auto ms = std::chrono::duration<double, std::milli>(clock::now() - started).count();
+    stats_.busy_ms += ms;
+    stats_.fill_ms += ms;
+  }
+
   /// Runs the slice on `x` with a graph; returns the output and adds the
   /// bytes the graph keeps for this micro-batch to the stash.
   autograd::variable run_layers(const autograd::variable& x, std::size_t& stashed) {
@@ -386,8 +416,10 @@ private:
     }
     if (first()) {
       registry_.forget(key);
-      flush_after();
+      // The driver hears first: it can send the optimizer step (queued
+      // behind this flush in the stage's mailbox) while the flush runs.
       caf::anon_send(driver_, micro_batch_done_atom::value, key.context_id, key.micro_batch);
+      flush_after();
       return;
     }
     send(previous_, message_kind::backward_gradient, key, registry_.take_received_grad(key));
@@ -545,7 +577,7 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
     },
     [=](stats_atom) {
       auto s = state->stats();
-      return caf::make_message(s.peak_stashed_bytes, s.peak_in_flight, s.busy_ms, s.peak_deferred_bytes);
+      return caf::make_message(s.peak_stashed_bytes, s.peak_in_flight, s.busy_ms, s.peak_deferred_bytes, s.fill_ms);
     },
   };
 }

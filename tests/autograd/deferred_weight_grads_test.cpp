@@ -64,6 +64,46 @@ TEST(DeferredWeightGrads, FlushEqualsBackwardPerMicroBatch) {
   }
 }
 
+TEST(DeferredWeightGrads, FlushOneBetweenMicroBatchesAddsUpToBackward) {
+  // A pipeline stage delivers one weight at a time while it waits, then
+  // flushes the rest after its last micro-batch: the gradients still sum to
+  // plain backward's, each weight's hook fires once per delivery, and bytes()
+  // counts only what is still kept.
+  auto x = random_tensor({12, 5}, 9);
+  two_layers plain, net;
+  for (std::int64_t mb = 0; mb < 3; ++mb)
+    backward(micro_batch_loss(plain, x, 4 * mb, 4));
+
+  std::vector<std::string> fired;
+  net.w1.add_grad_ready_hook([&](const variable&) { fired.push_back("w1"); });
+  net.w2.add_grad_ready_hook([&](const variable&) { fired.push_back("w2"); });
+  deferred_weight_grads deferred;
+  EXPECT_FALSE(deferred.flush_one()) << "nothing kept yet";
+  const std::size_t per_micro_batch = 2 * (4 * 5 + 4 * 6 + 4 * 6 + 4 * 3) * sizeof(double);
+  for (std::int64_t mb = 0; mb < 3; ++mb) {
+    {
+      deferral_scope scope(deferred);
+      backward(micro_batch_loss(net, x, 4 * mb, 4));
+    }
+    if (mb == 0) {
+      ASSERT_TRUE(deferred.flush_one()); // w2 (deferred first), micro-batch 0
+      EXPECT_EQ(deferred.weights(), 1u);
+      EXPECT_EQ(deferred.bytes(), 2u * (4 * 5 + 4 * 6) * sizeof(double)) << "only w1's factors remain";
+    }
+    if (mb == 1) {
+      ASSERT_TRUE(deferred.flush_one()); // w1, micro-batches 0 and 1
+      ASSERT_TRUE(deferred.flush_one()); // w2, micro-batch 1
+      EXPECT_FALSE(deferred.flush_one());
+      EXPECT_EQ(deferred.bytes(), 0u);
+    }
+  }
+  EXPECT_EQ(deferred.bytes(), per_micro_batch);
+  deferred.flush();
+  EXPECT_EQ(fired, (std::vector<std::string>{"w2", "w1", "w2", "w2", "w1"}));
+  EXPECT_LT(max_abs_diff(plain.w1.grad(), net.w1.grad()), 1e-12);
+  EXPECT_LT(max_abs_diff(plain.w2.grad(), net.w2.grad()), 1e-12);
+}
+
 TEST(DeferredWeightGrads, FlushAccumulatesIntoAnExistingGradientAndFiresHooksInDeferralOrder) {
   auto x = random_tensor({4, 5}, 9);
   two_layers plain, net;

@@ -238,7 +238,11 @@ TEST_F(PipelineTest, DeferredWeightGradientsAreCountedAndHeldUntilTheStepEnds) {
   // Deferred, each linear keeps its input and output gradient (3 x 32 each)
   // for every micro-batch until the step's last backward: m, not the
   // stage's credits, which is the memory deferral costs under 1F1B.
-  auto deferred = make(options(make_mlp(), 2, 4, schedule_kind::one_f_one_b));
+  // (Without filling idle time: that computes some of them earlier, as
+  // timing allows.)
+  auto d = options(make_mlp(), 2, 4, schedule_kind::one_f_one_b);
+  d.fill_idle_with_weight_gradients = false;
+  auto deferred = make(std::move(d));
   auto o = options(make_mlp(), 2, 4, schedule_kind::one_f_one_b);
   o.defer_weight_gradients = false;
   auto immediate = make(std::move(o));
@@ -350,7 +354,9 @@ TEST_F(PipelineTest, TraceLinksEveryTensorAndShowsEachStagesBubble) {
   for (const auto& a : summary.actors)
     if (a.actor == "worker0/cpu/stage0" || a.actor == "worker0/cpu/stage1") {
       ++stages_seen;
-      EXPECT_EQ(a.handled, 16u) << a.actor; // 2 steps x 4 micro-batches x (forward, backward)
+      // 2 steps x 4 micro-batches x (forward, backward), plus any weight
+      // gradients computed while the stage waited (as timing allows).
+      EXPECT_GE(a.handled, 16u) << a.actor;
       ASSERT_TRUE(a.bubble_fraction.has_value()) << a.actor;
       EXPECT_GT(*a.bubble_fraction, 0.0);
       EXPECT_LT(*a.bubble_fraction, 1.0);

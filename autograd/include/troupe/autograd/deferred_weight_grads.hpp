@@ -47,6 +47,15 @@ public:
   /// kept. Throws what the delivery throws (a grad-ready hook's error).
   void flush();
 
+  /// Computes and delivers the kept gradient of one weight, the first one
+  /// deferred, over the rows kept for it so far; false when nothing is kept.
+  /// A pipeline stage calls it while it waits for messages, so the weight
+  /// gradients fill its idle time (zero-bubble's W filling the bubble);
+  /// the weight's later rows are kept again and delivered by a later call
+  /// or flush(), accumulating into the same grad(). The sum over the calls
+  /// equals flush()'s result up to float summation order.
+  bool flush_one();
+
   /// Forgets what is kept without computing it (a failed step).
   void clear() noexcept {
     pending_.clear();
@@ -66,6 +75,8 @@ private:
     std::vector<tensor> dy;
     std::vector<tensor> x;
   };
+  /// One GEMM over the weight's kept rows, delivered to its accumulator.
+  static void deliver(pending_weight& p);
   std::vector<pending_weight> pending_;
   std::size_t bytes_ = 0;
 };

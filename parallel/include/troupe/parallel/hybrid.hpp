@@ -49,7 +49,8 @@ struct hybrid_options {
   schedule_kind schedule = schedule_kind::one_f_one_b;
   std::size_t micro_batches = 1;
   rematerialization remat = rematerialization::never;
-  bool defer_weight_gradients = true; ///< as pipeline_options's
+  bool defer_weight_gradients = true;          ///< as pipeline_options's
+  bool fill_idle_with_weight_gradients = true; ///< as pipeline_options's
   std::chrono::milliseconds timeout{30000};
   /// Gradient bucket cap of each stage's data parallelism.
   std::size_t bucket_bytes = bucket_options{}.bucket_bytes;

@@ -112,6 +112,15 @@ struct pipeline_options {
   /// peak_deferred_bytes reports it). Off: per micro-batch, as in plain
   /// backward().
   bool defer_weight_gradients = true;
+  /// With deferral: whenever a stage has no forward or backward it can run
+  /// (waiting for its neighbours: the pipeline's bubble), it computes the
+  /// weight gradient of one kept weight over the micro-batches kept so far,
+  /// and the step's last backward computes only what is left. This is the
+  /// zero-bubble schedules' W filling the bubble (Qi et al., 2023); it also
+  /// lowers the memory deferral holds. Results equal per-micro-batch backward
+  /// up to float summation order, which now depends on timing. Off: every
+  /// weight gradient after the stage's last backward.
+  bool fill_idle_with_weight_gradients = true;
   /// Bound on every wait of train_step and forward (the time between two
   /// progress messages, not for the whole step).
   std::chrono::milliseconds timeout{30000};

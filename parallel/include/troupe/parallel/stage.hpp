@@ -131,6 +131,9 @@ struct stage_options {
   /// Weight gradients computed once per step, after the stage's last
   /// backward (autograd/deferred_weight_grads.hpp).
   bool defer_weight_gradients = false;
+  /// With deferral: while no forward or backward can run, the stage
+  /// computes kept weight gradients one weight at a time (pipeline_options).
+  bool fill_idle_with_weight_gradients = false;
   schedule_policy policy;
   tensor_sender sender;
   /// Where the stage lives, for error messages and traces ("worker0/cpu/stage1").
@@ -154,6 +157,7 @@ struct stage_spec {
   bool backward_first = true;
   bool rematerialize = false;
   bool defer_weight_gradients = false;
+  bool fill_idle_with_weight_gradients = false;
   /// Hybrid: the replica's rank, every replica's reducer place joined by
   /// ',' ("" when the stage is not replicated), bucket cap, timeout (ms).
   std::uint64_t replica_rank = 0;
@@ -184,6 +188,9 @@ struct stage_stats {
   std::uint64_t peak_in_flight = 0;
   /// Time spent computing (forward, backward, optimizer) in the last step.
   double busy_ms = 0;
+  /// The part of busy_ms spent on weight gradients computed while the stage
+  /// had no forward or backward to run (fill_idle_with_weight_gradients).
+  double fill_ms = 0;
 };
 
 /// The stage actor's behaviour; spawn it detached:
