@@ -34,6 +34,10 @@ void deferred_weight_grads::deliver(pending_weight& p) {
   auto x = p.x.size() == 1 ? p.x.front() : cat(p.x, 0);
   p.dy.clear();
   p.x.clear();
+  if (auto* leaf = dynamic_cast<accumulate_grad*>(p.accumulator.get())) {
+    leaf->accumulate_product(dy.t(), x);
+    return;
+  }
   std::vector<tensor> grads;
   grads.push_back(matmul(dy.t(), x));
   p.accumulator->apply(std::move(grads));

@@ -192,12 +192,31 @@ std::vector<tensor> accumulate_grad::apply(std::vector<tensor> grad_outputs) {
   } else {
     add_(leaf_->grad, g);
   }
+  run_hooks();
+  return {};
+}
+
+void accumulate_grad::accumulate_product(const tensor& a, const tensor& b) {
+  auto& grad = leaf_->grad;
+  const bool in_place = grad.defined() && a.rank() == 2 && b.rank() == 2 && grad.rank() == 2 &&
+                        grad.size(0) == a.size(0) && grad.size(1) == b.size(1) && grad.type() == a.type() &&
+                        grad.type() == b.type() && grad.where() == a.where() && grad.where() == b.where();
+  if (!in_place) {
+    std::vector<tensor> grads;
+    grads.push_back(matmul(a, b));
+    apply(std::move(grads));
+    return;
+  }
+  addmm_(grad, a, b, 1.0, 1.0);
+  run_hooks();
+}
+
+void accumulate_grad::run_hooks() {
   // Copy the hooks: a hook may add or remove hooks.
   auto hooks = leaf_->hooks;
   auto handle = variable::from_impl(leaf_);
   for (auto& [id, hook] : hooks)
     hook(handle);
-  return {};
 }
 
 std::string accumulate_grad::name() const {

@@ -88,10 +88,15 @@ public:
     set_next_edges({});
   }
   std::vector<tensor> apply(std::vector<tensor> grad_outputs) override;
+  /// As apply({a x b}), but a gradient already there is added to by the
+  /// GEMM itself (beta = 1): no product tensor, no second pass over it.
+  /// Deferred weight gradients arrive this way, a piece at a time.
+  void accumulate_product(const tensor& a, const tensor& b);
   std::string name() const override;
   const std::shared_ptr<variable_impl>& leaf() const noexcept { return leaf_; }
 
 private:
+  void run_hooks();
   std::shared_ptr<variable_impl> leaf_;
 };
 
