@@ -332,7 +332,6 @@ expected<void> pipeline::await_step(std::vector<double>& losses) {
   std::size_t losses_seen = 0;
   std::size_t backwards_done = 0;
   std::size_t applied = 0;
-  bool applying = false;
   std::optional<troupe::error> failed;
   auto stage_of = [this](const caf::actor_addr& source) -> std::size_t {
     for (std::size_t i = 0; i < stages_.size(); ++i)
@@ -345,13 +344,8 @@ expected<void> pipeline::await_step(std::vector<double>& losses) {
                        step, losses_seen, m, backwards_done, m, applied, p);
   };
   // Receives until the step is complete or fails; each wait is bounded.
-  while (!failed && applied < p) {
-    if (!applying && losses_seen == m && backwards_done == m) {
-      // Every micro-batch is through: one optimizer step on every stage.
-      for (auto& stage : stages_)
-        driver_->self->send(stage, apply_atom::value, step);
-      applying = true;
-    }
+  // Each stage takes its optimizer step by itself after its last backward.
+  while (!failed && (applied < p || losses_seen < m || backwards_done < m)) {
     driver_->self->receive(
       [&](loss_atom, std::uint64_t s, std::uint32_t mb, double value) {
         if (s == step && mb < m) {

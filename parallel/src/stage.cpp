@@ -248,22 +248,6 @@ public:
     stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
   }
 
-  void apply(std::uint64_t step) {
-    auto started = clock::now();
-    require(step == step_, "stage {}: asked to apply step {} during step {}", options_->name, step,
-            step_);
-    require(queue_.in_flight() == 0 && registry_.empty(),
-            "stage {}: step {} applied with {} micro-batches still in flight", options_->name,
-            step, queue_.in_flight());
-    deferred_.flush(); // already empty unless the step's rows were miscounted
-    if (data_parallel_)
-      if (auto ok = data_parallel_->synchronize(); !ok)
-        throw std::runtime_error(fmt::format("stage {}: averaging gradients with its replicas failed: {}",
-                                             options_->name, ok.error_value().message()));
-    options_->optimizer->step();
-    options_->optimizer->zero_grad();
-    stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
-  }
 
   double digest() const {
     double sum = 0;
@@ -405,10 +389,13 @@ private:
     queue_.finished_backward();
     // The weight gradients of the whole step, once its last backward ran:
     // after the input gradient has gone upstream (the previous stage waits
-    // for it; this stage's weights wait only for the optimizer step).
+    // for it; this stage's weights wait only for the optimizer step), then
+    // the update.
     auto flush_after = [&] {
-      if (last_rows)
-        deferred_.flush();
+      if (!last_rows)
+        return;
+      deferred_.flush();
+      apply_update();
     };
     if (auto it = stash_bytes_.find(key); it != stash_bytes_.end()) {
       stashed_ -= it->second;
@@ -416,14 +403,29 @@ private:
     }
     if (first()) {
       registry_.forget(key);
-      // The driver hears first: it can send the optimizer step (queued
-      // behind this flush in the stage's mailbox) while the flush runs.
       caf::anon_send(driver_, micro_batch_done_atom::value, key.context_id, key.micro_batch);
       flush_after();
       return;
     }
     send(previous_, message_kind::backward_gradient, key, registry_.take_received_grad(key));
     flush_after();
+  }
+
+  /// The step's optimizer update, once this stage's last backward ran (its
+  /// own work only: it needs no other stage, so the stages update side by
+  /// side while the driver waits for all of them).
+  void apply_update() {
+    require(queue_.in_flight() == 0 && registry_.empty(),
+            "stage {}: step {} applied with {} micro-batches still in flight", options_->name,
+            step_, queue_.in_flight());
+    deferred_.flush(); // already empty unless the step's rows were miscounted
+    if (data_parallel_)
+      if (auto ok = data_parallel_->synchronize(); !ok)
+        throw std::runtime_error(fmt::format("stage {}: averaging gradients with its replicas failed: {}",
+                                             options_->name, ok.error_value().message()));
+    options_->optimizer->step();
+    options_->optimizer->zero_grad();
+    caf::anon_send(driver_, applied_atom::value, static_cast<std::uint64_t>(options_->index), step_);
   }
 
   void evaluate(const actors::tensor_message& work) {
@@ -565,15 +567,6 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
         report(e);
       }
       schedule_run();
-    },
-    [=](apply_atom, std::uint64_t step) {
-      try {
-        state->apply(step);
-        caf::anon_send(state->driver(), applied_atom::value,
-                   static_cast<std::uint64_t>(state->options().index), step);
-      } catch (const std::exception& e) {
-        report(e);
-      }
     },
     [=](stats_atom) {
       auto s = state->stats();

@@ -14,21 +14,25 @@
 //                                                (context_id 0: evaluation, no graph)
 //   tensor_message control (last stage)          the target of (step, mb)
 //   tensor_message backward_gradient             dy of (step, mb)
-//   (p_apply, step)                              one optimizer step, zero_grad,
-//                                                then (p_applied, stage, step) to driver
-//   (p_stats)                        -> (peak stashed bytes, peak in flight, busy ms)
+//   (p_stats)                        -> (peak stashed bytes, peak in flight, busy ms,
+//                                        peak deferred bytes, fill ms)
 //   (p_digest)                       -> (sum of p + p^2 over the stage's parameters)
 // and towards the driver:
 //   (p_loss, step, mb, loss)         last stage: the micro-batch's mean loss
 //   (p_mbdone, step, mb)             first stage: backward of mb finished
+//   (p_applied, stage, step)         the stage's last backward of the step ran, and
+//                                    then its optimizer step and zero_grad (no
+//                                    other stage's work is needed for it)
 //   (p_failed, stage, step, what)    a handler threw; the step cannot finish
 //   tensor_message forward_activation with context_id 0 (last stage): evaluation output
 //
 // Handling. Every tensor that arrives goes into the stage's work_queue; the
 // stage then sends itself one `p_run` and runs ONE piece of work per p_run,
 // so every message already in the mailbox is queued before the next choice
-// and the schedule's priority (backward first for 1F1B) sees it. Stages are
-// spawned `detached`: compute never blocks CAF's scheduler.
+// and the schedule's priority (backward first for 1F1B) sees it. With no
+// forward or backward runnable, a p_run computes one kept weight gradient
+// (fill_idle_with_weight_gradients). Stages are spawned `detached`: compute
+// never blocks CAF's scheduler.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -55,7 +59,6 @@ namespace troupe::parallel {
 
 using wire_atom = caf::atom_constant<caf::atom("p_wire")>;
 using begin_step_atom = caf::atom_constant<caf::atom("p_begin")>;
-using apply_atom = caf::atom_constant<caf::atom("p_apply")>;
 using applied_atom = caf::atom_constant<caf::atom("p_applied")>;
 using run_atom = caf::atom_constant<caf::atom("p_run")>;
 using stats_atom = caf::atom_constant<caf::atom("p_stats")>;
