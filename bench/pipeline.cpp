@@ -1,7 +1,9 @@
 // Pipeline-parallel training throughput: the MLP of ../shared/BASELINES.md
 // (8 x (Linear(1024, 1024) + ReLU), batch 256, MSE, SGD lr 0.05, one compute
 // thread per stage) split 4 + 4 over two stage actors, micro-batches 1, 2, 4
-// and 8 with GPipe and 1F1B, beside troupe in one process without a
+// and 8 with GPipe and 1F1B, and three unequal ones (48, 104 and 104 rows:
+// a small first micro-batch fills the pipeline sooner), beside troupe in
+// one process without a
 // pipeline and PyTorch's RPC pipeline (../shared/peers/rpc_pipeline.py) in
 // the same run (PyTorch before and after troupe, its better figure kept).
 // Bubble fraction per configuration: measured (1 − the busier
@@ -9,7 +11,8 @@
 // GPipe's (p−1)/(m+p−1).
 //
 //   build/bench/pipeline [--json] [--steps=3] [--no-peers] [--processes=2] [--chunks=1,2]
-//                        [--micro-batches=1,2,4,8] [--immediate-weight-gradients] [--no-idle-fill]
+//                        [--micro-batches=1,2,4,8] [--unequal-rows=48,104,104]
+//                        [--immediate-weight-gradients] [--no-idle-fill]
 //
 // Stages compute weight gradients once per step (deferred, the default of
 // pipeline_options) unless --immediate-weight-gradients, and compute kept
@@ -26,6 +29,7 @@
 // stage 0 here and stage 1 there ("2 processes" rows).
 #include <filesystem>
 #include <iostream>
+#include <numeric>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -140,7 +144,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "--stage-process")
     return run_stage_process(argc - 1, argv + 1);
   bench::check_flags("pipeline", argc, argv,
-                     {"steps=", "processes=", "chunks=", "micro-batches=", "no-peers", "immediate-weight-gradients", "no-idle-fill"});
+                     {"steps=", "processes=", "chunks=", "micro-batches=", "unequal-rows=", "no-peers", "immediate-weight-gradients", "no-idle-fill"});
   bench::report out("pipeline", argc, argv);
   const int steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
   const int processes = static_cast<int>(bench::int_option(argc, argv, "processes", 1, 1, 2));
@@ -204,6 +208,7 @@ int main(int argc, char** argv) {
     std::string name;
     parallel::schedule_kind schedule;
     std::size_t micro_batches;
+    std::vector<double> shares; // unequal micro-batches' rows; empty: equal
     bool remote;
     std::size_t chunks; // model chunks per process (interleaved: > 1)
     std::unique_ptr<parallel::pipeline> pipe;
@@ -227,6 +232,7 @@ int main(int argc, char** argv) {
     options.split = parallel::even(options.places.size(), options.model->size());
     options.schedule = c.schedule;
     options.micro_batches = c.micro_batches;
+    options.micro_batch_shares = c.shares;
     options.defer_weight_gradients = defer_weight_gradients;
     options.fill_idle_with_weight_gradients = fill_idle;
     return parallel::pipeline::create(c.remote ? node->system() : system, std::move(options));
@@ -261,17 +267,34 @@ int main(int argc, char** argv) {
   std::vector<configuration> configurations;
   const auto chunk_counts = bench::list_option(argc, argv, "chunks", "1");
   const auto micro_batch_counts = bench::list_option(argc, argv, "micro-batches", "1,2,4,8");
+  // Equal micro-batches, then one split with a small first micro-batch.
+  std::vector<std::vector<double>> splits;
+  for (auto m : micro_batch_counts)
+    splits.push_back(std::vector<double>(m, 0.0));
+  std::vector<double> unequal;
+  for (auto rows : bench::list_option(argc, argv, "unequal-rows", "48,104,104"))
+    unequal.push_back(static_cast<double>(rows));
+  if (std::accumulate(unequal.begin(), unequal.end(), 0.0) != double(batch)) {
+    fmt::print(stderr, "pipeline: --unequal-rows must add up to the batch, {}\n", batch);
+    return 2;
+  }
+  splits.push_back(unequal);
   for (bool remote : {false, true}) {
     if (remote && !node)
       break;
     for (auto chunks : chunk_counts)
       for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b})
-        for (auto m : micro_batch_counts) {
-          auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
+        for (const auto& split : splits) {
+          const bool equal = split.front() == 0.0;
+          auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B",
+                                  split.size());
+          if (!equal)
+            name += fmt::format(" ({} rows)", fmt::join(split, "/"));
           if (chunks > 1)
             name += fmt::format(" x{} chunks", chunks);
-          configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, remote,
-                                    std::size_t(chunks), nullptr, {}, {}, {}, 0, 0});
+          configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, split.size(),
+                                    equal ? std::vector<double>{} : split, remote, std::size_t(chunks), nullptr,
+                                    {}, {}, {}, 0, 0});
         }
   }
 
@@ -331,7 +354,13 @@ int main(int argc, char** argv) {
   for (auto& c : configurations) {
     auto rate = batch / bench::median(c.seconds);
     const double p = 2;
-    auto gpipe_bubble = (p - 1) / (double(c.micro_batches) + p - 1);
+    // GPipe's fill takes p - 1 forwards of the first micro-batch and its
+    // drain p - 1 backwards of the last: with costs in proportion to rows,
+    // (p-1)(r_first + r_last) / (2B + (p-1)(r_first + r_last)), which is
+    // (p-1)/(m+p-1) for equal parts.
+    const auto rows = parallel::micro_batch_rows(batch, c.micro_batches, c.shares);
+    const double ends = (p - 1) * double(rows.front() + rows.back());
+    auto gpipe_bubble = ends / (2.0 * double(batch) + ends);
     // Correctness column: the pipelined loss equals the one-process loss
     // (same model, seed and data; float summation order aside).
     bool same = std::abs(c.last_loss - local_last) <= 1e-4 * std::abs(local_last);

@@ -81,13 +81,16 @@ public:
       return;
     }
     fmt::print("# {}\n", bench_);
-    fmt::print("{:<34} {:<16} {:>12} {:<10} {:<22} {:>12} {:>7}  {}\n", "case", "metric", "value", "unit",
+    std::size_t width = 34; // the case column, widened for a longer name
+    for (const auto& r : rows_)
+      width = std::max(width, r.case_name.size());
+    fmt::print("{:<{}} {:<16} {:>12} {:<10} {:<22} {:>12} {:>7}  {}\n", "case", width, "metric", "value", "unit",
                "baseline", "baseline", "ratio", "note");
     for (const auto& r : rows_) {
       auto base = r.baseline_value ? fmt::format("{:>12.4g}", *r.baseline_value) : fmt::format("{:>12}", "-");
       auto ratio = r.baseline_value ? fmt::format("{:>7.2f}", r.value / *r.baseline_value) : fmt::format("{:>7}", "-");
-      fmt::print("{:<34} {:<16} {:>12.4g} {:<10} {:<22} {} {}  {}\n", r.case_name, r.metric, r.value, r.unit,
-                 r.baseline.empty() ? "-" : r.baseline, base, ratio, r.note);
+      fmt::print("{:<{}} {:<16} {:>12.4g} {:<10} {:<22} {} {}  {}\n", r.case_name, width, r.metric, r.value,
+                 r.unit, r.baseline.empty() ? "-" : r.baseline, base, ratio, r.note);
     }
   }
 

@@ -17,6 +17,7 @@ expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(actors::node&
     o.split = options.split;
     o.schedule = options.schedule;
     o.micro_batches = options.micro_batches;
+    o.micro_batch_shares = options.micro_batch_shares;
     o.remat = options.remat;
     o.defer_weight_gradients = options.defer_weight_gradients;
     o.fill_idle_with_weight_gradients = options.fill_idle_with_weight_gradients;

@@ -2,7 +2,9 @@
 // collects losses and completions, and turns every failure into an error.
 #include "troupe/parallel/pipeline.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <optional>
 
 #include <caf/all.hpp>
@@ -99,6 +101,9 @@ expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
             "pipeline: stage {} of the partition has no layers", s);
   require(options.micro_batches >= 1, "pipeline: {} micro-batches; need at least one",
           options.micro_batches);
+  if (!options.micro_batch_shares.empty()) // checks the shares (a batch of one row per share)
+    (void)micro_batch_rows(static_cast<std::int64_t>(options.micro_batches), options.micro_batches,
+                           options.micro_batch_shares);
   require(static_cast<bool>(options.optimizer), "pipeline: no optimizer factory");
   require(static_cast<bool>(options.loss), "pipeline: no loss function");
   require(options.timeout.count() > 0, "pipeline: the timeout must be positive");
@@ -262,6 +267,44 @@ expected<void> pipeline::fail(troupe::error err) {
   return err;
 }
 
+std::vector<std::int64_t> micro_batch_rows(std::int64_t batch, std::size_t micro_batches,
+                                           const std::vector<double>& shares) {
+  const auto m = static_cast<std::int64_t>(micro_batches);
+  require(m >= 1 && batch >= m, "pipeline: {} micro-batches for a batch of {}; every micro-batch needs a sample",
+          m, batch);
+  std::vector<std::int64_t> rows(micro_batches);
+  if (shares.empty()) {
+    for (std::int64_t j = 0; j < m; ++j)
+      rows[j] = batch / m + (j < batch % m ? 1 : 0);
+    return rows;
+  }
+  require(shares.size() == micro_batches, "pipeline: {} micro-batch shares for {} micro-batches; give one each",
+          shares.size(), micro_batches);
+  double total = 0;
+  for (std::size_t j = 0; j < shares.size(); ++j) {
+    require(std::isfinite(shares[j]) && shares[j] > 0, "pipeline: micro-batch share {} is {}; shares must be "
+            "positive", j, shares[j]);
+    total += shares[j];
+  }
+  // Largest remainders: floor every exact part, then one more row to the
+  // parts that lost most (the earlier one on a tie).
+  std::vector<std::pair<double, std::size_t>> lost;
+  std::int64_t given = 0;
+  for (std::size_t j = 0; j < shares.size(); ++j) {
+    const double exact = static_cast<double>(batch) * shares[j] / total;
+    rows[j] = static_cast<std::int64_t>(std::floor(exact));
+    given += rows[j];
+    lost.emplace_back(exact - static_cast<double>(rows[j]), j);
+  }
+  std::stable_sort(lost.begin(), lost.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (std::size_t k = 0; given < batch; ++k, ++given)
+    ++rows[lost[k % lost.size()].second];
+  for (std::size_t j = 0; j < rows.size(); ++j)
+    require(rows[j] >= 1, "pipeline: micro-batch {} gets no rows of a batch of {} with shares {}", j, batch,
+            fmt::join(shares, ", "));
+  return rows;
+}
+
 expected<double> pipeline::train_step(const tensor& inputs, const tensor& targets) {
   require(inputs.defined() && targets.defined() && inputs.rank() >= 1 && targets.rank() >= 1,
           "pipeline::train_step: inputs and targets need a batch dimension");
@@ -277,6 +320,7 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
   if (broken_)
     return make_error(broken_->code(), "pipeline: an earlier step failed: {}", broken_->message());
 
+  const auto sizes = micro_batch_rows(batch, options_.micro_batches, options_.micro_batch_shares);
   const std::uint64_t step = ++step_;
   const auto last = stages_.size() - 1;
   for (auto& stage : stages_)
@@ -284,10 +328,8 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
   // Targets first, so the last stage never waits long for one; then every
   // micro-batch to the first stage, whose credits decide when each runs.
   std::int64_t offset = 0;
-  std::vector<std::int64_t> sizes;
   for (std::int64_t j = 0; j < m; ++j) {
-    const auto size = batch / m + (j < batch % m ? 1 : 0);
-    sizes.push_back(size);
+    const auto size = sizes[j];
     actors::tensor_message target;
     target.meta.kind = message_kind::control;
     target.meta.step = step;

@@ -104,10 +104,12 @@ struct equivalence_case {
   std::size_t stages;
   std::size_t micro_batches;
   bool defer_weight_gradients;
+  std::vector<double> shares = {}; ///< micro-batch sizes; empty: equal
 };
 
 void PrintTo(const equivalence_case& c, std::ostream* os) {
-  *os << name_of(c.schedule) << ", " << c.stages << " stages, " << c.micro_batches << " micro-batches, "
+  *os << name_of(c.schedule) << ", " << c.stages << " stages, " << c.micro_batches << " micro-batches"
+      << (c.shares.empty() ? "" : fmt::format(" (shares {})", fmt::join(c.shares, "/"))) << ", "
       << (c.defer_weight_gradients ? "deferred" : "immediate") << " weight gradients";
 }
 
@@ -121,6 +123,7 @@ TEST_P(PipelineEquivalence, SameLossesAndParametersAsOneProcess) {
   auto model = make_mlp();
   auto o = options(model, c.stages, c.micro_batches, c.schedule);
   o.defer_weight_gradients = c.defer_weight_gradients;
+  o.micro_batch_shares = c.shares;
   auto pipe = make(std::move(o));
   ASSERT_TRUE(pipe);
   for (std::uint64_t step = 0; step < 3; ++step) {
@@ -160,18 +163,23 @@ std::vector<equivalence_case> all_cases() {
       for (std::size_t m : {1, 3, 4})
         for (bool defer : {true, false})
           out.push_back({schedule, stages, m, defer});
+  // Unequal micro-batches: 2, 4 and 6 of the 12 rows.
+  for (auto schedule : {schedule_kind::gpipe, schedule_kind::one_f_one_b})
+    for (std::size_t stages : {2, 3})
+      out.push_back({schedule, stages, 3, true, {1, 2, 3}});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(SchedulesStagesMicroBatches, PipelineEquivalence,
                          ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<equivalence_case>& info) {
-                           return fmt::format("{}_{}stages_{}mb_{}",
+                           return fmt::format("{}_{}stages_{}mb_{}{}",
                                               info.param.schedule == schedule_kind::gpipe
                                                 ? "GPipe"
                                                 : "OneFOneB",
                                               info.param.stages, info.param.micro_batches,
-                                              info.param.defer_weight_gradients ? "DeferredW" : "ImmediateW");
+                                              info.param.defer_weight_gradients ? "DeferredW" : "ImmediateW",
+                                              info.param.shares.empty() ? "" : "_Unequal");
                          });
 
 TEST_F(PipelineTest, SchedulesStayWithinTheirCredits) {
@@ -308,6 +316,41 @@ TEST_F(PipelineTest, BadPlaceIsAUsageError) {
   } catch (const usage_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("place worker 1/gpu of stage 1"));
   }
+}
+
+TEST(MicroBatchRows, EqualPartsOrPartsInProportionToTheShares) {
+  EXPECT_EQ(micro_batch_rows(10, 3, {}), (std::vector<std::int64_t>{4, 3, 3}));
+  EXPECT_EQ(micro_batch_rows(256, 3, {3, 6.5, 6.5}), (std::vector<std::int64_t>{48, 104, 104}));
+  // 10 * (1, 1, 1) / 3 = 3.33 each: the remaining row goes to the first.
+  EXPECT_EQ(micro_batch_rows(10, 3, {1, 1, 1}), (std::vector<std::int64_t>{4, 3, 3}));
+  // 7 * (1, 2) / 3 = 2.33, 4.67: floors 2 and 4, the second lost more.
+  EXPECT_EQ(micro_batch_rows(7, 2, {1, 2}), (std::vector<std::int64_t>{2, 5}));
+  EXPECT_EQ(micro_batch_rows(1, 1, {0.25}), (std::vector<std::int64_t>{1}));
+}
+
+TEST(MicroBatchRows, BadSharesAreUsageErrorsNamingTheValue) {
+  auto message = [](auto call) {
+    try {
+      call();
+    } catch (const usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no usage_error");
+  };
+  EXPECT_THAT(message([] { (void)micro_batch_rows(12, 3, {1, 2}); }),
+              HasSubstr("2 micro-batch shares for 3 micro-batches"));
+  EXPECT_THAT(message([] { (void)micro_batch_rows(12, 2, {1, -2}); }), HasSubstr("share 1 is -2"));
+  EXPECT_THAT(message([] { (void)micro_batch_rows(12, 2, {1, std::nan("")}); }), HasSubstr("share 1 is nan"));
+  EXPECT_THAT(message([] { (void)micro_batch_rows(12, 2, {1, 0}); }), HasSubstr("share 1 is 0"));
+  EXPECT_THAT(message([] { (void)micro_batch_rows(4, 2, {100, 1}); }),
+              HasSubstr("micro-batch 1 gets no rows of a batch of 4"));
+  EXPECT_THAT(message([] { (void)micro_batch_rows(2, 3, {}); }), HasSubstr("3 micro-batches for a batch of 2"));
+}
+
+TEST_F(PipelineTest, MicroBatchSharesAreCheckedWhenThePipelineIsCreated) {
+  auto o = options(make_mlp(), 2, 3, schedule_kind::gpipe);
+  o.micro_batch_shares = {1, 2};
+  EXPECT_THROW((void)pipeline::create(system_, std::move(o)), usage_error);
 }
 
 TEST_F(PipelineTest, MoreMicroBatchesThanSamplesIsAUsageError) {

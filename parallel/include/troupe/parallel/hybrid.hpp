@@ -48,6 +48,7 @@ struct hybrid_options {
   partition split;
   schedule_kind schedule = schedule_kind::one_f_one_b;
   std::size_t micro_batches = 1;
+  std::vector<double> micro_batch_shares; ///< as pipeline_options's
   rematerialization remat = rematerialization::never;
   bool defer_weight_gradients = true;          ///< as pipeline_options's
   bool fill_idle_with_weight_gradients = true; ///< as pipeline_options's
