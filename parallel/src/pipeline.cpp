@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <numeric>
 #include <optional>
 
 #include <caf/all.hpp>
@@ -101,9 +102,8 @@ expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
             "pipeline: stage {} of the partition has no layers", s);
   require(options.micro_batches >= 1, "pipeline: {} micro-batches; need at least one",
           options.micro_batches);
-  if (!options.micro_batch_shares.empty()) // checks the shares (a batch of one row per share)
-    (void)micro_batch_rows(static_cast<std::int64_t>(options.micro_batches), options.micro_batches,
-                           options.micro_batch_shares);
+  if (!options.micro_batch_shares.empty())
+    check_micro_batch_shares(options.micro_batches, options.micro_batch_shares);
   require(static_cast<bool>(options.optimizer), "pipeline: no optimizer factory");
   require(static_cast<bool>(options.loss), "pipeline: no loss function");
   require(options.timeout.count() > 0, "pipeline: the timeout must be positive");
@@ -267,6 +267,14 @@ expected<void> pipeline::fail(troupe::error err) {
   return err;
 }
 
+void check_micro_batch_shares(std::size_t micro_batches, const std::vector<double>& shares) {
+  require(shares.size() == micro_batches, "pipeline: {} micro-batch shares for {} micro-batches; give one each",
+          shares.size(), micro_batches);
+  for (std::size_t j = 0; j < shares.size(); ++j)
+    require(std::isfinite(shares[j]) && shares[j] > 0, "pipeline: micro-batch share {} is {}; shares must be "
+            "positive", j, shares[j]);
+}
+
 std::vector<std::int64_t> micro_batch_rows(std::int64_t batch, std::size_t micro_batches,
                                            const std::vector<double>& shares) {
   const auto m = static_cast<std::int64_t>(micro_batches);
@@ -278,14 +286,8 @@ std::vector<std::int64_t> micro_batch_rows(std::int64_t batch, std::size_t micro
       rows[j] = batch / m + (j < batch % m ? 1 : 0);
     return rows;
   }
-  require(shares.size() == micro_batches, "pipeline: {} micro-batch shares for {} micro-batches; give one each",
-          shares.size(), micro_batches);
-  double total = 0;
-  for (std::size_t j = 0; j < shares.size(); ++j) {
-    require(std::isfinite(shares[j]) && shares[j] > 0, "pipeline: micro-batch share {} is {}; shares must be "
-            "positive", j, shares[j]);
-    total += shares[j];
-  }
+  check_micro_batch_shares(micro_batches, shares);
+  const double total = std::accumulate(shares.begin(), shares.end(), 0.0);
   // Largest remainders: floor every exact part, then one more row to the
   // parts that lost most (the earlier one on a tie).
   std::vector<std::pair<double, std::size_t>> lost;

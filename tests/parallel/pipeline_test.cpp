@@ -351,6 +351,14 @@ TEST_F(PipelineTest, MicroBatchSharesAreCheckedWhenThePipelineIsCreated) {
   auto o = options(make_mlp(), 2, 3, schedule_kind::gpipe);
   o.micro_batch_shares = {1, 2};
   EXPECT_THROW((void)pipeline::create(system_, std::move(o)), usage_error);
+  // Shares that would leave a micro-batch empty only for small batches are
+  // fine until such a batch comes.
+  auto lopsided = options(make_mlp(), 2, 2, schedule_kind::gpipe);
+  lopsided.micro_batch_shares = {1, 30};
+  auto pipe = make(std::move(lopsided));
+  ASSERT_TRUE(pipe);
+  EXPECT_TRUE(pipe->train_step(make_batch(0, 31).inputs, make_batch(0, 31).targets).has_value());
+  EXPECT_THROW((void)pipe->train_step(make_batch(1).inputs, make_batch(1).targets), usage_error);
 }
 
 TEST_F(PipelineTest, MoreMicroBatchesThanSamplesIsAUsageError) {

@@ -69,6 +69,8 @@ namespace troupe::parallel {
 /// count that is not `micro_batches`, or a micro-batch left without rows.
 std::vector<std::int64_t> micro_batch_rows(std::int64_t batch, std::size_t micro_batches,
                                            const std::vector<double>& shares);
+/// The share checks of micro_batch_rows alone (pipeline::create runs them).
+void check_micro_batch_shares(std::size_t micro_batches, const std::vector<double>& shares);
 
 /// SGD over a stage's parameters.
 optimizer_factory sgd_factory(optim::sgd_options options);
