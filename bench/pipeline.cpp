@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
     std::vector<double> seconds;
     std::vector<double> bubbles;
     std::vector<double> fill_shares; // of the step, summed over stages
+    std::vector<double> local_seconds; // one-process steps right before and after
     double first_loss = 0, last_loss = 0;
   };
   auto make_pipe = [&](const configuration& c) {
@@ -294,13 +295,15 @@ int main(int argc, char** argv) {
             name += fmt::format(" x{} chunks", chunks);
           configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, split.size(),
                                     equal ? std::vector<double>{} : split, remote, std::size_t(chunks), nullptr,
-                                    {}, {}, {}, 0, 0});
+                                    {}, {}, {}, {}, 0, 0});
         }
   }
 
   // The one-process baseline runs as PyTorch's does: consecutive steps
-  // after a warm-up (its weights stay in cache), once before and once after
-  // the pipelines so that the machine's drift shows in both. Its loss after
+  // after a warm-up (its weights stay in cache), in a block before the
+  // pipelines and one after each configuration; each configuration's ratio
+  // is to the blocks right before and after it, so that the machine's
+  // drift (2x within minutes) hits both sides alike. Its loss after
   // the first block (warm-up + `steps`) is the reference every
   // configuration, trained from the same seed for as many steps, must match.
   // PyTorch runs before and after troupe; each of its figures is the better
@@ -313,15 +316,18 @@ int main(int argc, char** argv) {
   std::vector<double> local_seconds;
   double local_first = local_step(), local_last = local_first;
   auto local_block = [&](bool reference) {
+    std::vector<double> block;
     for (int round = 0; round < steps; ++round) {
       auto start = bench::now_seconds();
       auto loss = local_step();
-      local_seconds.push_back(bench::now_seconds() - start);
+      block.push_back(bench::now_seconds() - start);
       if (reference)
         local_last = loss;
     }
+    local_seconds.insert(local_seconds.end(), block.begin(), block.end());
+    return block;
   };
-  local_block(true);
+  auto block_before = local_block(true);
   // Each configuration alone, its steps consecutive: a warm-up, then `steps`
   // timed. Across processes this is also required: stage names are per node
   // ("worker1/cpu/stage1"), so two pipelines over the same nodes cannot live
@@ -337,8 +343,11 @@ int main(int argc, char** argv) {
       if (!step(c, round > 0))
         return 1;
     c.pipe.reset();
+    auto block_after = local_block(false);
+    c.local_seconds = block_before;
+    c.local_seconds.insert(c.local_seconds.end(), block_after.begin(), block_after.end());
+    block_before = std::move(block_after);
   }
-  local_block(false);
 
   torch_figures torch;
   if (peers) {
@@ -367,7 +376,8 @@ int main(int argc, char** argv) {
     auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); idle filled {:.2f}; loss {:.5f}{}",
                             bench::median(c.bubbles), gpipe_bubble, bench::median(c.fill_shares), c.last_loss,
                             same ? "" : " WRONG (differs from one process)");
-    out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "troupe one process", local_rate, note});
+    out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "one process, adjacent",
+             batch / bench::median(c.local_seconds), note});
     if (torch.best_rpc)
       out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "PyTorch " + torch.best_rpc_case,
                torch.best_rpc, ""});
