@@ -248,7 +248,6 @@ public:
     stats_.busy_ms += std::chrono::duration<double, std::milli>(clock::now() - started).count();
   }
 
-
   double digest() const {
     double sum = 0;
     for (const auto& p : options_->layers->parameters()) {
