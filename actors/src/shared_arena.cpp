@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <csignal>
+#include <limits>
 #include <iterator>
 #include <cstring>
 #include <map>
@@ -183,27 +185,68 @@ std::string shared_arena::name_for(std::string_view job, std::string_view node) 
   return out.substr(0, 255);
 }
 
+namespace {
+
+/// The pid in a router's arena name ("troupe-<hex>_<pid>-<node>", as listed
+/// in /dev/shm), or 0 when the name is not one.
+long pid_in_arena_name(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix))
+    return 0;
+  auto rest = name.substr(prefix.size());
+  auto token_end = rest.find('_');
+  if (token_end == 0 || token_end == std::string_view::npos ||
+      !std::all_of(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(token_end),
+                   [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); }))
+    return 0;
+  auto digits = rest.substr(token_end + 1);
+  auto pid_end = digits.find('-');
+  if (pid_end == 0 || pid_end == std::string_view::npos || pid_end > 18)
+    return 0;
+  long pid = 0;
+  for (char c : digits.substr(0, pid_end)) {
+    if (!std::isdigit(static_cast<unsigned char>(c)))
+      return 0;
+    pid = pid * 10 + (c - '0');
+  }
+  return pid;
+}
+
+} // namespace
+
+std::size_t shared_arena::remove_left_by_gone_processes() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir)
+    return 0;
+  const std::string_view prefix = name_prefix.substr(1);
+  std::vector<long> pids;
+  while (auto* entry = ::readdir(dir))
+    if (auto pid = pid_in_arena_name(entry->d_name, prefix); pid > 0)
+      pids.push_back(pid);
+  ::closedir(dir);
+  std::sort(pids.begin(), pids.end());
+  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  std::size_t removed = 0;
+  for (auto pid : pids) {
+    const bool gone = pid > std::numeric_limits<pid_t>::max() ||
+                      (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+    if (gone)
+      removed += remove_left_by(pid);
+  }
+  return removed;
+}
+
 std::size_t shared_arena::remove_left_by(long pid) {
   if (pid <= 0)
     return 0;
   DIR* dir = ::opendir("/dev/shm");
   if (!dir)
     return 0;
-  const auto marker = "_" + std::to_string(pid) + "-";
   const std::string_view prefix = name_prefix.substr(1); // "troupe-", as listed in /dev/shm
   std::vector<std::string> doomed;
   while (auto* entry = ::readdir(dir)) {
     std::string_view name = entry->d_name;
-    if (!name.starts_with(prefix))
-      continue;
-    auto rest = name.substr(prefix.size());
-    auto token_end = rest.find('_');
-    if (token_end == 0 || token_end == std::string_view::npos ||
-        !std::all_of(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(token_end),
-                     [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); }) ||
-        !rest.substr(token_end).starts_with(marker))
-      continue;
-    doomed.push_back("/" + std::string(name));
+    if (pid_in_arena_name(name, prefix) == pid)
+      doomed.push_back("/" + std::string(name));
   }
   ::closedir(dir);
   std::size_t removed = 0;

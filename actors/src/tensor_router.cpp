@@ -411,6 +411,9 @@ expected<std::shared_ptr<tensor_router>> tensor_router::start(caf::actor_system&
     if (raw->options.arena_bytes > 0) {
       if (raw->options.host_key.empty())
         raw->options.host_key = this_host_key();
+      // What crashed processes left behind goes first (their touched pages
+      // stay in memory as long as the name does).
+      (void)shared_arena::remove_left_by_gone_processes();
       // Unique per process: two jobs (or tests) on one host may use the same node names.
       auto arena = shared_arena::create(
           shared_arena::name_for(fmt::format("{:x}-{}", raw->options.data_plane.token & 0xffffffu, ::getpid()),

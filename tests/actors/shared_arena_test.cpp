@@ -286,9 +286,11 @@ TEST(SharedArena, StaleNamesAreReplacedAndNamesUnlinkedOnClose) {
 }
 
 TEST(SharedArena, ArenasLeftByAGoneProcessAreRemovedByItsPid) {
-  // Names as a router makes them, for a process id no live process has
-  // here (above the default pid_max) and for a neighbour's.
-  const long gone = 4'000'001, other = 4'000'011;
+  // Names as a router makes them, for a process that is removed by its
+  // pid and for a neighbour's. Both pids are alive (init and this process),
+  // so no other test's router sweeps them away meanwhile
+  // (remove_left_by_gone_processes).
+  const long gone = 1, other = ::getpid();
   auto left = shared_arena::name_for(fmt::format("{:x}-{}", 0xabcdef, gone), "worker1");
   auto left_too = shared_arena::name_for(fmt::format("{:x}-{}", 0x12, gone), "worker0");
   auto neighbour = shared_arena::name_for(fmt::format("{:x}-{}", 0xabcdef, other), "worker1");
@@ -306,6 +308,31 @@ TEST(SharedArena, ArenasLeftByAGoneProcessAreRemovedByItsPid) {
   EXPECT_EQ(shared_arena::remove_left_by(gone), 0u);
   EXPECT_EQ(shared_arena::remove_left_by(0), 0u);
   ::shm_unlink(neighbour.c_str());
+  ::shm_unlink(lookalike.c_str());
+}
+
+TEST(SharedArena, ArenasOfProcessesThatNoLongerExistAreRemovedAndLiveOnesKept) {
+  // A child that has exited and been reaped: its pid names no process.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0)
+    ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  auto gone = shared_arena::name_for(fmt::format("{:x}-{}", 0xabc, child), "worker1");
+  auto live = shared_arena::name_for(fmt::format("{:x}-{}", 0xabc, ::getpid()), "worker9");
+  auto lookalike = "/troupe-abc_" + std::to_string(child) + "x-worker1"; // not a router's name
+  for (const auto& name : {gone, live, lookalike}) {
+    int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0) << name;
+    ::close(fd);
+  }
+  // (Another test's router may sweep it first: only the outcome is checked.)
+  (void)shared_arena::remove_left_by_gone_processes();
+  EXPECT_FALSE(shm_exists(gone));
+  EXPECT_TRUE(shm_exists(live)) << "this process is alive";
+  EXPECT_TRUE(shm_exists(lookalike));
+  ::shm_unlink(live.c_str());
   ::shm_unlink(lookalike.c_str());
 }
 

@@ -68,6 +68,14 @@ public:
   /// (the launcher, tests). Returns how many were removed.
   static std::size_t remove_left_by(long pid);
 
+  /// remove_left_by for every process whose arena names are in /dev/shm
+  /// but that no longer exists (kill(pid, 0) says ESRCH): what a crash that
+  /// nobody reaped left (an aborted process, a killed benchmark). A router
+  /// runs it before creating its own arena. Processes of another pid
+  /// namespace that share this /dev/shm would look gone: give such
+  /// containers their own /dev/shm, as container runtimes do by default.
+  static std::size_t remove_left_by_gone_processes();
+
   /// Creates an arena of `bytes` (rounded up to whole 64-byte blocks) under
   /// `name` ("/troupe-..."). A stale arena of that name (a crashed run) is
   /// unlinked and replaced.
