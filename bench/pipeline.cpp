@@ -268,10 +268,11 @@ int main(int argc, char** argv) {
   std::vector<configuration> configurations;
   const auto chunk_counts = bench::list_option(argc, argv, "chunks", "1");
   const auto micro_batch_counts = bench::list_option(argc, argv, "micro-batches", "1,2,4,8");
-  // Equal micro-batches, then one split with a small first micro-batch.
-  std::vector<std::vector<double>> splits;
+  // Equal micro-batches (no shares), then one split with a small first
+  // micro-batch: (count, shares).
+  std::vector<std::pair<std::size_t, std::vector<double>>> splits;
   for (auto m : micro_batch_counts)
-    splits.push_back(std::vector<double>(m, 0.0));
+    splits.emplace_back(m, std::vector<double>{});
   std::vector<double> unequal;
   for (auto rows : bench::list_option(argc, argv, "unequal-rows", "48,104,104"))
     unequal.push_back(static_cast<double>(rows));
@@ -279,23 +280,20 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "pipeline: --unequal-rows must add up to the batch, {}\n", batch);
     return 2;
   }
-  splits.push_back(unequal);
+  splits.emplace_back(unequal.size(), unequal);
   for (bool remote : {false, true}) {
     if (remote && !node)
       break;
     for (auto chunks : chunk_counts)
       for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b})
-        for (const auto& split : splits) {
-          const bool equal = split.front() == 0.0;
-          auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B",
-                                  split.size());
-          if (!equal)
-            name += fmt::format(" ({} rows)", fmt::join(split, "/"));
+        for (const auto& [m, shares] : splits) {
+          auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
+          if (!shares.empty())
+            name += fmt::format(" ({} rows)", fmt::join(shares, "/"));
           if (chunks > 1)
             name += fmt::format(" x{} chunks", chunks);
-          configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, split.size(),
-                                    equal ? std::vector<double>{} : split, remote, std::size_t(chunks), nullptr,
-                                    {}, {}, {}, {}, 0, 0});
+          configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, shares,
+                                    remote, std::size_t(chunks), nullptr, {}, {}, {}, {}, 0, 0});
         }
   }
 

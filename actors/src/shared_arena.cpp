@@ -213,24 +213,37 @@ long pid_in_arena_name(std::string_view name, std::string_view prefix) {
 
 } // namespace
 
-std::size_t shared_arena::remove_left_by_gone_processes() {
+namespace {
+
+/// Router-named arenas in /dev/shm ("/troupe-<hex>_<pid>-<node>"), by pid.
+std::map<long, std::vector<std::string>> arena_names_by_pid(std::string_view prefix) {
+  std::map<long, std::vector<std::string>> names;
   DIR* dir = ::opendir("/dev/shm");
   if (!dir)
-    return 0;
-  const std::string_view prefix = name_prefix.substr(1);
-  std::vector<long> pids;
+    return names;
   while (auto* entry = ::readdir(dir))
     if (auto pid = pid_in_arena_name(entry->d_name, prefix); pid > 0)
-      pids.push_back(pid);
+      names[pid].push_back("/" + std::string(entry->d_name));
   ::closedir(dir);
-  std::sort(pids.begin(), pids.end());
-  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  return names;
+}
+
+std::size_t unlink_all(const std::vector<std::string>& names) {
   std::size_t removed = 0;
-  for (auto pid : pids) {
+  for (const auto& name : names)
+    removed += ::shm_unlink(name.c_str()) == 0;
+  return removed;
+}
+
+} // namespace
+
+std::size_t shared_arena::remove_left_by_gone_processes() {
+  std::size_t removed = 0;
+  for (const auto& [pid, names] : arena_names_by_pid(name_prefix.substr(1))) {
     const bool gone = pid > std::numeric_limits<pid_t>::max() ||
                       (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
     if (gone)
-      removed += remove_left_by(pid);
+      removed += unlink_all(names);
   }
   return removed;
 }
@@ -238,21 +251,9 @@ std::size_t shared_arena::remove_left_by_gone_processes() {
 std::size_t shared_arena::remove_left_by(long pid) {
   if (pid <= 0)
     return 0;
-  DIR* dir = ::opendir("/dev/shm");
-  if (!dir)
-    return 0;
-  const std::string_view prefix = name_prefix.substr(1); // "troupe-", as listed in /dev/shm
-  std::vector<std::string> doomed;
-  while (auto* entry = ::readdir(dir)) {
-    std::string_view name = entry->d_name;
-    if (pid_in_arena_name(name, prefix) == pid)
-      doomed.push_back("/" + std::string(name));
-  }
-  ::closedir(dir);
-  std::size_t removed = 0;
-  for (const auto& name : doomed)
-    removed += ::shm_unlink(name.c_str()) == 0;
-  return removed;
+  auto names = arena_names_by_pid(name_prefix.substr(1)); // "troupe-", as listed in /dev/shm
+  auto it = names.find(pid);
+  return it == names.end() ? 0 : unlink_all(it->second);
 }
 
 expected<std::unique_ptr<shared_arena>> shared_arena::create(std::string name, std::size_t bytes) {

@@ -112,6 +112,18 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
+/// Ends a handler span of the trace when it leaves scope (if `active`),
+/// also when the handler throws.
+struct handler_end_guard {
+  bool active;
+  trace::name_id actor;
+  trace::name_id kind;
+  ~handler_end_guard() {
+    if (active)
+      trace::handler_end(actor, kind);
+  }
+};
+
 /// Everything a stage keeps between messages. Used only from the stage's
 /// own (detached) thread.
 class stage_state {
@@ -233,14 +245,8 @@ public:
       trace::handler_start(trace_name_, trace::message_info(actors::trace_kind(work->meta.kind), {}, 0, 0,
                                                             static_cast<std::uint32_t>(work->meta.step),
                                                             work->meta.micro_batch));
-    struct end_seed_span {
-      bool active;
-      trace::name_id name;
-      ~end_seed_span() {
-        if (active)
-          trace::handler_end(name, actors::trace_kind(message_kind::backward_gradient));
-      }
-    } seed_span{!scope.has_value(), trace_name_};
+    handler_end_guard seed_span{!scope.has_value(), trace_name_,
+                                actors::trace_kind(message_kind::backward_gradient)};
     if (work->meta.kind == message_kind::backward_gradient)
       backward(*work);
     else
@@ -298,10 +304,7 @@ private:
     auto started = clock::now();
     trace::handler_start(trace_name_, trace::message_info(kind, {}, 0, 0, static_cast<std::uint32_t>(step_),
                                                           trace::no_step));
-    struct end_span {
-      trace::name_id name;
-      ~end_span() { trace::handler_end(name, kind); }
-    } span{trace_name_};
+    handler_end_guard span{true, trace_name_, kind};
     deferred_.flush_one();
     auto ms = std::chrono::duration<double, std::milli>(clock::now() - started).count();
     stats_.busy_ms += ms;
