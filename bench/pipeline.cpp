@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
     std::vector<double> seconds;
     std::vector<double> bubbles;
     std::vector<double> fill_shares; // of the step, summed over stages
+    std::vector<std::vector<double>> busy_ms; // per stage, per timed step
     std::vector<double> local_seconds; // one-process steps right before and after
     double first_loss = 0, last_loss = 0;
   };
@@ -256,6 +257,9 @@ int main(int argc, char** argv) {
     c.seconds.push_back(elapsed);
     if (auto stats = c.pipe->stats()) {
       double busiest = 0, fill = 0;
+      c.busy_ms.resize(stats->size());
+      for (std::size_t k = 0; k < stats->size(); ++k)
+        c.busy_ms[k].push_back((*stats)[k].busy_ms);
       for (const auto& s : *stats) {
         busiest = std::max(busiest, s.busy_ms / 1e3);
         fill += s.fill_ms / 1e3;
@@ -293,7 +297,7 @@ int main(int argc, char** argv) {
           if (chunks > 1)
             name += fmt::format(" x{} chunks", chunks);
           configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, shares,
-                                    remote, std::size_t(chunks), nullptr, {}, {}, {}, {}, 0, 0});
+                                    remote, std::size_t(chunks), nullptr, {}, {}, {}, {}, {}, 0, 0});
         }
   }
 
@@ -371,8 +375,12 @@ int main(int argc, char** argv) {
     // Correctness column: the pipelined loss equals the one-process loss
     // (same model, seed and data; float summation order aside).
     bool same = std::abs(c.last_loss - local_last) <= 1e-4 * std::abs(local_last);
-    auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); idle filled {:.2f}; loss {:.5f}{}",
-                            bench::median(c.bubbles), gpipe_bubble, bench::median(c.fill_shares), c.last_loss,
+    std::vector<long> busy;
+    for (auto& per_stage : c.busy_ms)
+      busy.push_back(std::lround(bench::median(per_stage)));
+    auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); idle filled {:.2f}; stages busy {} ms; loss {:.5f}{}",
+                            bench::median(c.bubbles), gpipe_bubble, bench::median(c.fill_shares),
+                            fmt::join(busy, "/"), c.last_loss,
                             same ? "" : " WRONG (differs from one process)");
     out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "one process, adjacent",
              batch / bench::median(c.local_seconds), note});
