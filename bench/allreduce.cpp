@@ -50,9 +50,15 @@ std::size_t chunk_bytes = reducer_group_options{}.chunk_bytes;
 std::uint32_t min_chunks = reducer_group_options{}.min_chunks;
 /// Pass size of the shared-memory allreduce (--pass-kib=N).
 std::size_t pass_bytes = reducer_group_options{}.same_host_pass_bytes;
-/// Which algorithms run (--algorithm=...): index 0 shared memory, 1 ring.
-bool runs[2] = {true, true};
-constexpr const char* algorithm_names[2] = {"shared-memory", "ring"};
+/// Which cases run (--algorithm=...): index 0 shared memory, 1 ring, both
+/// on heap tensors; 2 shared memory on tensors in the node's arena
+/// (reducer_group::buffer: the peers read them where they lie), which runs
+/// whenever 0 does.
+constexpr int cases = 3;
+bool runs[cases] = {true, true, true};
+constexpr const char* algorithm_names[cases] = {"shared-memory", "ring", "shared-memory, arena buffers"};
+/// The group a case runs on (index as in `groups`).
+int group_of(int c) { return c == 1 ? 1 : 0; }
 
 reducer_group_options group_options(std::uint32_t rank, std::uint32_t n, int algorithm) {
   reducer_group_options o;
@@ -84,8 +90,9 @@ expected<void> join_all(actors::node& node, groups& out) {
 
 /// `iters` timed allreduces (after 2 warm-ups) of `count` floats; returns
 /// the per-iteration seconds and adds the wrong elements to `wrong`.
-expected<std::vector<double>> run_case(reducer_group& g, std::int64_t count, int iters, std::int64_t& wrong) {
-  auto data = tensor::empty({count}, dtype::float32);
+expected<std::vector<double>> run_case(reducer_group& g, std::int64_t count, int iters, bool in_arena,
+                                       std::int64_t& wrong) {
+  auto data = in_arena ? g.buffer({count}) : tensor::empty({count}, dtype::float32);
   const float want = static_cast<float>(g.size() * (g.size() + 1) / 2);
   std::vector<double> times;
   for (int i = 0; i < iters + 2; ++i) {
@@ -138,7 +145,7 @@ int child(int argc, char** argv) {
       int iters = 0, algorithm = 0;
       in >> count >> iters >> algorithm;
       std::int64_t wrong = 0;
-      auto times = run_case(*group[algorithm == 1 ? 1 : 0], count, iters, wrong);
+      auto times = run_case(*group[group_of(algorithm)], count, iters, algorithm == 2, wrong);
       if (times)
         std::printf("DONE %lld\n", static_cast<long long>(wrong));
       else
@@ -205,8 +212,9 @@ int parent(int argc, char** argv) {
   }
   bool any_wrong = false;
   std::vector<std::string> table;
-  table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10} {:>8} {:>10} {:>10} {:>7} {:>10} {:>10}", "n", "size",
-                              "count", "time(us)", "algbw", "busbw:shm", "busbw:ring", "#wrong", "gloo", "mpi-shm"));
+  table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10}", "n",
+                              "size", "count", "time(us)", "algbw", "busbw:shm", "shm:arena", "busbw:ring", "#wrong",
+                              "gloo", "mpi-shm"));
   for (auto n : ranks) {
     // Rounds alternate: the peers, then troupe, then the peers again, then
     // troupe again; each side keeps its better figure per size. This
@@ -254,8 +262,8 @@ int parent(int argc, char** argv) {
       }
       // Per size: troupe's best busbw and time per algorithm, wrong elements.
       struct figures {
-        double busbw[2] = {0, 0};
-        double seconds[2] = {0, 0};
+        double busbw[cases] = {0, 0, 0};
+        double seconds[cases] = {0, 0, 0};
         std::int64_t wrong = 0;
       };
       std::map<std::int64_t, figures> best;
@@ -267,12 +275,12 @@ int parent(int argc, char** argv) {
           const auto count = bytes / 4;
           int iters = quick ? 5 : static_cast<int>(std::clamp<std::int64_t>((256 << 20) / bytes, 5, 200));
           auto& f = best[bytes];
-          for (int a = 0; a < 2; ++a) {
+          for (int a = 0; a < cases; ++a) {
             if (!runs[a])
               continue;
             for (auto& c : children)
               c->ask(fmt::format("{} {} {}", count, iters, a), 0).has_value(); // the answer comes after the run
-            auto times = run_case(*group[a], count, iters, f.wrong);
+            auto times = run_case(*group[group_of(a)], count, iters, a == 2, f.wrong);
             if (!times)
               throw std::runtime_error(fmt::format("{} procs, {}, {}: {}", n, human(bytes), algorithm_names[a],
                                                    times.error().message()));
@@ -304,12 +312,13 @@ int parent(int argc, char** argv) {
         auto col = [](std::optional<double> v) { return v ? fmt::format("{:10.3f}", *v) : fmt::format("{:>10}", "-"); };
         auto ours = [&](int a) { return runs[a] ? std::optional<double>(f.busbw[a]) : std::nullopt; };
         const int shown = runs[0] ? 0 : 1; // the time and algbw columns: shared memory when it ran
-        table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10.1f} {:>8.3f} {} {} {:>7} {} {}", n, human(bytes),
+        table.push_back(fmt::format("{:>2} {:>6} {:>10} {:>10.1f} {:>8.3f} {} {} {} {:>7} {} {}", n, human(bytes),
                                     bytes / 4, f.seconds[shown] * 1e6,
-                                    static_cast<double>(bytes) / f.seconds[shown] / 1e9, col(ours(0)), col(ours(1)),
+                                    static_cast<double>(bytes) / f.seconds[shown] / 1e9, col(ours(0)), col(ours(2)),
+                                    col(ours(1)),
                                     f.wrong ? fmt::format("{} WRONG", f.wrong) : "0", col(gloo), col(mpi)));
         auto note = f.wrong ? fmt::format("{} WRONG", f.wrong) : std::string("#wrong 0");
-        for (int a = 0; a < 2; ++a) {
+        for (int a = 0; a < cases; ++a) {
           if (!runs[a])
             continue;
           auto name = fmt::format("troupe {}, {} procs, {}", algorithm_names[a], n, human(bytes));
@@ -326,7 +335,9 @@ int parent(int argc, char** argv) {
   }
   if (!out.json()) {
     fmt::print("# allreduce, float32 sum, busbw = 2(n-1)/n * bytes / time (GB/s); time and algbw of the first\n"
-               "# troupe column that ran; shm: shared-memory workspaces, ring: the ring's messages; peers' busbw beside;\n"
+               "# troupe column that ran; shm: shared-memory workspaces (heap tensors), shm:arena: the same with\n"
+               "# tensors in the node's arena (reducer_group::buffer, read in place), ring: the ring's messages;\n"
+               "# peers' busbw beside;\n"
                "# each side's better median of two interleaved rounds (one with --quick)\n");
     for (const auto& l : table)
       fmt::print("{}\n", l);
@@ -354,7 +365,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "allreduce: --algorithm is '{}' but must be both, shared-memory or ring\n", which);
       return 2;
     }
-    runs[0] = which != "ring";
+    runs[0] = runs[2] = which != "ring";
     runs[1] = which != "shared-memory";
   }
   for (int i = 1; i < argc; ++i)

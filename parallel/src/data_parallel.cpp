@@ -100,6 +100,14 @@ void data_parallel::reset_pass() {
   done_ = 0;
 }
 
+tensor data_parallel::bucket_buffer(std::size_t b) {
+  // CPU buckets of a same-host group lie in the node's shared arena, where
+  // the other replicas read them in place (reducer_group::buffer).
+  if (!nccl_ && where_.kind == device_kind::cpu)
+    return group_.buffer({buckets_[b].numel}, buckets_[b].type);
+  return tensor::empty({buckets_[b].numel}, buckets_[b].type, where_);
+}
+
 void data_parallel::gradient_ready(std::size_t parameter) {
   if (!final_pass_)
     return; // accumulating locally; synchronize() packs the sums
@@ -113,7 +121,7 @@ void data_parallel::gradient_ready(std::size_t parameter) {
   // A fresh buffer per pass (the caching allocator makes it cheap): the
   // previous pass's gradients are views of the old one and stay valid.
   if (!st.flat.defined())
-    st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type, where_);
+    st.flat = bucket_buffer(b);
   st.flat.slice(0, slot.offset, slot.offset + slot.numel)
     .copy_from(parameters_[parameter].second.grad().reshape({slot.numel}));
   st.filled[s] = true;
@@ -209,7 +217,7 @@ expected<void> data_parallel::synchronize() {
   for (std::size_t b = next_to_queue_; b < buckets_.size(); ++b) {
     auto& st = state_[b];
     if (!st.flat.defined())
-      st.flat = tensor::empty({buckets_[b].numel}, buckets_[b].type, where_);
+      st.flat = bucket_buffer(b);
     for (std::size_t s = 0; s < buckets_[b].slots.size(); ++s) {
       if (st.filled[s])
         continue;

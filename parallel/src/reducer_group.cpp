@@ -65,6 +65,13 @@ tensor reducer_group::chunk_buffer(std::uint32_t to, dtype type, std::int64_t co
   return tensor::empty({count}, type);
 }
 
+tensor reducer_group::buffer(const dims& shape, dtype type) {
+  if (workspace_ != nullptr && state_->router->arena() != nullptr)
+    if (auto in_arena = state_->router->arena_tensor(shape, type))
+      return std::move(*in_arena);
+  return tensor::empty(shape, type);
+}
+
 std::uint64_t reducer_group::next_id() noexcept { return (std::uint64_t{1} << 63) | ++next_id_; }
 
 expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node, reducer_group_options options) {
@@ -150,6 +157,8 @@ expected<void> reducer_group::offer_same_host() {
   std::unique_ptr<same_host_workspace> ws;
   if (options_.same_host == same_host_algorithm::shared_memory && !mine.host_key.empty()) {
     std::weak_ptr<state> weak = state_;
+    // The node's arena: tensors allocated there (buffer()) are read in place.
+    auto* arena = state_->router->arena();
     auto created = same_host_workspace::create({
         .rank = rank(),
         .size = size(),
@@ -163,6 +172,9 @@ expected<void> reducer_group::offer_same_host() {
           return s->failure;
         },
         .describe = [this](std::uint32_t k) { return describe(k); },
+        .arena_name = arena != nullptr ? arena->name() : std::string(),
+        .arena_base = arena != nullptr ? arena->base() : nullptr,
+        .arena_bytes = arena != nullptr ? arena->capacity() : 0,
     });
     if (created) {
       ws = std::move(*created);

@@ -32,6 +32,8 @@ constexpr std::uint64_t magic = 0x7377'6570'756f'7274; // "troupews", little-end
 constexpr std::uint32_t slot_count = 2;                  // passes in flight per rank
 constexpr std::size_t control_bytes = 4096;
 constexpr std::string_view name_prefix = "/troupe-ws-";
+constexpr std::string_view arena_prefix = "/troupe-"; // shared_arena::name_for
+constexpr std::uint64_t max_arena_bytes = std::uint64_t{1} << 40;    // shared_arena::max_bytes
 
 /// One pass's slot, as its owner announces it. `published` and `reduced`
 /// hold pass numbers; the plain fields are written before the release
@@ -42,8 +44,12 @@ struct alignas(64) slot_header {
   std::uint64_t id = 0;
   std::uint64_t count = 0;      // elements of the whole collective
   std::uint64_t pass_index = 0; // which pass of the collective
+  /// Where the owner's values are: `in_slot`, or the offset of its whole
+  /// tensor in its node's arena (read in place).
+  std::uint64_t source = 0;
   alignas(64) std::atomic<std::uint32_t> reduced{0};
 };
+constexpr std::uint64_t in_slot = ~std::uint64_t{0};
 
 /// The head of every segment. Counters sit on lines of their own: peers
 /// poll them while the owner writes its other fields.
@@ -99,6 +105,22 @@ expected<void> check_name(const std::string& name) {
   return {};
 }
 
+/// A node arena's name as shared_arena::name_for makes them.
+expected<void> check_arena_name(const std::string& name) {
+  if (name.size() <= arena_prefix.size() || name.size() > 255 ||
+      name.compare(0, arena_prefix.size(), arena_prefix) != 0)
+    return make_error(errc::malformed_message, "arena name '{}' must start with '{}' and be at most 255 bytes", name,
+                      arena_prefix);
+  for (std::size_t i = 1; i < name.size(); ++i) {
+    auto c = static_cast<unsigned char>(name[i]);
+    if (!(std::isalnum(c) || c == '-' || c == '_' || c == '.'))
+      return make_error(errc::malformed_message,
+                        "arena name '{}' has character {:#x} at {}; allowed are [A-Za-z0-9_.-]", name,
+                        static_cast<unsigned>(c), i);
+  }
+  return {};
+}
+
 } // namespace
 
 struct same_host_workspace::segment {
@@ -106,12 +128,17 @@ struct same_host_workspace::segment {
   void* base = nullptr;
   std::size_t bytes = 0;
   bool linked = false; // this process created the name and has not unlinked it
+  /// A peer's node arena, mapped read-only (nullptr: it announced none).
+  const std::byte* arena = nullptr;
+  std::size_t arena_bytes = 0;
 
   control& head() const { return *static_cast<control*>(base); }
   std::byte* slot(std::uint32_t i, std::size_t pass_bytes) const {
     return static_cast<std::byte*>(base) + control_bytes + i * pass_bytes;
   }
   ~segment() {
+    if (arena)
+      ::munmap(const_cast<std::byte*>(arena), arena_bytes);
     if (base)
       ::munmap(base, bytes);
     if (linked)
@@ -134,6 +161,13 @@ expected<std::unique_ptr<same_host_workspace>> same_host_workspace::create(same_
     return make_error(errc::invalid_argument,
                       "same-host workspace: pass_bytes {} must be a multiple of 64 in [4096, 2^30]",
                       options.pass_bytes);
+  if (!options.arena_name.empty()) {
+    if (auto ok = check_arena_name(options.arena_name); !ok)
+      return make_error(errc::invalid_argument, "same-host workspace: {}", ok.error().message());
+    if (options.arena_base == nullptr || options.arena_bytes == 0 || options.arena_bytes > max_arena_bytes)
+      return make_error(errc::invalid_argument, "same-host workspace: arena {} of {} bytes at {}; need a mapping of "
+                        "1 to 2^40 bytes", options.arena_name, options.arena_bytes, options.arena_base);
+  }
   std::unique_ptr<same_host_workspace> ws(new same_host_workspace(std::move(options)));
   const auto& o = ws->options_;
   std::random_device entropy;
@@ -172,7 +206,7 @@ std::string same_host_workspace::who(std::uint32_t rank) const {
 
 same_host_workspace::invitation same_host_workspace::own() const {
   const auto& seg = *segments_[options_.rank];
-  return {seg.name, seg.head().nonce, options_.pass_bytes};
+  return {seg.name, seg.head().nonce, options_.pass_bytes, options_.arena_name, options_.arena_bytes};
 }
 
 expected<void> same_host_workspace::map_peer(std::uint32_t rank, const invitation& peer) {
@@ -204,6 +238,28 @@ expected<void> same_host_workspace::map_peer(std::uint32_t rank, const invitatio
   seg->name = peer.name;
   seg->base = base;
   seg->bytes = want;
+  if (!peer.arena.empty()) {
+    if (auto ok = check_arena_name(peer.arena); !ok)
+      return make_error(errc::malformed_message, "same-host workspace of {}: {}", owner, ok.error().message());
+    int arena_fd = ::shm_open(peer.arena.c_str(), O_RDONLY, 0);
+    if (arena_fd < 0)
+      return make_error(errc::io_error, "same-host workspace of {}: shm_open({}): {}", owner, peer.arena,
+                        std::strerror(errno));
+    struct stat arena_info {};
+    if (::fstat(arena_fd, &arena_info) != 0 || peer.arena_bytes == 0 || peer.arena_bytes > max_arena_bytes ||
+        static_cast<std::uint64_t>(arena_info.st_size) != peer.arena_bytes) {
+      ::close(arena_fd);
+      return make_error(errc::malformed_message, "same-host workspace of {}: arena {} has {} bytes, announced {}",
+                        owner, peer.arena, static_cast<long long>(arena_info.st_size), peer.arena_bytes);
+    }
+    void* arena = ::mmap(nullptr, peer.arena_bytes, PROT_READ, MAP_SHARED, arena_fd, 0);
+    ::close(arena_fd);
+    if (arena == MAP_FAILED)
+      return make_error(errc::io_error, "same-host workspace of {}: mmap({}): {}", owner, peer.arena,
+                        std::strerror(errno));
+    seg->arena = static_cast<const std::byte*>(arena);
+    seg->arena_bytes = peer.arena_bytes;
+  }
   const auto& c = seg->head();
   if (c.magic != magic || c.nonce != peer.nonce || c.pass_bytes != options_.pass_bytes || c.slots != slot_count ||
       c.rank != rank)
@@ -360,6 +416,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
   auto& mine = *segments_[r];
   std::vector<const T*> sources(n); // each rank's values of this rank's segment, one pass at a time
+  std::vector<const T*> in_place(n); // a peer's whole tensor in its arena, or nullptr
 
   const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
   const std::uint32_t first = pass_ + 1; // pass numbers first, first+1, ... (wrapping)
@@ -368,6 +425,15 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     return reinterpret_cast<T*>(segments_[k]->slot(s % slot_count, options_.pass_bytes));
   };
   auto extent = [&](std::int64_t index) { return std::min(pass_elems, count - index * pass_elems); };
+  // This rank's tensor in its node's arena: the peers read it in place.
+  std::uint64_t source = in_slot;
+  const auto total_bytes = static_cast<std::uint64_t>(count) * sizeof(T);
+  if (options_.arena_base != nullptr) {
+    const auto begin = reinterpret_cast<std::uintptr_t>(data);
+    const auto arena = reinterpret_cast<std::uintptr_t>(options_.arena_base);
+    if (begin >= arena && begin - arena <= options_.arena_bytes && total_bytes <= options_.arena_bytes - (begin - arena))
+      source = begin - arena;
+  }
 
   // Steps 1 and 2 for one pass.
   auto publish = [&](std::int64_t index) -> expected<void> {
@@ -383,8 +449,9 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
         if (auto ok = wait_for(k, "finish an earlier pass", free_again); !ok)
           return ok;
       }
-    // 2. This rank's values of the other segments go into its slot.
-    for (std::uint32_t k = 0; k < n; ++k)
+    // 2. This rank's values of the other segments go into its slot (unless
+    // the peers read them where they lie).
+    for (std::uint32_t k = 0; k < n && source == in_slot; ++k)
       if (k != r) {
         auto seg = ring_segment(len, n, k);
         std::memcpy(slot_of(r, s) + seg.begin, here + seg.begin,
@@ -395,6 +462,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     own_slot.id = id;
     own_slot.count = static_cast<std::uint64_t>(count);
     own_slot.pass_index = static_cast<std::uint64_t>(index);
+    own_slot.source = source;
     own_slot.published.store(s, std::memory_order_release);
     ring_doorbell(mine.head());
     return {};
@@ -432,12 +500,27 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
                             "must issue their allreduces in the same order and with the same sizes",
                             who(k), theirs.id,
                             theirs.count, theirs.element_bytes, theirs.pass_index, id, count, sizeof(T), index);
+        // Values in the peer's arena: inside the arena it announced, aligned.
+        const auto& peer = *segments_[k];
+        in_place[k] = nullptr;
+        if (theirs.source != in_slot) {
+          if (peer.arena == nullptr || theirs.source % alignof(T) != 0 || theirs.source > peer.arena_bytes ||
+              total_bytes > peer.arena_bytes - theirs.source)
+            return make_error(errc::malformed_message,
+                              "same-host allreduce: {} published {} bytes at offset {} of its arena, which has {} "
+                              "bytes",
+                              who(k), total_bytes, theirs.source, peer.arena_bytes);
+          in_place[k] = reinterpret_cast<const T*>(peer.arena + theirs.source);
+        }
       }
 
       // 4. Reduce segment r, in rank order.
       auto own = ring_segment(len, n, r);
       for (std::uint32_t k = 0; k < n; ++k)
-        sources[k] = (k == r ? here : slot_of(k, s)) + own.begin;
+        sources[k] = (k == r                 ? here
+                      : in_place[k] != nullptr ? in_place[k] + index * pass_elems
+                                               : slot_of(k, s)) +
+                     own.begin;
       reduce_segment(sources, slot_of(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
       mine.head().slot[s % slot_count].reduced.store(s, std::memory_order_release);
       ring_doorbell(mine.head());
@@ -463,6 +546,13 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     return {};
   };
   auto result = run();
+  if (result) {
+    if (source != in_slot)
+      published_in_place_.fetch_add(1);
+    for (std::uint32_t k = 0; k < n; ++k)
+      if (in_place[k] != nullptr)
+        read_in_place_.fetch_add(1);
+  }
   done(ticket, result);
   return result;
 }
@@ -476,13 +566,14 @@ template expected<void> same_host_workspace::allreduce<double>(double*, std::int
 namespace troupe::parallel {
 
 namespace {
-constexpr std::string_view offer_magic = "troupe-same-host 1";
+constexpr std::string_view offer_magic = "troupe-same-host 2";
 constexpr std::size_t max_offer_bytes = 1024;
 } // namespace
 
 std::vector<std::byte> encode_offer(const same_host_offer& offer) {
-  auto text = fmt::format("{}\n{}\n{}\n{}\n{:x}\n{}\n", offer_magic, offer.wants ? 1 : 0, offer.host_key,
-                          offer.segment.name, offer.segment.nonce, offer.segment.pass_bytes);
+  auto text = fmt::format("{}\n{}\n{}\n{}\n{:x}\n{}\n{}\n{}\n", offer_magic, offer.wants ? 1 : 0, offer.host_key,
+                          offer.segment.name, offer.segment.nonce, offer.segment.pass_bytes, offer.segment.arena,
+                          offer.segment.arena_bytes);
   auto bytes = std::as_bytes(std::span(text.data(), text.size()));
   return {bytes.begin(), bytes.end()};
 }
@@ -501,8 +592,8 @@ expected<same_host_offer> decode_offer(std::span<const std::byte> bytes) {
     lines.push_back(text.substr(0, end));
     text.remove_prefix(end + 1);
   }
-  if (lines.size() != 6)
-    return make_error(errc::malformed_message, "same-host offer: {} lines, want 6", lines.size());
+  if (lines.size() != 8)
+    return make_error(errc::malformed_message, "same-host offer: {} lines, want 8", lines.size());
   if (lines[0] != offer_magic)
     return make_error(errc::malformed_message, "same-host offer: first line '{}' is not '{}'", lines[0], offer_magic);
   same_host_offer out;
@@ -543,6 +634,18 @@ expected<same_host_offer> decode_offer(std::span<const std::byte> bytes) {
     return pass.error();
   out.segment.nonce = *nonce;
   out.segment.pass_bytes = *pass;
+  // The node's arena: none ("" and 0), or a name and a size.
+  auto arena_bytes = number(lines[7], 10, max_arena_bytes, "arena_bytes");
+  if (!arena_bytes)
+    return arena_bytes.error();
+  out.segment.arena = std::string(lines[6]);
+  out.segment.arena_bytes = *arena_bytes;
+  if (out.segment.arena.empty() != (out.segment.arena_bytes == 0))
+    return make_error(errc::malformed_message, "same-host offer: arena '{}' with {} bytes (need both or neither)",
+                      out.segment.arena, out.segment.arena_bytes);
+  if (!out.segment.arena.empty())
+    if (auto ok = check_arena_name(out.segment.arena); !ok)
+      return make_error(errc::malformed_message, "same-host offer: {}", ok.error().message());
   return out;
 }
 

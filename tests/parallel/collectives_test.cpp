@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "ring_support.hpp"
+#include "same_host_workspace.hpp"
 #include "troupe/parallel/collectives.hpp"
 
 using namespace std::chrono_literals;
@@ -272,18 +273,34 @@ TEST(Collectives, SilentNeighbourTimesOutNamingIt) {
 // ---- across processes -------------------------------------------------------
 
 /// Runs the cross-process allreduces as `rank`; "" when every one is right.
+/// Allreduces of 4 KiB and 16 MiB, on heap tensors and then on tensors from
+/// g.buffer() (in the node's arena on the same-host path, where the peers
+/// read them in place: checked by the workspace's counter).
 std::string run_allreduces(reducer_group& g) {
-  for (std::int64_t bytes : {std::int64_t{4} << 10, std::int64_t{16} << 20}) {
-    auto count = bytes / 4;
-    auto data = input(g.rank(), count);
-    auto ok = ring_allreduce(g, data);
-    if (!ok)
-      return ok.error().message();
-    auto got = data.to_vector<float>();
-    for (std::int64_t i = 0; i < count; ++i)
-      if (std::abs(got[static_cast<std::size_t>(i)] - reference(g.size(), i)) > 1e-5 * reference(g.size(), i))
-        return "wrong element " + std::to_string(i) + " of " + std::to_string(count);
-  }
+  for (bool from_buffer : {false, true})
+    for (std::int64_t bytes : {std::int64_t{4} << 10, std::int64_t{16} << 20}) {
+      auto count = bytes / 4;
+      auto data = input(g.rank(), count);
+      if (from_buffer) {
+        auto buffer = g.buffer({count});
+        buffer.copy_from(data);
+        data = buffer;
+      }
+      const auto read_before = g.workspace() ? g.workspace()->read_in_place() : 0;
+      auto ok = ring_allreduce(g, data);
+      if (!ok)
+        return ok.error().message();
+      auto got = data.to_vector<float>();
+      for (std::int64_t i = 0; i < count; ++i)
+        if (std::abs(got[static_cast<std::size_t>(i)] - reference(g.size(), i)) > 1e-5 * reference(g.size(), i))
+          return "wrong element " + std::to_string(i) + " of " + std::to_string(count);
+      if (g.workspace()) {
+        const auto read = g.workspace()->read_in_place() - read_before;
+        if (read != (from_buffer ? g.size() - 1 : 0))
+          return fmt::format("{} peers' tensors read in place ({} bytes, {})", read, bytes,
+                             from_buffer ? "buffer()" : "heap");
+      }
+    }
   return "";
 }
 

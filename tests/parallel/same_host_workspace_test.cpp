@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "same_host_workspace.hpp"
+#include "troupe/actors/shared_arena.hpp"
+#include <unistd.h>
 
 using namespace troupe;
 using namespace troupe::parallel;
@@ -29,7 +31,11 @@ std::vector<std::byte> bytes_of(std::string_view text) {
 same_host_offer sample() {
   return {.wants = true,
           .host_key = "1f2e-boot:803:1",
-          .segment = {.name = "/troupe-ws-123-1-00000000deadbeef", .nonce = 0xdeadbeef, .pass_bytes = 262144}};
+          .segment = {.name = "/troupe-ws-123-1-00000000deadbeef",
+                      .nonce = 0xdeadbeef,
+                      .pass_bytes = 262144,
+                      .arena = "/troupe-00ff_123-worker1",
+                      .arena_bytes = std::uint64_t{1} << 30}};
 }
 
 TEST(SameHostOffer, RoundTrips) {
@@ -40,6 +46,8 @@ TEST(SameHostOffer, RoundTrips) {
   EXPECT_EQ(decoded->segment.name, "/troupe-ws-123-1-00000000deadbeef");
   EXPECT_EQ(decoded->segment.nonce, 0xdeadbeefu);
   EXPECT_EQ(decoded->segment.pass_bytes, 262144u);
+  EXPECT_EQ(decoded->segment.arena, "/troupe-00ff_123-worker1");
+  EXPECT_EQ(decoded->segment.arena_bytes, std::uint64_t{1} << 30);
   // A member that declines sends no segment.
   auto declined = decode_offer(encode_offer({.wants = false, .host_key = "", .segment = {}}));
   ASSERT_TRUE(declined) << declined.error().message();
@@ -53,19 +61,27 @@ TEST(SameHostOffer, MalformedOffersAreErrorsNamingTheField) {
     std::string text;
     const char* names;
   };
+  const std::string head = "troupe-same-host 2\n1\nk\n";
   const std::vector<bad> cases = {
       {"", "0 lines"},
       {text.substr(0, text.size() - 1), "does not end in a newline"},
-      {"troupe-same-host 2\n1\nk\n/troupe-ws-1\nff\n4096\n", "first line"},
-      {"troupe-same-host 1\n2\nk\n/troupe-ws-1\nff\n4096\n", "'wants' is '2'"},
-      {"troupe-same-host 1\n1\nk\x01\n/troupe-ws-1\nff\n4096\n", "unprintable byte 0x1"},
-      {"troupe-same-host 1\n1\nk\n/etc/passwd\nff\n4096\n", "must start with '/troupe-ws-'"},
-      {"troupe-same-host 1\n1\nk\n/troupe-ws-../x\nff\n4096\n", "has character 0x2e"},
-      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\nfg\n4096\n", "nonce 'fg' is not a base-16 number"},
-      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\n1ffffffffffffffff\n4096\n", "nonce '1ffffffffffffffff' is above"},
-      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\nff\n\n", "pass_bytes '' is not a number"},
-      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\nff\n1073741825\n", "pass_bytes '1073741825' is above 1073741824"},
-      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\nff\n4096\nextra\n", "7 lines, want 6"},
+      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\nff\n4096\n\n0\n", "first line"},
+      {"troupe-same-host 2\n2\nk\n/troupe-ws-1\nff\n4096\n\n0\n", "'wants' is '2'"},
+      {"troupe-same-host 2\n1\nk\x01\n/troupe-ws-1\nff\n4096\n\n0\n", "unprintable byte 0x1"},
+      {head + "/etc/passwd\nff\n4096\n\n0\n", "must start with '/troupe-ws-'"},
+      {head + "/troupe-ws-../x\nff\n4096\n\n0\n", "has character 0x2e"},
+      {head + "/troupe-ws-1\nfg\n4096\n\n0\n", "nonce 'fg' is not a base-16 number"},
+      {head + "/troupe-ws-1\n1ffffffffffffffff\n4096\n\n0\n", "nonce '1ffffffffffffffff' is above"},
+      {head + "/troupe-ws-1\nff\n\n\n0\n", "pass_bytes '' is not a number"},
+      {head + "/troupe-ws-1\nff\n1073741825\n\n0\n", "pass_bytes '1073741825' is above 1073741824"},
+      {head + "/troupe-ws-1\nff\n4096\n\n0\nextra\n", "9 lines, want 8"},
+      {head + "/troupe-ws-1\nff\n4096\n", "6 lines, want 8"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n\n", "arena_bytes '' is not a number"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n1099511627777\n", "arena_bytes '1099511627777' is above"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n0\n", "arena '/troupe-a-w0' with 0 bytes"},
+      {head + "/troupe-ws-1\nff\n4096\n\n4096\n", "arena '' with 4096 bytes"},
+      {head + "/troupe-ws-1\nff\n4096\n/dev/shm/x\n4096\n", "must start with '/troupe-'"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a/../b\n4096\n", "has character 0x2f"},
       {text + std::string(1100, 'x'), "at most 1024 allowed"},
   };
   for (const auto& c : cases) {
@@ -78,7 +94,8 @@ TEST(SameHostOffer, MalformedOffersAreErrorsNamingTheField) {
 
 same_host_workspace_options options_for(std::uint32_t rank) {
   return {.rank = rank, .size = 2, .pass_bytes = 4096, .timeout = 300ms, .failure = {},
-          .describe = [](std::uint32_t k) { return "replica " + std::to_string(k); }};
+          .describe = [](std::uint32_t k) { return "replica " + std::to_string(k); },
+          .arena_name = {}, .arena_base = nullptr, .arena_bytes = 0};
 }
 
 TEST(SameHostWorkspace, BadOptionsAreRefused) {
@@ -151,6 +168,119 @@ TEST(SameHostWorkspace, SetupWaitsForEveryPeerAndUnlinksTheName) {
   reducer.join();
   EXPECT_EQ(x, std::vector<float>(3000, 3.0f));
   EXPECT_EQ(y, x);
+}
+
+/// Two ranks of one group in this process, each with its node arena or
+/// without one, set up as reducer_group does it.
+struct two_ranks {
+  std::unique_ptr<actors::shared_arena> arena[2];
+  std::unique_ptr<same_host_workspace> ws[2];
+};
+
+two_ranks set_up(bool with_arena0, bool with_arena1) {
+  two_ranks t;
+  const bool with[2] = {with_arena0, with_arena1};
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto o = options_for(r);
+    if (with[r]) {
+      auto arena = actors::shared_arena::create(fmt::format("/troupe-wstest_{}-r{}", ::getpid(), r), 1 << 20);
+      EXPECT_TRUE(arena) << arena.error().message();
+      t.arena[r] = std::move(*arena);
+      o.arena_name = t.arena[r]->name();
+      o.arena_base = t.arena[r]->base();
+      o.arena_bytes = t.arena[r]->capacity();
+    }
+    auto ws = same_host_workspace::create(o);
+    EXPECT_TRUE(ws) << ws.error().message();
+    t.ws[r] = std::move(*ws);
+  }
+  EXPECT_TRUE(t.ws[0]->map_peer(1, t.ws[1]->own()));
+  EXPECT_TRUE(t.ws[1]->map_peer(0, t.ws[0]->own()));
+  std::thread other([&] { EXPECT_TRUE(t.ws[1]->finish_setup()); });
+  EXPECT_TRUE(t.ws[0]->finish_setup());
+  other.join();
+  return t;
+}
+
+TEST(SameHostWorkspace, TensorsInTheArenaAreReadWhereTheyLie) {
+  // 3001 floats in passes of 1024: three passes, the last one short.
+  constexpr std::int64_t count = 3001;
+  for (auto [in0, in1] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+    auto t = set_up(true, true);
+    const bool in_arena[2] = {in0, in1};
+    tensor values[2];
+    for (int r = 0; r < 2; ++r) {
+      if (in_arena[r]) {
+        auto allocated = t.arena[r]->allocate({count});
+        ASSERT_TRUE(allocated);
+        values[r] = *allocated;
+      } else {
+        values[r] = tensor::empty({count});
+      }
+      auto* v = values[r].data<float>();
+      for (std::int64_t i = 0; i < count; ++i)
+        v[i] = static_cast<float>((r + 1) * 1000 + i % 97) / 8.0f; // exact in float, sums too
+    }
+    std::thread other([&] {
+      EXPECT_TRUE(t.ws[1]->allreduce(values[1].data<float>(), count, false, 9, t.ws[1]->take_ticket()));
+    });
+    auto ok = t.ws[0]->allreduce(values[0].data<float>(), count, false, 9, t.ws[0]->take_ticket());
+    other.join();
+    ASSERT_TRUE(ok) << ok.error().message();
+    auto* a = values[0].data<float>();
+    auto* b = values[1].data<float>();
+    for (std::int64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(a[i], static_cast<float>(3000 + 2 * (i % 97)) / 8.0f) << "element " << i << " (" << in0 << in1 << ")";
+      ASSERT_EQ(a[i], b[i]) << "element " << i;
+    }
+    // Each rank's tensor in its arena was read in place by the other.
+    EXPECT_EQ(t.ws[0]->published_in_place(), in0 ? 1u : 0u);
+    EXPECT_EQ(t.ws[1]->published_in_place(), in1 ? 1u : 0u);
+    EXPECT_EQ(t.ws[0]->read_in_place(), in1 ? 1u : 0u);
+    EXPECT_EQ(t.ws[1]->read_in_place(), in0 ? 1u : 0u);
+  }
+}
+
+TEST(SameHostWorkspace, APeersArenaMustBeWhatItAnnounced) {
+  auto arena = actors::shared_arena::create(fmt::format("/troupe-wstest_{}-announced", ::getpid()), 1 << 20);
+  ASSERT_TRUE(arena);
+  auto o = options_for(1);
+  o.arena_name = (*arena)->name();
+  o.arena_base = (*arena)->base();
+  o.arena_bytes = (*arena)->capacity();
+  auto a = same_host_workspace::create(options_for(0));
+  auto b = same_host_workspace::create(o);
+  ASSERT_TRUE(a && b);
+  auto offer = (*b)->own();
+  EXPECT_EQ(offer.arena, (*arena)->name());
+
+  auto wrong_size = offer;
+  wrong_size.arena_bytes += 64;
+  auto mapped = (*a)->map_peer(1, wrong_size);
+  ASSERT_FALSE(mapped);
+  EXPECT_THAT(mapped.error().message(), HasSubstr("announced " + std::to_string(wrong_size.arena_bytes)));
+
+  auto missing = offer;
+  missing.arena = "/troupe-wstest-nobody-has-this";
+  mapped = (*a)->map_peer(1, missing);
+  ASSERT_FALSE(mapped);
+  EXPECT_THAT(mapped.error().message(), HasSubstr("shm_open(/troupe-wstest-nobody-has-this)"));
+
+  auto not_an_arena = offer;
+  not_an_arena.arena = "/troupe-ws-../../etc";
+  mapped = (*a)->map_peer(1, not_an_arena);
+  ASSERT_FALSE(mapped);
+  EXPECT_THAT(mapped.error().message(), HasSubstr("has character 0x2f"));
+
+  EXPECT_TRUE((*a)->map_peer(1, offer));
+
+  // A workspace refuses an arena it cannot describe.
+  auto bad = options_for(0);
+  bad.arena_name = "/troupe-x";
+  bad.arena_bytes = 4096; // but no mapping
+  auto refused = same_host_workspace::create(bad);
+  ASSERT_FALSE(refused);
+  EXPECT_THAT(refused.error().message(), HasSubstr("need a mapping"));
 }
 
 } // namespace

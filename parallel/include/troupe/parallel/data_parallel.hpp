@@ -149,6 +149,8 @@ private:
   void queue(std::size_t bucket);
   void reduction_loop();
   void reset_pass();
+  /// A fresh flat buffer for bucket `b`.
+  tensor bucket_buffer(std::size_t b);
 
   /// Reduces one bucket in place (NCCL or the ring).
   expected<void> reduce(std::size_t bucket);

@@ -28,7 +28,9 @@
 // between processes (parallel/src/same_host_workspace.hpp narrates the
 // protocol). Joining decides it: every member tells every other whether it
 // wants that path, its host and its workspace; all of them agree or none
-// takes it. Such allreduces run one at a time per group, in call order, so
+// takes it. A tensor allocated with buffer() lies in the node's shared
+// arena and is read by the peers where it lies. Such allreduces run one at
+// a time per group, in call order, so
 // replicas must issue them in the same order (as with NCCL or MPI; a
 // mismatch is an error naming the replica, never a wrong sum). The other
 // collectives always use the ring.
@@ -123,6 +125,13 @@ public:
   bool shares_memory() const noexcept { return workspace_ != nullptr; }
   /// The same-host workspace, or nullptr (collectives use it).
   same_host_workspace* workspace() noexcept { return workspace_.get(); }
+
+  /// A contiguous, uninitialised tensor for this group's allreduces: in
+  /// this node's shared arena when they take the same-host path (the peers
+  /// then read it where it lies: one copy fewer per allreduce, see
+  /// same_host_workspace.hpp), on the heap otherwise or when the arena has
+  /// no room. Gradient buckets of data_parallel come from here.
+  tensor buffer(const dims& shape, dtype type = dtype::float32);
 
   /// A fresh collective id (same sequence on every rank when every rank
   /// issues its collectives in the same order). Explicit ids passed in the
