@@ -128,8 +128,8 @@ struct same_host_workspace::segment {
   void* base = nullptr;
   std::size_t bytes = 0;
   bool linked = false; // this process created the name and has not unlinked it
-  /// A peer's node arena, mapped read-only (nullptr: it announced none).
-  const std::byte* arena = nullptr;
+  /// A peer's node arena, mapped read-write (nullptr: it announced none).
+  std::byte* arena = nullptr;
   std::size_t arena_bytes = 0;
 
   control& head() const { return *static_cast<control*>(base); }
@@ -138,7 +138,7 @@ struct same_host_workspace::segment {
   }
   ~segment() {
     if (arena)
-      ::munmap(const_cast<std::byte*>(arena), arena_bytes);
+      ::munmap(arena, arena_bytes);
     if (base)
       ::munmap(base, bytes);
     if (linked)
@@ -241,7 +241,7 @@ expected<void> same_host_workspace::map_peer(std::uint32_t rank, const invitatio
   if (!peer.arena.empty()) {
     if (auto ok = check_arena_name(peer.arena); !ok)
       return make_error(errc::malformed_message, "same-host workspace of {}: {}", owner, ok.error().message());
-    int arena_fd = ::shm_open(peer.arena.c_str(), O_RDONLY, 0);
+    int arena_fd = ::shm_open(peer.arena.c_str(), O_RDWR, 0);
     if (arena_fd < 0)
       return make_error(errc::io_error, "same-host workspace of {}: shm_open({}): {}", owner, peer.arena,
                         std::strerror(errno));
@@ -252,12 +252,12 @@ expected<void> same_host_workspace::map_peer(std::uint32_t rank, const invitatio
       return make_error(errc::malformed_message, "same-host workspace of {}: arena {} has {} bytes, announced {}",
                         owner, peer.arena, static_cast<long long>(arena_info.st_size), peer.arena_bytes);
     }
-    void* arena = ::mmap(nullptr, peer.arena_bytes, PROT_READ, MAP_SHARED, arena_fd, 0);
+    void* arena = ::mmap(nullptr, peer.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0);
     ::close(arena_fd);
     if (arena == MAP_FAILED)
       return make_error(errc::io_error, "same-host workspace of {}: mmap({}): {}", owner, peer.arena,
                         std::strerror(errno));
-    seg->arena = static_cast<const std::byte*>(arena);
+    seg->arena = static_cast<std::byte*>(arena);
     seg->arena_bytes = peer.arena_bytes;
   }
   const auto& c = seg->head();
@@ -416,7 +416,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
   auto& mine = *segments_[r];
   std::vector<const T*> sources(n); // each rank's values of this rank's segment, one pass at a time
-  std::vector<const T*> in_place(n); // a peer's whole tensor in its arena, or nullptr
+  std::vector<T*> in_place(n); // a peer's whole tensor in its arena, or nullptr
 
   const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
   const std::uint32_t first = pass_ + 1; // pass numbers first, first+1, ... (wrapping)
@@ -510,7 +510,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
                               "same-host allreduce: {} published {} bytes at offset {} of its arena, which has {} "
                               "bytes",
                               who(k), total_bytes, theirs.source, peer.arena_bytes);
-          in_place[k] = reinterpret_cast<const T*>(peer.arena + theirs.source);
+          in_place[k] = reinterpret_cast<T*>(peer.arena + theirs.source);
         }
       }
 
@@ -522,6 +522,13 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
                                                : slot_of(k, s)) +
                      own.begin;
       reduce_segment(sources, slot_of(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
+      // Peers whose tensors lie in their arenas get the result written
+      // straight into them (from the slot, still in cache): they skip step
+      // 5's copy for this segment.
+      for (std::uint32_t k = 0; k < n; ++k)
+        if (k != r && in_place[k] != nullptr)
+          std::memcpy(in_place[k] + index * pass_elems + own.begin, slot_of(r, s) + own.begin,
+                      static_cast<std::size_t>(own.end - own.begin) * sizeof(T));
       mine.head().slot[s % slot_count].reduced.store(s, std::memory_order_release);
       ring_doorbell(mine.head());
 
@@ -534,6 +541,8 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
                                [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
             !ok)
           return ok;
+        if (source != in_slot)
+          continue; // rank k wrote segment k into this rank's tensor itself
         auto seg = ring_segment(len, n, k);
         std::memcpy(here + seg.begin, slot_of(k, s) + seg.begin,
                     static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));

@@ -31,18 +31,22 @@
 //   s+1 run before step 3 of pass s (both slots in use): the peers find the
 //   next values ready, and the copy fills what would be a wait.
 //
-// Tensors in the node's shared arena are read where they lie. Each rank
+// Tensors in the node's shared arena are used where they lie. Each rank
 // also announces its node's arena (tensor_router's, the one arena_tensor()
-// allocates from), and every peer maps it read-only. A rank whose tensor
-// lies in that arena skips step 2's copy: its slot header names the
-// tensor's offset in the arena instead, and the peers read its values from
-// there in step 4. That is safe because a rank writes a segment k of its
-// tensor only in step 5, after rank k published that it has reduced it (so
-// rank k has read it), and a rank returns only after every peer has reduced
-// the last pass, i.e. is done reading its tensor. Ranks may mix: each
-// reader looks at each peer's header. Measured with the copy simply left
-// out (bench/allreduce, 2026-11-24): 4 MiB took 1.30 ms instead of
-// 1.41-1.46 on 4 processes and 0.25 instead of 0.29-0.35 on 2.
+// allocates from), and every peer maps it. A rank whose tensor lies in that
+// arena skips both copies: its slot header names the tensor's offset in the
+// arena instead, the peers read its values from there in step 4, and each
+// owner of a segment writes its result straight into that tensor after
+// reducing it (step 4), so step 5 only waits. That is safe because segment
+// k of a rank's tensor is read, and then written, by rank k alone (the
+// values before its publish of `reduced`, the result after the reduction
+// read them), and a rank returns only after every peer has published
+// `reduced` for the last pass, i.e. is done with its tensor. Ranks may mix:
+// each looks at each peer's header. Trust: the members of a group are one
+// job's processes on one host, and each can write the others' arenas.
+// Measured with the copy-in simply left out (bench/allreduce, 2026-11-24):
+// 4 MiB took 1.30 ms instead of 1.41-1.46 on 4 processes and 0.25 instead
+// of 0.29-0.35 on 2.
 //
 // Cost per rank for B bytes on N ranks: B(N-1)/N copied in, B read and 2B/N
 // written by the reduction, B(N-1)/N copied out. With passes of 256 KiB the
@@ -121,7 +125,7 @@ public:
   invitation own() const;
 
   /// Maps peer `rank`'s segment, checking its size and nonce against what
-  /// the peer announced, and its arena (read-only), checking the size.
+  /// the peer announced, and its arena, checking the size.
   expected<void> map_peer(std::uint32_t rank, const invitation& peer);
 
   /// Once every peer is mapped: marks this rank ready, waits (bounded) until
