@@ -16,6 +16,7 @@
 
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/message_types.hpp"
+#include "troupe/tensor/streaming_copy.hpp"
 
 namespace troupe::actors {
 
@@ -95,7 +96,8 @@ struct tensor_router::impl {
       bool by_reference = arena->contains(value);
       if (!by_reference && value.nbytes() > 0 && value.nbytes() >= copy_min.load(std::memory_order_relaxed)) {
         if (auto copy = arena->allocate(value.shape(), value.type())) {
-          std::memcpy(copy->raw_data(), value.raw_data(), value.nbytes());
+          // Large copies stream past this core's cache: the reader is the other process.
+          streaming_copy(copy->raw_data(), value.raw_data(), value.nbytes());
           value = std::move(*copy);
           by_reference = true;
           ++arena_copies;
