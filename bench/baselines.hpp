@@ -49,13 +49,17 @@ inline std::vector<double> perftest_final(const std::string& output) {
   return numbers;
 }
 
-/// ucx_perftest between two processes on 127.0.0.1 with `transports`
+/// ucx_perftest between two processes on 127.0.0.1 (the loopback interface
+/// only) with `transports`
 /// (UCX_TLS). `test` is ucp_am_bw or ucp_am_lat. Returns GB/s (10^9 bytes)
 /// for bandwidth, or the round trip in µs (twice its one-way figure) for
 /// latency; nullopt when ucx_perftest is missing or failed.
 inline std::optional<double> ucx_perftest(const std::string& transports, const std::string& test,
                                           std::size_t bytes, int iterations, int window, int port) {
-  auto env = fmt::format("UCX_TLS={} UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n", transports);
+  // Loopback only, like troupe's nodes on 127.0.0.1: without it UCX adds a
+  // second TCP lane on the machine's external interface (9% more bandwidth
+  // at 16 MiB here, 2026-11-24, and an address these benchmarks must not use).
+  auto env = fmt::format("UCX_TLS={} UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n", transports);
   // The server serves one run and exits; start it in the background, give it
   // a moment to listen, then run the client against it.
   auto command = fmt::format(

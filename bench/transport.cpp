@@ -134,6 +134,7 @@ int child_plane(const std::string& transports, std::chrono::microseconds spin) {
   options.node_name = "child";
   options.token = job_token;
   options.transports = transports;
+  options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   options.max_queued_sends = 4096;
   options.spin_before_sleep = spin;
   options.on_receive = [&](peer_id from, tensor_message&& m) {
@@ -271,6 +272,7 @@ public:
     options.node_name = "parent";
     options.token = job_token;
     options.transports = transports;
+    options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
     options.max_queued_sends = 4096;
     options.on_receive = [this](peer_id, tensor_message&& m) {
       std::lock_guard guard(mutex_);

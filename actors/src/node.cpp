@@ -18,6 +18,7 @@
 
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/message_types.hpp"
+#include "troupe/actors/network_interface.hpp"
 #include "troupe/actors/registry.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace.hpp"
@@ -309,6 +310,11 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
   if (tls)
     if (auto ok = validate(options.tls); !ok)
       return troupe::error(ok.error().code(), fmt::format("node {}: {}", options.name, ok.error().message()));
+  // A job whose coordinator is a loopback address runs on this host: its
+  // nodes listen on loopback only, so that nothing of the job is reachable
+  // from, or reaches, the machine's other addresses.
+  if (options.listen_address.empty() && is_loopback_address(options.coordinator.host))
+    options.listen_address = options.coordinator.host == "localhost" ? "127.0.0.1" : options.coordinator.host;
   std::unique_ptr<node> self(new node(std::move(options)));
   auto& opts = self->options_;
   // Tracing first, so that joining and the clock measurement are recorded.
@@ -465,6 +471,10 @@ troupe::expected<void> node::start_router() {
   ro.arena_bytes = options_.arena_bytes;
   ro.copy_into_arena_min_bytes = options_.arena_copy_min_bytes;
   ro.data_plane.spin_before_sleep = options_.data_plane_spin;
+  // UCX's TCP lanes on the listen address's interface only (it would open
+  // one on every interface), unless UCX_NET_DEVICES chooses.
+  if (std::getenv("UCX_NET_DEVICES") == nullptr)
+    ro.data_plane.net_devices = interface_for_address(options_.listen_address);
   auto router = tensor_router::start(sys, std::move(ro));
   if (!router)
     return router.error();

@@ -149,6 +149,7 @@ int child_round_trip() {
   options.node_name = "child";
   options.token = job_token;
   options.transports = env_or("TROUPE_DP_TLS");
+  options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   options.on_receive = [&](peer_id, tensor_message&& m) {
     std::lock_guard guard(mutex);
     echoes.push_back(std::move(m));
@@ -190,6 +191,7 @@ int child_credits() {
   options.node_name = "child";
   options.token = job_token;
   options.transports = env_or("TROUPE_DP_TLS");
+  options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   options.credit_window_bytes = window;
   options.max_queued_sends = 4;
   options.on_receive = [](peer_id, tensor_message&&) {};
@@ -450,6 +452,7 @@ int child_throughput() {
   options.node_name = "child";
   options.token = job_token;
   options.transports = env_or("TROUPE_DP_TLS");
+  options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   options.credit_window_bytes = window;
   options.max_queued_sends = 4096;
   options.on_receive = [](peer_id, tensor_message&&) {};
@@ -491,6 +494,7 @@ int child_latency() {
   options.node_name = "child";
   options.token = job_token;
   options.transports = env_or("TROUPE_DP_TLS");
+  options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   options.spin_before_sleep =
       std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "0").c_str()));
   options.on_receive = [&](peer_id, tensor_message&&) {
@@ -585,6 +589,7 @@ struct parent_plane {
     options.node_name = "parent";
     options.token = job_token;
     options.transports = transports;
+    options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
     options.max_message_bytes = max_message_bytes;
     options.spin_before_sleep =
         std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "0").c_str()));
@@ -748,6 +753,7 @@ TEST(DataPlane, StartRefusesBadOptions) {
   EXPECT_EQ(no_token.error().code(), errc::invalid_argument);
   options.token = 1;
   options.transports = "no-such-transport";
+  options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   EXPECT_FALSE(data_plane::start(options));
 }
 

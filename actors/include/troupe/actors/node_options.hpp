@@ -34,7 +34,10 @@ struct node_options {
   endpoint coordinator{"127.0.0.1", 0};
   /// The port a non-coordinator node listens on (0: pick a free one).
   std::uint16_t port = 0;
-  /// The address to listen on; empty: all interfaces.
+  /// The address to listen on; empty: the coordinator's host when that is a
+  /// loopback address (a job on this host stays on loopback), all
+  /// interfaces otherwise. The data plane's TCP lanes use the interface of
+  /// this address (network_interface.hpp) unless UCX_NET_DEVICES is set.
   std::string listen_address;
 
   /// BASP heartbeats, on every node. A peer silent for `heartbeat_timeout`
