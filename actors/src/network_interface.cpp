@@ -9,30 +9,36 @@
 
 namespace troupe::actors {
 
+namespace {
+
+/// An IPv4 or IPv6 literal, parsed (neither: not a literal).
+struct ip_literal {
+  bool v4 = false, v6 = false;
+  in_addr a4{};
+  in6_addr a6{};
+
+  explicit ip_literal(std::string_view text) {
+    const std::string s(text);
+    v4 = ::inet_pton(AF_INET, s.c_str(), &a4) == 1;
+    v6 = !v4 && ::inet_pton(AF_INET6, s.c_str(), &a6) == 1;
+  }
+  /// All of 127.0.0.0/8 is loopback, though the interface lists only
+  /// 127.0.0.1/8.
+  bool loopback() const { return (v4 && (ntohl(a4.s_addr) >> 24) == 127) || (v6 && IN6_IS_ADDR_LOOPBACK(&a6)); }
+  bool unspecified() const { return (v4 && a4.s_addr == htonl(INADDR_ANY)) || (v6 && IN6_IS_ADDR_UNSPECIFIED(&a6)); }
+};
+
+} // namespace
+
 bool is_loopback_address(std::string_view host) {
-  if (host == "localhost")
-    return true;
-  const std::string text(host);
-  in_addr v4{};
-  in6_addr v6{};
-  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1)
-    return (ntohl(v4.s_addr) >> 24) == 127;
-  return ::inet_pton(AF_INET6, text.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+  return host == "localhost" || ip_literal(host).loopback();
 }
 
 std::string interface_for_address(std::string_view address) {
-  const std::string text(address);
-  in_addr v4{};
-  in6_addr v6{};
-  const bool is_v4 = ::inet_pton(AF_INET, text.c_str(), &v4) == 1;
-  const bool is_v6 = !is_v4 && ::inet_pton(AF_INET6, text.c_str(), &v6) == 1;
-  if (!is_v4 && !is_v6)
+  const ip_literal ip(address);
+  if ((!ip.v4 && !ip.v6) || ip.unspecified())
     return {};
-  if ((is_v4 && v4.s_addr == htonl(INADDR_ANY)) || (is_v6 && IN6_IS_ADDR_UNSPECIFIED(&v6)))
-    return {};
-  // All of 127.0.0.0/8 is loopback, though the interface lists only
-  // 127.0.0.1/8.
-  const bool loopback = (is_v4 && (ntohl(v4.s_addr) >> 24) == 127) || (is_v6 && IN6_IS_ADDR_LOOPBACK(&v6));
+  const bool loopback = ip.loopback();
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0)
     return {};
@@ -45,11 +51,11 @@ std::string interface_for_address(std::string_view address) {
         found = i->ifa_name;
       continue;
     }
-    if (is_v4 && i->ifa_addr->sa_family == AF_INET &&
-        reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == v4.s_addr)
+    if (ip.v4 && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == ip.a4.s_addr)
       found = i->ifa_name;
-    if (is_v6 && i->ifa_addr->sa_family == AF_INET6 &&
-        std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &v6, sizeof v6) == 0)
+    if (ip.v6 && i->ifa_addr->sa_family == AF_INET6 &&
+        std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &ip.a6, sizeof ip.a6) == 0)
       found = i->ifa_name;
   }
   ::freeifaddrs(list);

@@ -211,10 +211,6 @@ long pid_in_arena_name(std::string_view name, std::string_view prefix) {
   return pid;
 }
 
-} // namespace
-
-namespace {
-
 /// Router-named arenas in /dev/shm ("/troupe-<hex>_<pid>-<node>"), by pid.
 std::map<long, std::vector<std::string>> arena_names_by_pid(std::string_view prefix) {
   std::map<long, std::vector<std::string>> names;

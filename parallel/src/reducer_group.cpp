@@ -66,8 +66,8 @@ tensor reducer_group::chunk_buffer(std::uint32_t to, dtype type, std::int64_t co
 }
 
 tensor reducer_group::buffer(const dims& shape, dtype type) {
-  if (workspace_ != nullptr && state_->router->arena() != nullptr)
-    if (auto in_arena = state_->router->arena_tensor(shape, type))
+  if (workspace_ != nullptr)
+    if (auto in_arena = state_->router->arena_tensor(shape, type)) // an error when the node has no arena
       return std::move(*in_arena);
   return tensor::empty(shape, type);
 }

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "troupe/actors/shared_arena.hpp"
 #include "troupe/parallel/ring_allreduce.hpp"
 
 namespace troupe::parallel {
@@ -33,7 +34,7 @@ constexpr std::uint32_t slot_count = 2;                  // passes in flight per
 constexpr std::size_t control_bytes = 4096;
 constexpr std::string_view name_prefix = "/troupe-ws-";
 constexpr std::string_view arena_prefix = "/troupe-"; // shared_arena::name_for
-constexpr std::uint64_t max_arena_bytes = std::uint64_t{1} << 40;    // shared_arena::max_bytes
+constexpr std::uint64_t max_arena_bytes = actors::shared_arena::max_bytes;
 
 /// One pass's slot, as its owner announces it. `published` and `reduced`
 /// hold pass numbers; the plain fields are written before the release
@@ -91,34 +92,27 @@ void cpu_relax() {
 #endif
 }
 
-expected<void> check_name(const std::string& name) {
-  if (name.size() <= name_prefix.size() || name.size() > 255 || name.compare(0, name_prefix.size(), name_prefix) != 0)
-    return make_error(errc::malformed_message, "workspace name '{}' must start with '{}' and be at most 255 bytes",
-                      name, name_prefix);
+/// A shared-memory name from another process: `prefix`, then at most 255
+/// bytes in all of [A-Za-z0-9] and `punctuation` (`what` names it in errors).
+expected<void> check_shm_name(const std::string& name, const char* what, std::string_view prefix,
+                              std::string_view punctuation) {
+  if (name.size() <= prefix.size() || name.size() > 255 || name.compare(0, prefix.size(), prefix) != 0)
+    return make_error(errc::malformed_message, "{} name '{}' must start with '{}' and be at most 255 bytes", what, name,
+                      prefix);
   for (std::size_t i = 1; i < name.size(); ++i) {
     auto c = static_cast<unsigned char>(name[i]);
-    if (!(std::isalnum(c) || c == '-'))
-      return make_error(errc::malformed_message,
-                        "workspace name '{}' has character {:#x} at {}; allowed are [A-Za-z0-9-]", name,
-                        static_cast<unsigned>(c), i);
+    if (!(std::isalnum(c) || punctuation.find(static_cast<char>(c)) != std::string_view::npos))
+      return make_error(errc::malformed_message, "{} name '{}' has character {:#x} at {}; allowed are [A-Za-z0-9{}]",
+                        what, name, static_cast<unsigned>(c), i, punctuation);
   }
   return {};
 }
 
+expected<void> check_name(const std::string& name) { return check_shm_name(name, "workspace", name_prefix, "-"); }
+
 /// A node arena's name as shared_arena::name_for makes them.
 expected<void> check_arena_name(const std::string& name) {
-  if (name.size() <= arena_prefix.size() || name.size() > 255 ||
-      name.compare(0, arena_prefix.size(), arena_prefix) != 0)
-    return make_error(errc::malformed_message, "arena name '{}' must start with '{}' and be at most 255 bytes", name,
-                      arena_prefix);
-  for (std::size_t i = 1; i < name.size(); ++i) {
-    auto c = static_cast<unsigned char>(name[i]);
-    if (!(std::isalnum(c) || c == '-' || c == '_' || c == '.'))
-      return make_error(errc::malformed_message,
-                        "arena name '{}' has character {:#x} at {}; allowed are [A-Za-z0-9_.-]", name,
-                        static_cast<unsigned>(c), i);
-  }
-  return {};
+  return check_shm_name(name, "arena", arena_prefix, "_.-");
 }
 
 } // namespace

@@ -170,27 +170,28 @@ TEST(SameHostWorkspace, SetupWaitsForEveryPeerAndUnlinksTheName) {
   EXPECT_EQ(y, x);
 }
 
-/// Two ranks of one group in this process, each with its node arena or
-/// without one, set up as reducer_group does it.
+/// `o` with `arena` as its node's arena.
+same_host_workspace_options with_arena(same_host_workspace_options o, const actors::shared_arena& arena) {
+  o.arena_name = arena.name();
+  o.arena_base = arena.base();
+  o.arena_bytes = arena.capacity();
+  return o;
+}
+
+/// Two ranks of one group in this process, each with its own node arena,
+/// set up as reducer_group does it.
 struct two_ranks {
   std::unique_ptr<actors::shared_arena> arena[2];
   std::unique_ptr<same_host_workspace> ws[2];
 };
 
-two_ranks set_up(bool with_arena0, bool with_arena1) {
+two_ranks set_up_with_arenas() {
   two_ranks t;
-  const bool with[2] = {with_arena0, with_arena1};
   for (std::uint32_t r = 0; r < 2; ++r) {
-    auto o = options_for(r);
-    if (with[r]) {
-      auto arena = actors::shared_arena::create(fmt::format("/troupe-wstest_{}-r{}", ::getpid(), r), 1 << 20);
-      EXPECT_TRUE(arena) << arena.error().message();
-      t.arena[r] = std::move(*arena);
-      o.arena_name = t.arena[r]->name();
-      o.arena_base = t.arena[r]->base();
-      o.arena_bytes = t.arena[r]->capacity();
-    }
-    auto ws = same_host_workspace::create(o);
+    auto arena = actors::shared_arena::create(fmt::format("/troupe-wstest_{}-r{}", ::getpid(), r), 1 << 20);
+    EXPECT_TRUE(arena) << arena.error().message();
+    t.arena[r] = std::move(*arena);
+    auto ws = same_host_workspace::create(with_arena(options_for(r), *t.arena[r]));
     EXPECT_TRUE(ws) << ws.error().message();
     t.ws[r] = std::move(*ws);
   }
@@ -206,7 +207,7 @@ TEST(SameHostWorkspace, TensorsInTheArenaAreReadWhereTheyLie) {
   // 3001 floats in passes of 1024: three passes, the last one short.
   constexpr std::int64_t count = 3001;
   for (auto [in0, in1] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
-    auto t = set_up(true, true);
+    auto t = set_up_with_arenas();
     const bool in_arena[2] = {in0, in1};
     tensor values[2];
     for (int r = 0; r < 2; ++r) {
@@ -244,12 +245,8 @@ TEST(SameHostWorkspace, TensorsInTheArenaAreReadWhereTheyLie) {
 TEST(SameHostWorkspace, APeersArenaMustBeWhatItAnnounced) {
   auto arena = actors::shared_arena::create(fmt::format("/troupe-wstest_{}-announced", ::getpid()), 1 << 20);
   ASSERT_TRUE(arena);
-  auto o = options_for(1);
-  o.arena_name = (*arena)->name();
-  o.arena_base = (*arena)->base();
-  o.arena_bytes = (*arena)->capacity();
   auto a = same_host_workspace::create(options_for(0));
-  auto b = same_host_workspace::create(o);
+  auto b = same_host_workspace::create(with_arena(options_for(1), **arena));
   ASSERT_TRUE(a && b);
   auto offer = (*b)->own();
   EXPECT_EQ(offer.arena, (*arena)->name());
