@@ -21,6 +21,13 @@
 // two model chunks on every process (stages on worker0, worker1, worker0,
 // worker1), a form of interleaving by placement.
 //
+// "updates overlapped" rows set pipeline_options::overlap_update: each
+// stage's remaining weight gradients and optimizer step run while the next
+// step's first micro-batch goes through the stages before it. Those rows
+// are timed as one run of `steps` steps ending in synchronize() (the mean,
+// not a median), and their busy times and bubble come from the stages'
+// totals over that run.
+//
 // The stages are detached actors (one thread each) in this process: the
 // same stage code runs across processes through the tensor router
 // (parallel/remote.hpp); on two cores, two threads or two processes use the
@@ -211,6 +218,7 @@ int main(int argc, char** argv) {
     std::vector<double> shares; // unequal micro-batches' rows; empty: equal
     bool remote;
     std::size_t chunks; // model chunks per process (interleaved: > 1)
+    bool overlap;       // pipeline_options::overlap_update
     std::unique_ptr<parallel::pipeline> pipe;
     std::vector<double> seconds;
     std::vector<double> bubbles;
@@ -237,6 +245,7 @@ int main(int argc, char** argv) {
     options.micro_batch_shares = c.shares;
     options.defer_weight_gradients = defer_weight_gradients;
     options.fill_idle_with_weight_gradients = fill_idle;
+    options.overlap_update = c.overlap;
     return parallel::pipeline::create(c.remote ? node->system() : system, std::move(options));
   };
   // One step of `c`: untimed (the warm-up) or timed, with the bubble from
@@ -269,6 +278,47 @@ int main(int argc, char** argv) {
     }
     return true;
   };
+  // With overlapped updates a step's end runs inside the next step, so
+  // steps are timed as one run: `steps` consecutive train_steps and the
+  // synchronize() that waits for the last one's updates, their busy and
+  // fill times from the stages' totals before and after. The step time is
+  // the run's mean (the baseline's is a median: no help to this side).
+  auto overlapped_run = [&](configuration& c) {
+    auto before = c.pipe->stats(); // also waits for the warm-up's updates
+    if (!before) {
+      fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name, before.error().message());
+      return false;
+    }
+    auto start = bench::now_seconds();
+    for (int round = 0; round < steps; ++round) {
+      auto loss = c.pipe->train_step(x, y);
+      if (!loss) {
+        fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name, loss.error().message());
+        return false;
+      }
+      c.last_loss = *loss;
+    }
+    auto synced = c.pipe->synchronize();
+    auto elapsed = bench::now_seconds() - start;
+    auto after = c.pipe->stats();
+    if (!synced || !after) {
+      fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name,
+                 (!synced ? synced.error() : after.error()).message());
+      return false;
+    }
+    c.seconds.push_back(elapsed / steps);
+    double busiest = 0, fill = 0;
+    c.busy_ms.resize(after->size());
+    for (std::size_t k = 0; k < after->size(); ++k) {
+      const double busy = (*after)[k].total_busy_ms - (*before)[k].total_busy_ms;
+      c.busy_ms[k].push_back(busy / steps);
+      busiest = std::max(busiest, busy / 1e3);
+      fill += ((*after)[k].total_fill_ms - (*before)[k].total_fill_ms) / 1e3;
+    }
+    c.bubbles.push_back(1.0 - busiest / elapsed);
+    c.fill_shares.push_back(fill / elapsed);
+    return true;
+  };
   std::vector<configuration> configurations;
   const auto chunk_counts = bench::list_option(argc, argv, "chunks", "1");
   const auto micro_batch_counts = bench::list_option(argc, argv, "micro-batches", "1,2,4,8");
@@ -297,8 +347,20 @@ int main(int argc, char** argv) {
           if (chunks > 1)
             name += fmt::format(" x{} chunks", chunks);
           configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, shares,
-                                    remote, std::size_t(chunks), nullptr, {}, {}, {}, {}, {}, 0, 0});
+                                    remote, std::size_t(chunks), false, nullptr, {}, {}, {}, {}, {}, 0, 0});
         }
+    // Updates overlapping the next step: the unequal split and m = 2, 4.
+    for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b})
+      for (const auto& [m, shares] : splits) {
+        if (shares.empty() && m != 2 && m != 4)
+          continue;
+        auto name = fmt::format("{} m={}", schedule == parallel::schedule_kind::gpipe ? "GPipe" : "1F1B", m);
+        if (!shares.empty())
+          name += fmt::format(" ({} rows)", fmt::join(shares, "/"));
+        name += ", updates overlapped";
+        configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, shares, remote,
+                                  1, true, nullptr, {}, {}, {}, {}, {}, 0, 0});
+      }
   }
 
   // The one-process baseline runs as PyTorch's does: consecutive steps
@@ -341,9 +403,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     c.pipe = std::move(*pipe);
-    for (int round = 0; round <= steps; ++round)
-      if (!step(c, round > 0))
+    if (c.overlap) {
+      if (!step(c, false) || !overlapped_run(c))
         return 1;
+    } else {
+      for (int round = 0; round <= steps; ++round)
+        if (!step(c, round > 0))
+          return 1;
+    }
     c.pipe.reset();
     auto block_after = local_block(false);
     c.local_seconds = block_before;

@@ -66,6 +66,10 @@ pipeline::pipeline(caf::actor_system& system, pipeline_options options)
     : system_(system), options_(std::move(options)) {}
 
 pipeline::~pipeline() {
+  // With overlap_update the stages may still be updating the model, which
+  // in one process the caller keeps: let them finish first.
+  if (driver_ && !broken_)
+    (void)synchronize();
   // Stages are detached actors: each stops when it sees the exit message.
   for (auto& stage : stages_)
     caf::anon_send_exit(stage, caf::exit_reason::user_shutdown);
@@ -360,7 +364,7 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
   }
 
   std::vector<double> losses(static_cast<std::size_t>(m), 0.0);
-  if (auto done = await_step(losses); !done)
+  if (auto done = await_step(step, losses); !done)
     return done.error_value();
   // The batch's mean loss: micro-batch means weighted by their share.
   double loss = 0;
@@ -369,8 +373,7 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
   return loss;
 }
 
-expected<void> pipeline::await_step(std::vector<double>& losses) {
-  const std::uint64_t step = step_;
+expected<void> pipeline::await_step(std::uint64_t step, std::vector<double>& losses) {
   const std::size_t m = losses.size();
   const std::size_t p = stages_.size();
   std::size_t losses_seen = 0;
@@ -384,12 +387,24 @@ expected<void> pipeline::await_step(std::vector<double>& losses) {
     return stages_.size();
   };
   auto phase = [&] {
-    return fmt::format("step {} ({} of {} losses, {} of {} backwards, {} of {} stages updated)",
-                       step, losses_seen, m, backwards_done, m, applied, p);
+    auto updating = updating_step_ == 0 ? std::string{}
+                                        : fmt::format("; step {}: {} of {} stages updated", updating_step_,
+                                                      updates_seen_, p);
+    if (step == 0)
+      return updating.substr(2);
+    return fmt::format("step {} ({} of {} losses, {} of {} backwards, {} of {} stages updated{})", step,
+                       losses_seen, m, backwards_done, m, applied, p, updating);
+  };
+  // Each stage takes its optimizer step by itself after its last backward.
+  // With overlap_update the step is complete without them (they finish in
+  // the background); the previous step's must all be in.
+  const bool wait_for_updates = step != 0 && !options_.overlap_update;
+  auto complete = [&] {
+    return losses_seen >= m && backwards_done >= m && (!wait_for_updates || applied >= p) &&
+           (updating_step_ == 0 || updates_seen_ >= p);
   };
   // Receives until the step is complete or fails; each wait is bounded.
-  // Each stage takes its optimizer step by itself after its last backward.
-  while (!failed && (applied < p || losses_seen < m || backwards_done < m)) {
+  while (!failed && !complete()) {
     driver_->self->receive(
       [&](loss_atom, std::uint64_t s, std::uint32_t mb, double value) {
         if (s == step && mb < m) {
@@ -402,8 +417,10 @@ expected<void> pipeline::await_step(std::vector<double>& losses) {
           ++backwards_done;
       },
       [&](applied_atom, std::uint64_t, std::uint64_t s) {
-        if (s == step)
+        if (step != 0 && s == step)
           ++applied;
+        else if (s == updating_step_)
+          ++updates_seen_;
       },
       [&](stage_failed_atom, std::uint64_t stage, std::uint64_t, std::string& what) {
         failed = make_error(errc::invalid_argument, "pipeline: stage {} ({}) failed in {}: {}",
@@ -437,7 +454,23 @@ expected<void> pipeline::await_step(std::vector<double>& losses) {
   }
   if (failed)
     return fail(*failed);
+  if (updates_seen_ >= p)
+    updating_step_ = 0;
+  if (step != 0 && applied < p) {
+    // overlap_update: the rest arrives during the next call.
+    updating_step_ = step;
+    updates_seen_ = applied;
+  }
   return {};
+}
+
+expected<void> pipeline::synchronize() {
+  if (broken_)
+    return make_error(broken_->code(), "pipeline: an earlier step failed: {}", broken_->message());
+  if (updating_step_ == 0)
+    return {};
+  std::vector<double> none;
+  return await_step(0, none);
 }
 
 expected<tensor> pipeline::forward(const tensor& inputs) {
@@ -445,8 +478,10 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
           "pipeline::forward: inputs need a batch dimension");
   const auto batch = inputs.size(0);
   const auto m = std::min<std::int64_t>(static_cast<std::int64_t>(options_.micro_batches), batch);
-  if (broken_)
-    return make_error(broken_->code(), "pipeline: an earlier step failed: {}", broken_->message());
+  // Results and failures of the last step's updates first, not mistaken
+  // for the evaluation's.
+  if (auto ready = synchronize(); !ready)
+    return ready.error_value();
   std::int64_t offset = 0;
   for (std::int64_t j = 0; j < m; ++j) {
     const auto size = batch / m + (j < batch % m ? 1 : 0);
@@ -504,14 +539,16 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
 }
 
 expected<std::vector<stage_stats>> pipeline::stats() {
+  if (auto ready = synchronize(); !ready)
+    return ready.error_value();
   std::vector<stage_stats> out(stages_.size());
   for (std::size_t i = 0; i < stages_.size(); ++i) {
     std::optional<troupe::error> failed;
     driver_->self->request(stages_[i], options_.timeout, stats_atom::value)
       .receive(
         [&](std::uint64_t bytes, std::uint64_t in_flight, double busy_ms, std::uint64_t deferred,
-            double fill_ms) {
-          out[i] = {bytes, deferred, in_flight, busy_ms, fill_ms};
+            double fill_ms, double total_busy_ms, double total_fill_ms) {
+          out[i] = {bytes, deferred, in_flight, busy_ms, fill_ms, total_busy_ms, total_fill_ms};
         },
         [&](caf::error& err) {
           failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,
@@ -524,6 +561,8 @@ expected<std::vector<stage_stats>> pipeline::stats() {
 }
 
 expected<std::vector<double>> pipeline::parameter_digests() {
+  if (auto ready = synchronize(); !ready)
+    return ready.error_value();
   std::vector<double> out(stages_.size());
   for (std::size_t i = 0; i < stages_.size(); ++i) {
     std::optional<troupe::error> failed;

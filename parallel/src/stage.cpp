@@ -167,6 +167,8 @@ public:
     rows_done_ = 0;
     micro_batch_rows_.clear();
     join_ring();
+    busy_before_ms_ += stats_.busy_ms;
+    fill_before_ms_ += stats_.fill_ms;
     stats_ = {};
     queue_.reset_peak();
     // Tensors of this step that overtook the begin message.
@@ -267,6 +269,8 @@ public:
   stage_stats stats() const {
     auto out = stats_;
     out.peak_in_flight = queue_.peak_in_flight();
+    out.total_busy_ms = busy_before_ms_ + stats_.busy_ms;
+    out.total_fill_ms = fill_before_ms_ + stats_.fill_ms;
     return out;
   }
 
@@ -505,6 +509,9 @@ private:
   std::vector<actors::tensor_message> early_;
   trace::name_id trace_name_;
   stage_stats stats_;
+  /// Busy and fill time of the steps before this one (stats_ is per step).
+  double busy_before_ms_ = 0;
+  double fill_before_ms_ = 0;
 };
 
 } // namespace
@@ -572,7 +579,8 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
     },
     [=](stats_atom) {
       auto s = state->stats();
-      return caf::make_message(s.peak_stashed_bytes, s.peak_in_flight, s.busy_ms, s.peak_deferred_bytes, s.fill_ms);
+      return caf::make_message(s.peak_stashed_bytes, s.peak_in_flight, s.busy_ms, s.peak_deferred_bytes, s.fill_ms,
+                               s.total_busy_ms, s.total_fill_ms);
     },
   };
 }

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <unistd.h>
 #include <thread>
 
@@ -105,12 +107,14 @@ struct equivalence_case {
   std::size_t micro_batches;
   bool defer_weight_gradients;
   std::vector<double> shares = {}; ///< micro-batch sizes; empty: equal
+  bool overlap_update = false;
 };
 
 void PrintTo(const equivalence_case& c, std::ostream* os) {
   *os << name_of(c.schedule) << ", " << c.stages << " stages, " << c.micro_batches << " micro-batches"
       << (c.shares.empty() ? "" : fmt::format(" (shares {})", fmt::join(c.shares, "/"))) << ", "
-      << (c.defer_weight_gradients ? "deferred" : "immediate") << " weight gradients";
+      << (c.defer_weight_gradients ? "deferred" : "immediate") << " weight gradients"
+      << (c.overlap_update ? ", updates overlapping the next step" : "");
 }
 
 class PipelineEquivalence : public PipelineTest,
@@ -124,8 +128,11 @@ TEST_P(PipelineEquivalence, SameLossesAndParametersAsOneProcess) {
   auto o = options(model, c.stages, c.micro_batches, c.schedule);
   o.defer_weight_gradients = c.defer_weight_gradients;
   o.micro_batch_shares = c.shares;
+  o.overlap_update = c.overlap_update;
   auto pipe = make(std::move(o));
   ASSERT_TRUE(pipe);
+  // With overlapping updates each step's losses can only match when its
+  // forwards ran after the previous step's optimizer steps.
   for (std::uint64_t step = 0; step < 3; ++step) {
     auto b = make_batch(step);
     const double expected_loss = reference_step(*reference, reference_opt, b);
@@ -133,6 +140,8 @@ TEST_P(PipelineEquivalence, SameLossesAndParametersAsOneProcess) {
     ASSERT_TRUE(loss.has_value()) << loss.error_value().message();
     EXPECT_NEAR(*loss, expected_loss, 1e-12 * std::max(1.0, expected_loss)) << "step " << step;
   }
+  // The model is read directly below: the last step's updates must be done.
+  ASSERT_TRUE(pipe->synchronize().has_value());
   // The stages trained the model's own modules (slices share them).
   auto want = reference->state_dict();
   auto got = model->state_dict();
@@ -167,19 +176,25 @@ std::vector<equivalence_case> all_cases() {
   for (auto schedule : {schedule_kind::gpipe, schedule_kind::one_f_one_b})
     for (std::size_t stages : {2, 3})
       out.push_back({schedule, stages, 3, true, {1, 2, 3}});
+  // Updates overlapping the next step, with and without deferral.
+  for (auto schedule : {schedule_kind::gpipe, schedule_kind::one_f_one_b})
+    for (std::size_t stages : {2, 3})
+      for (bool defer : {true, false})
+        out.push_back({schedule, stages, 3, defer, {}, true});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(SchedulesStagesMicroBatches, PipelineEquivalence,
                          ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<equivalence_case>& info) {
-                           return fmt::format("{}_{}stages_{}mb_{}{}",
+                           return fmt::format("{}_{}stages_{}mb_{}{}{}",
                                               info.param.schedule == schedule_kind::gpipe
                                                 ? "GPipe"
                                                 : "OneFOneB",
                                               info.param.stages, info.param.micro_batches,
                                               info.param.defer_weight_gradients ? "DeferredW" : "ImmediateW",
-                                              info.param.shares.empty() ? "" : "_Unequal");
+                                              info.param.shares.empty() ? "" : "_Unequal",
+                                              info.param.overlap_update ? "_Overlapped" : "");
                          });
 
 TEST_F(PipelineTest, SchedulesStayWithinTheirCredits) {
@@ -460,6 +475,97 @@ TEST_F(PipelineTest, KilledStageIsReportedByNameWithinTheTimeout) {
   auto again = pipe->train_step(b.inputs, b.targets);
   ASSERT_FALSE(again.has_value());
   EXPECT_THAT(again.error_value().message(), HasSubstr("an earlier step failed"));
+}
+
+/// SGD that runs `before` at the start of each update (tests hold or fail
+/// the optimizer step with it).
+class gated_sgd final : public optim::sgd {
+public:
+  gated_sgd(optim::named_variables parameters, std::function<void()> before)
+      : optim::sgd(std::move(parameters), {.lr = 0.05, .momentum = 0.9}), before_(std::move(before)) {}
+
+protected:
+  void update(std::size_t index, autograd::variable& parameter, const tensor& grad,
+              std::vector<tensor>& state) override {
+    if (index == 0)
+      before_();
+    optim::sgd::update(index, parameter, grad, state);
+  }
+
+private:
+  std::function<void()> before_;
+};
+
+TEST_F(PipelineTest, OverlappedUpdateRunsAfterTrainStepReturnsAndSynchronizeWaitsForIt) {
+  // Every stage's optimizer step waits until the test opens the gate: with
+  // overlap_update train_step must return anyway, and synchronize() must
+  // not return before the updates ran.
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  // Opened on every way out, so that a failed assertion cannot leave the
+  // stages' threads waiting at shutdown.
+  struct open_at_exit {
+    std::promise<void>& gate;
+    bool open = false;
+    void operator()() {
+      if (!std::exchange(open, true))
+        gate.set_value();
+    }
+    ~open_at_exit() { (*this)(); }
+  } open_gate{gate};
+  std::atomic<int> updates{0};
+  auto o = options(make_mlp(), 2, 3, schedule_kind::one_f_one_b);
+  o.overlap_update = true;
+  o.optimizer = [&](optim::named_variables parameters) -> std::unique_ptr<optim::optimizer> {
+    return std::make_unique<gated_sgd>(std::move(parameters), [&updates, opened] {
+      opened.wait();
+      ++updates;
+    });
+  };
+  auto pipe = make(std::move(o));
+  ASSERT_TRUE(pipe);
+  auto b = make_batch(0);
+  auto loss = pipe->train_step(b.inputs, b.targets);
+  ASSERT_TRUE(loss.has_value()) << loss.error_value().message();
+  EXPECT_EQ(updates.load(), 0); // both stages are held at their update
+  open_gate();
+  ASSERT_TRUE(pipe->synchronize().has_value());
+  EXPECT_EQ(updates.load(), 2);
+  EXPECT_TRUE(pipe->synchronize().has_value()); // nothing left to wait for
+}
+
+TEST_F(PipelineTest, AFailedUpdateIsReportedWithOrWithoutOverlap) {
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapping the next step" : "inside train_step");
+    std::atomic<bool> fail{false};
+    auto o = options(make_mlp(), 2, 3, schedule_kind::one_f_one_b);
+    o.overlap_update = overlap;
+    o.timeout = std::chrono::seconds(5);
+    o.optimizer = [&](optim::named_variables parameters) -> std::unique_ptr<optim::optimizer> {
+      return std::make_unique<gated_sgd>(std::move(parameters), [&fail] {
+        if (fail)
+          throw std::runtime_error("update refused");
+      });
+    };
+    auto pipe = make(std::move(o));
+    ASSERT_TRUE(pipe);
+    auto b = make_batch(0);
+    ASSERT_TRUE(pipe->train_step(b.inputs, b.targets).has_value());
+    fail = true;
+    auto loss = pipe->train_step(b.inputs, b.targets);
+    if (!overlap) {
+      ASSERT_FALSE(loss.has_value());
+    }
+    // Overlapped, the failure may arrive before or after train_step
+    // returned; synchronize() reports it then, never loses it.
+    auto reported = loss ? pipe->synchronize() : expected<void>(loss.error_value());
+    ASSERT_FALSE(reported.has_value());
+    EXPECT_THAT(reported.error_value().message(), HasSubstr("update refused"));
+    EXPECT_THAT(reported.error_value().message(), HasSubstr("(worker0/cpu/stage"));
+    auto again = pipe->train_step(b.inputs, b.targets);
+    ASSERT_FALSE(again.has_value());
+    EXPECT_THAT(again.error_value().message(), HasSubstr("an earlier step failed"));
+  }
 }
 
 TEST_F(PipelineTest, HungStageIsATimeoutNamingTheStage) {

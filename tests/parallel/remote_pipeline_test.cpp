@@ -152,11 +152,12 @@ struct remote_case {
   schedule_kind schedule;
   std::vector<std::string> places;
   std::size_t micro_batches;
+  bool overlap_update = false;
 };
 
 void PrintTo(const remote_case& c, std::ostream* os) {
   *os << name_of(c.schedule) << " over " << c.places.size() << " stages, " << c.micro_batches
-      << " micro-batches";
+      << " micro-batches" << (c.overlap_update ? ", updates overlapping the next step" : "");
 }
 
 class RemotePipeline : public ::testing::TestWithParam<remote_case> {};
@@ -170,6 +171,7 @@ TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
   options.split = even(c.places.size(), options.model->size());
   options.schedule = c.schedule;
   options.micro_batches = c.micro_batches;
+  options.overlap_update = c.overlap_update;
   options.timeout = 20s;
   auto split = options.split;
   auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
@@ -210,14 +212,18 @@ INSTANTIATE_TEST_SUITE_P(
   ::testing::Values(remote_case{schedule_kind::one_f_one_b, {"worker0/cpu", "worker1/cpu"}, 4},
                     remote_case{schedule_kind::gpipe, {"worker1/cpu", "worker0/cpu", "worker1/cpu"}, 3},
                     remote_case{schedule_kind::one_f_one_b,
-                                {"worker0/cpu", "worker1/cpu", "worker0/cpu", "worker1/cpu"}, 4}));
+                                {"worker0/cpu", "worker1/cpu", "worker0/cpu", "worker1/cpu"}, 4},
+                    remote_case{schedule_kind::one_f_one_b, {"worker0/cpu", "worker1/cpu"}, 3, true}));
 
-TEST(RemotePipelineFailure, KilledStageProcessIsReportedByNameWithinTheTimeout) {
+/// Kills the second stage's process while steps run: the step in flight (or
+/// the next) fails within the timeout, naming the stage.
+void killed_stage_process_is_reported(bool overlap_update) {
   cluster cl;
   ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
   auto options = remote_options(*cl.coordinator, recipe());
   options.places = {"worker0/cpu", "worker1/cpu"};
   options.micro_batches = 3;
+  options.overlap_update = overlap_update;
   options.timeout = 5s;
   auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
   ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message();
@@ -240,6 +246,14 @@ TEST(RemotePipelineFailure, KilledStageProcessIsReportedByNameWithinTheTimeout) 
   auto again = (*pipe)->train_step(b.inputs, b.targets);
   ASSERT_FALSE(again.has_value());
   pipe->reset();
+}
+
+TEST(RemotePipelineFailure, KilledStageProcessIsReportedByNameWithinTheTimeout) {
+  killed_stage_process_is_reported(false);
+}
+
+TEST(RemotePipelineFailure, KilledStageProcessIsReportedWhileUpdatesOverlapTheNextStep) {
+  killed_stage_process_is_reported(true);
 }
 
 TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {

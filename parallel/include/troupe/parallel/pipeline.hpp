@@ -137,6 +137,22 @@ struct pipeline_options {
   /// up to float summation order, which now depends on timing. Off: every
   /// weight gradient after the stage's last backward.
   bool fill_idle_with_weight_gradients = true;
+  /// train_step returns as soon as every micro-batch's loss and backward
+  /// are in, while each stage finishes its step (the weight gradients still
+  /// kept, the optimizer step) in the background; the next train_step's
+  /// micro-batches queue behind that work in each stage's mailbox, so they
+  /// see the updated parameters and the step equals the synchronous one.
+  /// What it buys: the last stage's weight gradients (a third of its work)
+  /// run while the first stage computes the next step's first forward,
+  /// which the last stage would otherwise wait for idle (the pipeline's
+  /// fill, once per step). What it costs: after train_step returns, the
+  /// model's parameters may still be changing; forward(), stats(),
+  /// parameter_digests() and the destructor wait for them (synchronize()),
+  /// but code that reads the model's tensors directly (in one process) must
+  /// call synchronize() first. A failure of that background work is
+  /// reported by the next call. Off: train_step returns after every
+  /// stage's optimizer step.
+  bool overlap_update = false;
   /// Bound on every wait of train_step and forward (the time between two
   /// progress messages, not for the whole step).
   std::chrono::milliseconds timeout{30000};
@@ -175,6 +191,11 @@ public:
   /// computed micro-batch by micro-batch through the stages.
   expected<tensor> forward(const tensor& inputs);
 
+  /// Waits until every stage has taken the optimizer step of the last
+  /// train_step (with overlap_update, train_step returns before that).
+  /// Errors: as train_step's, for the work still running.
+  expected<void> synchronize();
+
   /// Statistics of each stage's last step.
   expected<std::vector<stage_stats>> stats();
 
@@ -195,8 +216,9 @@ private:
   expected<void> start();
   /// Per stage, every replica's reducer place (empty without replication).
   std::vector<std::vector<std::string>> replica_rings() const;
-  /// Waits for the replies of a step; fills `losses`.
-  expected<void> await_step(std::vector<double>& losses);
+  /// Waits for the replies of `step` (0: none, only the previous step's
+  /// updates still running); fills `losses`.
+  expected<void> await_step(std::uint64_t step, std::vector<double>& losses);
   expected<void> fail(troupe::error err);
   /// A tensor from the driver to stage `index` (local send or the sender).
   expected<void> send_to_stage(std::size_t index, actors::tensor_message message);
@@ -215,6 +237,10 @@ private:
   std::uint64_t peer_lost_handler_ = 0;
   std::vector<trace::name_id> stage_traces_;
   std::uint64_t step_ = 0;
+  /// overlap_update: the step whose optimizer updates are still running
+  /// (0: none) and how many stages reported theirs so far.
+  std::uint64_t updating_step_ = 0;
+  std::size_t updates_seen_ = 0;
   /// Set once a step failed: the stages' state is no longer consistent.
   std::optional<troupe::error> broken_;
 };

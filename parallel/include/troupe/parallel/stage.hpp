@@ -15,7 +15,8 @@
 //   tensor_message control (last stage)          the target of (step, mb)
 //   tensor_message backward_gradient             dy of (step, mb)
 //   (p_stats)                        -> (peak stashed bytes, peak in flight, busy ms,
-//                                        peak deferred bytes, fill ms)
+//                                        peak deferred bytes, fill ms, total busy ms,
+//                                        total fill ms)
 //   (p_digest)                       -> (sum of p + p^2 over the stage's parameters)
 // and towards the driver:
 //   (p_loss, step, mb, loss)         last stage: the micro-batch's mean loss
@@ -178,7 +179,7 @@ expected<stage_spec> stage_spec_from(const caf::message& message);
 /// The spec's ring, split and validated (empty when not replicated).
 expected<std::vector<std::string>> ring_places(const stage_spec& spec);
 
-/// Statistics of the last step (reset by p_begin).
+/// Statistics of the last step (reset by p_begin), and totals.
 struct stage_stats {
   /// The most bytes of activations held at once for in-flight micro-batches:
   /// each stashed micro-batch's input and every layer output its graph keeps
@@ -194,6 +195,11 @@ struct stage_stats {
   /// The part of busy_ms spent on weight gradients computed while the stage
   /// had no forward or backward to run (fill_idle_with_weight_gradients).
   double fill_ms = 0;
+  /// busy_ms and fill_ms summed over every step since the stage began:
+  /// with overlap_update, the difference across a run of steps measures
+  /// them without waiting for each step's updates.
+  double total_busy_ms = 0;
+  double total_fill_ms = 0;
 };
 
 /// The stage actor's behaviour; spawn it detached:
