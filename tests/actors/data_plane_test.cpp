@@ -455,6 +455,10 @@ int child_throughput() {
   options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   options.credit_window_bytes = window;
   options.max_queued_sends = 4096;
+  // The sender's spin (the library default unless TROUPE_DP_SPIN_US, which
+  // also sets the receiving parent's): both sides, for experiments.
+  options.spin_before_sleep =
+      std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "50").c_str()));
   options.on_receive = [](peer_id, tensor_message&&) {};
   auto plane = data_plane::start(options);
   if (!plane)
