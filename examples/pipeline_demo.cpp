@@ -34,7 +34,9 @@
 // stage s of every replica averaging its gradients through its own reducer
 // ring (2 stages x 2 replicas over 4 processes with -n 4 --replicas=2).
 // Flags: --steps, --print-every, --micro-batches, --schedule=1f1b|gpipe,
-// --replicas; any
+// --replicas, --overlap-update=1 (pipeline_options::overlap_update: each
+// step's last weight gradients and optimizer steps overlap the next step;
+// not with --replicas); any
 // number of processes from 1 to 6 (one stage each).
 #include <atomic>
 #include <future>
@@ -59,14 +61,18 @@ int main(int argc, char** argv) {
   auto micro = cl.integer("micro-batches", 4, 1, 32);
   auto schedule = cl.text("schedule", "1f1b");
   auto replicas = cl.integer("replicas", 1, 1, 8);
+  auto overlap = cl.integer("overlap-update", 0, 0, 1);
   auto options = actors::node_options::from(argc, argv);
   auto rest = cl.finish();
   for (const troupe::error* e : {steps ? nullptr : &steps.error(), every ? nullptr : &every.error(),
-                                 micro ? nullptr : &micro.error(), replicas ? nullptr : &replicas.error(), options ? nullptr : &options.error(),
+                                 micro ? nullptr : &micro.error(), replicas ? nullptr : &replicas.error(),
+                                 overlap ? nullptr : &overlap.error(), options ? nullptr : &options.error(),
                                  rest ? nullptr : &rest.error()})
     if (e) return fmt::print(stderr, "pipeline_demo: {}\n", e->message()), 2;
   if (schedule != "1f1b" && schedule != "gpipe")
     return fmt::print(stderr, "pipeline_demo: --schedule is '{}' but must be 1f1b or gpipe\n", schedule), 2;
+  if (*overlap && *replicas > 1)
+    return fmt::print(stderr, "pipeline_demo: --overlap-update=1 is not available with --replicas (hybrid pipelines)\n"), 2;
   if (options->world_size % *replicas != 0)
     return fmt::print(stderr, "pipeline_demo: --replicas={} does not divide the {} processes\n", *replicas,
                       options->world_size), 2;
@@ -129,6 +135,7 @@ int main(int argc, char** argv) {
     pipe_options.split = *split;
     pipe_options.schedule = kind;
     pipe_options.micro_batches = std::size_t(*micro);
+    pipe_options.overlap_update = *overlap == 1;
     auto created = parallel::pipeline::create(n.system(), std::move(pipe_options));
     if (!created) return fmt::print(stderr, "pipeline_demo: {}\n", created.error().message()), 1;
     pipe = std::move(*created);

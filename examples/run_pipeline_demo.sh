@@ -12,7 +12,8 @@ shift 2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 check_bad_flags "$1" "--steps=0|--steps is '0' but must be an integer" "--schedule=zigzag|--schedule is 'zigzag'" \
-                "--micro-batches=x|--micro-batches is 'x'" "--stpes=3|unknown argument '--stpes=3'"
+                "--micro-batches=x|--micro-batches is 'x'" "--stpes=3|unknown argument '--stpes=3'" \
+                "--overlap-update=2|--overlap-update is '2'"
 run_traced "$bin" "$ranks" "$dir" "$@"
 check_loss_falls "$dir/out"
 summarize_trace "$bin" "$dir" "$ranks"
