@@ -35,8 +35,8 @@
 // ring (2 stages x 2 replicas over 4 processes with -n 4 --replicas=2).
 // Flags: --steps, --print-every, --micro-batches, --schedule=1f1b|gpipe,
 // --replicas, --overlap-update=1 (pipeline_options::overlap_update: each
-// step's last weight gradients and optimizer steps overlap the next step;
-// not with --replicas); any
+// step's last weight gradients and optimizer steps overlap the next step);
+// any
 // number of processes from 1 to 6 (one stage each).
 #include <atomic>
 #include <future>
@@ -71,8 +71,6 @@ int main(int argc, char** argv) {
     if (e) return fmt::print(stderr, "pipeline_demo: {}\n", e->message()), 2;
   if (schedule != "1f1b" && schedule != "gpipe")
     return fmt::print(stderr, "pipeline_demo: --schedule is '{}' but must be 1f1b or gpipe\n", schedule), 2;
-  if (*overlap && *replicas > 1)
-    return fmt::print(stderr, "pipeline_demo: --overlap-update=1 is not available with --replicas (hybrid pipelines)\n"), 2;
   if (options->world_size % *replicas != 0)
     return fmt::print(stderr, "pipeline_demo: --replicas={} does not divide the {} processes\n", *replicas,
                       options->world_size), 2;
@@ -145,6 +143,7 @@ int main(int argc, char** argv) {
     h.split = *split;
     h.schedule = kind;
     h.micro_batches = std::size_t(*micro);
+    h.overlap_update = *overlap == 1;
     for (std::uint32_t k = 0; k < std::uint32_t(*replicas); ++k)
       h.places.emplace_back(places.begin() + k * stages, places.begin() + (k + 1) * stages);
     auto created = parallel::hybrid_pipeline::create(n, std::move(h));

@@ -21,6 +21,7 @@ expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(actors::node&
     o.remat = options.remat;
     o.defer_weight_gradients = options.defer_weight_gradients;
     o.fill_idle_with_weight_gradients = options.fill_idle_with_weight_gradients;
+    o.overlap_update = options.overlap_update;
     o.timeout = options.timeout;
     o.name = fmt::format("r{}", k);
     pipeline_replication r;
@@ -66,6 +67,17 @@ expected<double> hybrid_pipeline::train_step(const tensor& inputs, const tensor&
   if (failed)
     return *failed;
   return sum / static_cast<double>(n);
+}
+
+expected<void> hybrid_pipeline::synchronize() {
+  std::optional<troupe::error> failed;
+  // Every replica, also after a failure: each waits at most its timeout.
+  for (std::size_t k = 0; k < replicas_.size(); ++k)
+    if (auto done = replicas_[k]->synchronize(); !done && !failed)
+      failed = make_error(done.error_value().code(), "replica {}: {}", k, done.error_value().message());
+  if (failed)
+    return *failed;
+  return {};
 }
 
 } // namespace troupe::parallel

@@ -539,7 +539,10 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
 }
 
 expected<std::vector<stage_stats>> pipeline::stats() {
-  if (auto ready = synchronize(); !ready)
+  // The last step's updates first; after an earlier failure, whatever the
+  // stages hold (as before that failure was known).
+  const bool was_broken = broken_.has_value();
+  if (auto ready = synchronize(); !ready && !was_broken)
     return ready.error_value();
   std::vector<stage_stats> out(stages_.size());
   for (std::size_t i = 0; i < stages_.size(); ++i) {
@@ -561,7 +564,10 @@ expected<std::vector<stage_stats>> pipeline::stats() {
 }
 
 expected<std::vector<double>> pipeline::parameter_digests() {
-  if (auto ready = synchronize(); !ready)
+  // The last step's updates first; after an earlier failure, whatever the
+  // stages hold (as before that failure was known).
+  const bool was_broken = broken_.has_value();
+  if (auto ready = synchronize(); !ready && !was_broken)
     return ready.error_value();
   std::vector<double> out(stages_.size());
   for (std::size_t i = 0; i < stages_.size(); ++i) {

@@ -93,6 +93,7 @@ hybrid_options layout(std::vector<std::vector<std::string>> places, schedule_kin
 }
 
 void train_and_compare(actors::node& node, hybrid_options options) {
+  const bool overlap = options.overlap_update;
   auto hybrid = hybrid_pipeline::create(node, std::move(options));
   ASSERT_TRUE(hybrid) << hybrid.error().message();
   auto [want_losses, want_digests] = reference();
@@ -101,6 +102,9 @@ void train_and_compare(actors::node& node, hybrid_options options) {
     auto loss = (*hybrid)->train_step(b.inputs, b.targets);
     ASSERT_TRUE(loss) << loss.error().message();
     EXPECT_NEAR(*loss, want_losses[s], 1e-12) << "step " << s;
+  }
+  if (overlap) {
+    ASSERT_TRUE((*hybrid)->synchronize()); // parameter_digests would wait too
   }
   auto r0 = (*hybrid)->replica(0).parameter_digests();
   auto r1 = (*hybrid)->replica(1).parameter_digests();
@@ -119,6 +123,16 @@ TEST_P(HybridInProcess, TwoByTwoEqualsOneProcess) {
   register_stage_factory(**node, recipe());
   const auto [schedule, m] = GetParam();
   train_and_compare(**node, layout({{"worker0/cpu", "worker0/cpu"}, {"worker0/cpu", "worker0/cpu"}}, schedule, m));
+  (*node)->stop();
+}
+
+TEST(HybridInProcessOverlapped, TwoByTwoEqualsOneProcessWithUpdatesOverlappingTheNextStep) {
+  auto node = troupe::test::start_local_node();
+  ASSERT_TRUE(node) << node.error().message();
+  register_stage_factory(**node, recipe());
+  auto o = layout({{"worker0/cpu", "worker0/cpu"}, {"worker0/cpu", "worker0/cpu"}}, schedule_kind::one_f_one_b, 3);
+  o.overlap_update = true;
+  train_and_compare(**node, std::move(o));
   (*node)->stop();
 }
 

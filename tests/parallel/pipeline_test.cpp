@@ -496,23 +496,25 @@ private:
   std::function<void()> before_;
 };
 
+/// Opens a gate on every way out, so that a failed assertion cannot leave
+/// the stages' threads waiting at shutdown; operator() opens it early.
+struct open_at_exit {
+  std::promise<void>& gate;
+  bool open = false;
+  void operator()() {
+    if (!std::exchange(open, true))
+      gate.set_value();
+  }
+  ~open_at_exit() { (*this)(); }
+};
+
 TEST_F(PipelineTest, OverlappedUpdateRunsAfterTrainStepReturnsAndSynchronizeWaitsForIt) {
   // Every stage's optimizer step waits until the test opens the gate: with
   // overlap_update train_step must return anyway, and synchronize() must
   // not return before the updates ran.
   std::promise<void> gate;
   std::shared_future<void> opened = gate.get_future().share();
-  // Opened on every way out, so that a failed assertion cannot leave the
-  // stages' threads waiting at shutdown.
-  struct open_at_exit {
-    std::promise<void>& gate;
-    bool open = false;
-    void operator()() {
-      if (!std::exchange(open, true))
-        gate.set_value();
-    }
-    ~open_at_exit() { (*this)(); }
-  } open_gate{gate};
+  open_at_exit open_gate{gate};
   std::atomic<int> updates{0};
   auto o = options(make_mlp(), 2, 3, schedule_kind::one_f_one_b);
   o.overlap_update = true;
@@ -535,30 +537,50 @@ TEST_F(PipelineTest, OverlappedUpdateRunsAfterTrainStepReturnsAndSynchronizeWait
 }
 
 TEST_F(PipelineTest, AFailedUpdateIsReportedWithOrWithoutOverlap) {
-  for (bool overlap : {false, true}) {
-    SCOPED_TRACE(overlap ? "overlapping the next step" : "inside train_step");
+  // (overlap_update, which call reports the failure)
+  for (auto [overlap, reporter] : {std::pair{false, "train_step"}, std::pair{true, "synchronize"},
+                                   std::pair{true, "stats"}}) {
+    SCOPED_TRACE(fmt::format("overlap {}, reported by {}", overlap, reporter));
+    // Overlapped, the failing updates wait for the gate, which opens only
+    // once train_step returned: the failure must come from the next call.
+    std::promise<void> gate;
+    std::shared_future<void> opened = gate.get_future().share();
+    open_at_exit open_gate{gate};
     std::atomic<bool> fail{false};
     auto o = options(make_mlp(), 2, 3, schedule_kind::one_f_one_b);
     o.overlap_update = overlap;
     o.timeout = std::chrono::seconds(5);
-    o.optimizer = [&](optim::named_variables parameters) -> std::unique_ptr<optim::optimizer> {
-      return std::make_unique<gated_sgd>(std::move(parameters), [&fail] {
-        if (fail)
-          throw std::runtime_error("update refused");
+    o.optimizer = [&fail, overlap, opened](optim::named_variables parameters) -> std::unique_ptr<optim::optimizer> {
+      return std::make_unique<gated_sgd>(std::move(parameters), [&fail, overlap, opened] {
+        if (!fail)
+          return;
+        if (overlap)
+          opened.wait();
+        throw std::runtime_error("update refused");
       });
     };
     auto pipe = make(std::move(o));
     ASSERT_TRUE(pipe);
     auto b = make_batch(0);
     ASSERT_TRUE(pipe->train_step(b.inputs, b.targets).has_value());
+    ASSERT_TRUE(pipe->synchronize().has_value()); // step 1's updates pass
     fail = true;
     auto loss = pipe->train_step(b.inputs, b.targets);
+    expected<void> reported{};
     if (!overlap) {
       ASSERT_FALSE(loss.has_value());
+      reported = loss.error_value();
+    } else {
+      ASSERT_TRUE(loss.has_value()) << loss.error_value().message();
+      open_gate();
+      if (std::string_view(reporter) == "stats") {
+        auto stats = pipe->stats();
+        if (!stats)
+          reported = stats.error_value();
+      } else {
+        reported = pipe->synchronize();
+      }
     }
-    // Overlapped, the failure may arrive before or after train_step
-    // returned; synchronize() reports it then, never loses it.
-    auto reported = loss ? pipe->synchronize() : expected<void>(loss.error_value());
     ASSERT_FALSE(reported.has_value());
     EXPECT_THAT(reported.error_value().message(), HasSubstr("update refused"));
     EXPECT_THAT(reported.error_value().message(), HasSubstr("(worker0/cpu/stage"));

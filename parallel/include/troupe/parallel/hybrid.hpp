@@ -52,6 +52,10 @@ struct hybrid_options {
   rematerialization remat = rematerialization::never;
   bool defer_weight_gradients = true;          ///< as pipeline_options's
   bool fill_idle_with_weight_gradients = true; ///< as pipeline_options's
+  /// As pipeline_options's: train_step returns before the stages' updates
+  /// (and so before their gradient averaging) are done; synchronize()
+  /// waits for them.
+  bool overlap_update = false;
   std::chrono::milliseconds timeout{30000};
   /// Gradient bucket cap of each stage's data parallelism.
   std::size_t bucket_bytes = bucket_options{}.bucket_bytes;
@@ -68,6 +72,10 @@ public:
   /// usage_error): the mean loss over the batch. Errors name the replica
   /// and stage that failed.
   expected<double> train_step(const tensor& inputs, const tensor& targets);
+
+  /// Waits until every replica's stages took their last optimizer step
+  /// (pipeline::synchronize); errors name the replica.
+  expected<void> synchronize();
 
   std::size_t replicas() const noexcept { return replicas_.size(); }
   pipeline& replica(std::size_t k) { return *replicas_.at(k); }
