@@ -53,9 +53,13 @@ inline std::vector<double> perftest_final(const std::string& output) {
 /// only) with `transports`
 /// (UCX_TLS). `test` is ucp_am_bw or ucp_am_lat. Returns GB/s (10^9 bytes)
 /// for bandwidth, or the round trip in µs (twice its one-way figure) for
-/// latency; nullopt when ucx_perftest is missing or failed.
+/// latency; nullopt when ucx_perftest is missing or failed. `wait_mode`:
+/// "poll" (its default: both processes spin on their workers) or "sleep"
+/// (each waits on its worker's event fd when idle, as troupe's transport
+/// thread does).
 inline std::optional<double> ucx_perftest(const std::string& transports, const std::string& test,
-                                          std::size_t bytes, int iterations, int window, int port) {
+                                          std::size_t bytes, int iterations, int window, int port,
+                                          const std::string& wait_mode = "poll") {
   // Loopback only, like troupe's nodes on 127.0.0.1: without it UCX adds a
   // second TCP lane on the machine's external interface (9% more bandwidth
   // at 16 MiB here, 2026-11-24, and an address these benchmarks must not use).
@@ -63,11 +67,11 @@ inline std::optional<double> ucx_perftest(const std::string& transports, const s
   // The server serves one run and exits; start it in the background, give it
   // a moment to listen, then run the client against it.
   auto command = fmt::format(
-      "sh -c '{env} ucx_perftest -p {port} >/dev/null 2>&1 & server=$!; sleep 0.5; "
-      "{env} ucx_perftest 127.0.0.1 -p {port} -t {test} -s {bytes} -n {n} -w {w} -O {w}; "
+      "sh -c '{env} ucx_perftest -p {port} -E {mode} >/dev/null 2>&1 & server=$!; sleep 0.5; "
+      "{env} ucx_perftest 127.0.0.1 -p {port} -t {test} -s {bytes} -n {n} -w {w} -O {w} -E {mode}; "
       "kill $server 2>/dev/null; wait $server 2>/dev/null'",
       fmt::arg("env", env), fmt::arg("port", port), fmt::arg("test", test), fmt::arg("bytes", bytes),
-      fmt::arg("n", iterations), fmt::arg("w", window));
+      fmt::arg("n", iterations), fmt::arg("w", window), fmt::arg("mode", wait_mode));
   auto numbers = perftest_final(run_command(command, 60));
   // Final: iterations, overhead p50/avg/overall (µs), bandwidth avg/overall
   // (MB/s of 2^20), message rate avg/overall.
