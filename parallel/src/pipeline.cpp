@@ -388,12 +388,12 @@ expected<void> pipeline::await_step(std::uint64_t step, std::vector<double>& los
   };
   auto phase = [&] {
     auto updating = updating_step_ == 0 ? std::string{}
-                                        : fmt::format("; step {}: {} of {} stages updated", updating_step_,
+                                        : fmt::format("step {}: {} of {} stages updated", updating_step_,
                                                       updates_seen_, p);
     if (step == 0)
-      return updating.substr(2);
-    return fmt::format("step {} ({} of {} losses, {} of {} backwards, {} of {} stages updated{})", step,
-                       losses_seen, m, backwards_done, m, applied, p, updating);
+      return updating.empty() ? std::string{"no step"} : updating;
+    return fmt::format("step {} ({} of {} losses, {} of {} backwards, {} of {} stages updated{}{})", step,
+                       losses_seen, m, backwards_done, m, applied, p, updating.empty() ? "" : "; ", updating);
   };
   // Each stage takes its optimizer step by itself after its last backward.
   // With overlap_update the step is complete without them (they finish in
