@@ -111,6 +111,13 @@ TEST(SameHostWorkspace, BadOptionsAreRefused) {
   EXPECT_THAT(refused.error().message(), HasSubstr("pass_bytes 5000 must be a multiple of 64"));
 }
 
+/// `ws` refuses to map `offer` as rank 1's segment, saying `what`.
+void expect_refused(same_host_workspace& ws, const same_host_workspace::invitation& offer, const std::string& what) {
+  auto mapped = ws.map_peer(1, offer);
+  ASSERT_FALSE(mapped);
+  EXPECT_THAT(mapped.error().message(), HasSubstr(what));
+}
+
 TEST(SameHostWorkspace, MappingASegmentThatDoesNotMatchItsOfferFails) {
   auto a = same_host_workspace::create(options_for(0));
   auto b = same_host_workspace::create(options_for(1));
@@ -119,26 +126,18 @@ TEST(SameHostWorkspace, MappingASegmentThatDoesNotMatchItsOfferFails) {
 
   auto wrong_nonce = offer;
   wrong_nonce.nonce ^= 1;
-  auto mapped = (*a)->map_peer(1, wrong_nonce);
-  ASSERT_FALSE(mapped);
-  EXPECT_THAT(mapped.error().message(), HasSubstr("does not hold what was announced"));
+  expect_refused(**a, wrong_nonce, "does not hold what was announced");
 
   auto wrong_size = offer;
   wrong_size.pass_bytes = 8192;
-  mapped = (*a)->map_peer(1, wrong_size);
-  ASSERT_FALSE(mapped);
-  EXPECT_THAT(mapped.error().message(), HasSubstr("pass_bytes 8192 differs"));
+  expect_refused(**a, wrong_size, "pass_bytes 8192 differs");
 
   auto missing = offer;
   missing.name = "/troupe-ws-0-0-nothing";
-  mapped = (*a)->map_peer(1, missing);
-  ASSERT_FALSE(mapped);
-  EXPECT_THAT(mapped.error().message(), HasSubstr("replica 1"));
+  expect_refused(**a, missing, "replica 1");
 
   // Rank 0's own segment announced as rank 1's: the rank field differs.
-  mapped = (*a)->map_peer(1, (*a)->own());
-  ASSERT_FALSE(mapped);
-  EXPECT_THAT(mapped.error().message(), HasSubstr("does not hold what was announced"));
+  expect_refused(**a, (*a)->own(), "does not hold what was announced");
 
   EXPECT_TRUE((*a)->map_peer(1, offer));
 }
@@ -253,21 +252,15 @@ TEST(SameHostWorkspace, APeersArenaMustBeWhatItAnnounced) {
 
   auto wrong_size = offer;
   wrong_size.arena_bytes += 64;
-  auto mapped = (*a)->map_peer(1, wrong_size);
-  ASSERT_FALSE(mapped);
-  EXPECT_THAT(mapped.error().message(), HasSubstr("announced " + std::to_string(wrong_size.arena_bytes)));
+  expect_refused(**a, wrong_size, "announced " + std::to_string(wrong_size.arena_bytes));
 
   auto missing = offer;
   missing.arena = "/troupe-wstest-nobody-has-this";
-  mapped = (*a)->map_peer(1, missing);
-  ASSERT_FALSE(mapped);
-  EXPECT_THAT(mapped.error().message(), HasSubstr("shm_open(/troupe-wstest-nobody-has-this)"));
+  expect_refused(**a, missing, "shm_open(/troupe-wstest-nobody-has-this)");
 
   auto not_an_arena = offer;
   not_an_arena.arena = "/troupe-ws-../../etc";
-  mapped = (*a)->map_peer(1, not_an_arena);
-  ASSERT_FALSE(mapped);
-  EXPECT_THAT(mapped.error().message(), HasSubstr("has character 0x2f"));
+  expect_refused(**a, not_an_arena, "has character 0x2f");
 
   EXPECT_TRUE((*a)->map_peer(1, offer));
 
