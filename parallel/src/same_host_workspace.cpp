@@ -108,6 +108,11 @@ expected<void> check_shm_name(const std::string& name, const char* what, std::st
   return {};
 }
 
+/// `bytes` from `offset` lie inside `capacity` bytes (no overflow).
+bool fits(std::uint64_t offset, std::uint64_t bytes, std::uint64_t capacity) {
+  return offset <= capacity && bytes <= capacity - offset;
+}
+
 expected<void> check_name(const std::string& name) { return check_shm_name(name, "workspace", name_prefix, "-"); }
 
 /// A node arena's name as shared_arena::name_for makes them.
@@ -425,7 +430,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   if (options_.arena_base != nullptr) {
     const auto begin = reinterpret_cast<std::uintptr_t>(data);
     const auto arena = reinterpret_cast<std::uintptr_t>(options_.arena_base);
-    if (begin >= arena && begin - arena <= options_.arena_bytes && total_bytes <= options_.arena_bytes - (begin - arena))
+    if (begin >= arena && fits(begin - arena, total_bytes, options_.arena_bytes))
       source = begin - arena;
   }
 
@@ -498,8 +503,8 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
         const auto& peer = *segments_[k];
         in_place[k] = nullptr;
         if (theirs.source != in_slot) {
-          if (peer.arena == nullptr || theirs.source % alignof(T) != 0 || theirs.source > peer.arena_bytes ||
-              total_bytes > peer.arena_bytes - theirs.source)
+          if (peer.arena == nullptr || theirs.source % alignof(T) != 0 ||
+              !fits(theirs.source, total_bytes, peer.arena_bytes))
             return make_error(errc::malformed_message,
                               "same-host allreduce: {} published {} bytes at offset {} of its arena, which has {} "
                               "bytes",
