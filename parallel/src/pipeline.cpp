@@ -473,6 +473,15 @@ expected<void> pipeline::synchronize() {
   return await_step(0, none);
 }
 
+expected<void> pipeline::ready_for_query() {
+  // After an earlier failure the query reports whatever the stages hold, as
+  // before that failure was known; otherwise the last step's updates first.
+  const bool was_broken = broken_.has_value();
+  if (auto ready = synchronize(); !ready && !was_broken)
+    return ready;
+  return {};
+}
+
 expected<tensor> pipeline::forward(const tensor& inputs) {
   require(inputs.defined() && inputs.rank() >= 1,
           "pipeline::forward: inputs need a batch dimension");
@@ -539,10 +548,7 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
 }
 
 expected<std::vector<stage_stats>> pipeline::stats() {
-  // The last step's updates first; after an earlier failure, whatever the
-  // stages hold (as before that failure was known).
-  const bool was_broken = broken_.has_value();
-  if (auto ready = synchronize(); !ready && !was_broken)
+  if (auto ready = ready_for_query(); !ready)
     return ready.error_value();
   std::vector<stage_stats> out(stages_.size());
   for (std::size_t i = 0; i < stages_.size(); ++i) {
@@ -564,10 +570,7 @@ expected<std::vector<stage_stats>> pipeline::stats() {
 }
 
 expected<std::vector<double>> pipeline::parameter_digests() {
-  // The last step's updates first; after an earlier failure, whatever the
-  // stages hold (as before that failure was known).
-  const bool was_broken = broken_.has_value();
-  if (auto ready = synchronize(); !ready && !was_broken)
+  if (auto ready = ready_for_query(); !ready)
     return ready.error_value();
   std::vector<double> out(stages_.size());
   for (std::size_t i = 0; i < stages_.size(); ++i) {

@@ -220,6 +220,9 @@ private:
   /// updates still running); fills `losses`.
   expected<void> await_step(std::uint64_t step, std::vector<double>& losses);
   expected<void> fail(troupe::error err);
+  /// What stats() and parameter_digests() wait for first: synchronize(),
+  /// whose failure they report, unless the pipeline had already failed.
+  expected<void> ready_for_query();
   /// A tensor from the driver to stage `index` (local send or the sender).
   expected<void> send_to_stage(std::size_t index, actors::tensor_message message);
 
