@@ -248,16 +248,19 @@ int main(int argc, char** argv) {
     options.overlap_update = c.overlap;
     return parallel::pipeline::create(c.remote ? node->system() : system, std::move(options));
   };
+  // A configuration's run failed: says why, and is false.
+  auto failed = [](const configuration& c, const troupe::error& why) {
+    fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name, why.message());
+    return false;
+  };
   // One step of `c`: untimed (the warm-up) or timed, with the bubble from
   // the stages' counters. False (and a message) when the step fails.
   auto step = [&](configuration& c, bool timed) {
     auto start = bench::now_seconds();
     auto loss = c.pipe->train_step(x, y);
     auto elapsed = bench::now_seconds() - start;
-    if (!loss) {
-      fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name, loss.error().message());
-      return false;
-    }
+    if (!loss)
+      return failed(c, loss.error());
     if (!timed)
       c.first_loss = *loss;
     c.last_loss = *loss;
@@ -285,27 +288,22 @@ int main(int argc, char** argv) {
   // the run's mean (the baseline's is a median: no help to this side).
   auto overlapped_run = [&](configuration& c) {
     auto before = c.pipe->stats(); // also waits for the warm-up's updates
-    if (!before) {
-      fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name, before.error().message());
-      return false;
-    }
+    if (!before)
+      return failed(c, before.error());
     auto start = bench::now_seconds();
     for (int round = 0; round < steps; ++round) {
       auto loss = c.pipe->train_step(x, y);
-      if (!loss) {
-        fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name, loss.error().message());
-        return false;
-      }
+      if (!loss)
+        return failed(c, loss.error());
       c.last_loss = *loss;
     }
     auto synced = c.pipe->synchronize();
     auto elapsed = bench::now_seconds() - start;
     auto after = c.pipe->stats();
-    if (!synced || !after) {
-      fmt::print(stderr, "pipeline {}, {}: {}\n", c.prefix, c.name,
-                 (!synced ? synced.error() : after.error()).message());
-      return false;
-    }
+    if (!synced)
+      return failed(c, synced.error());
+    if (!after)
+      return failed(c, after.error());
     c.seconds.push_back(elapsed / steps);
     double busiest = 0, fill = 0;
     c.busy_ms.resize(after->size());
