@@ -49,35 +49,56 @@ inline std::vector<double> perftest_final(const std::string& output) {
   return numbers;
 }
 
-/// ucx_perftest between two processes on 127.0.0.1 (the loopback interface
-/// only) with `transports`
-/// (UCX_TLS). `test` is ucp_am_bw or ucp_am_lat. Returns GB/s (10^9 bytes)
-/// for bandwidth, or the round trip in µs (twice its one-way figure) for
-/// latency; nullopt when ucx_perftest is missing or failed. `wait_mode`:
-/// "poll" (its default: both processes spin on their workers) or "sleep"
-/// (each waits on its worker's event fd when idle, as troupe's transport
-/// thread does).
-inline std::optional<double> ucx_perftest(const std::string& transports, const std::string& test,
-                                          std::size_t bytes, int iterations, int window, int port,
-                                          const std::string& wait_mode = "poll") {
+/// One ucx_perftest run between two processes on 127.0.0.1.
+struct perftest_options {
+  std::string transports;  ///< UCX_TLS
+  std::string test;        ///< ucp_am_bw or ucp_am_lat
+  std::size_t bytes = 0;
+  int iterations = 0;
+  int window = 1;          ///< -O and -w: outstanding sends, warm-up iterations
+  int port = 0;
+  /// "poll" (perftest's default: both processes spin on their workers) or
+  /// "sleep" (each waits on its worker's event fd when idle, as troupe's
+  /// transport thread does).
+  std::string wait_mode = "poll";
+  /// The built bench/perftest_written_buffers.c, preloaded into both
+  /// processes so that the buffers perftest sends from and receives into
+  /// hold data; empty: perftest as shipped.
+  std::string written_buffers_shim = {};
+};
+
+/// The line the preloaded shim prints once per buffer it wrote.
+inline constexpr const char* perftest_shim_mark = "troupe-perftest-shim: wrote ";
+
+/// Runs ucx_perftest (the loopback interface only) and returns GB/s (10^9
+/// bytes) for bandwidth, or the round trip in µs (twice its one-way figure)
+/// for latency; nullopt when ucx_perftest is missing or failed, or when
+/// written buffers were asked for and the client did not report writing its
+/// buffer (the shim did not load: no figure rather than the wrong one).
+inline std::optional<double> ucx_perftest(const perftest_options& o) {
   // Loopback only, like troupe's nodes on 127.0.0.1: without it UCX adds a
   // second TCP lane on the machine's external interface (9% more bandwidth
   // at 16 MiB here, 2026-11-24, and an address these benchmarks must not use).
-  auto env = fmt::format("UCX_TLS={} UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n", transports);
+  auto env = fmt::format("UCX_TLS={} UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n", o.transports);
+  if (!o.written_buffers_shim.empty())
+    env += fmt::format(" LD_PRELOAD={}", o.written_buffers_shim);
   // The server serves one run and exits; start it in the background, give it
   // a moment to listen, then run the client against it.
   auto command = fmt::format(
       "sh -c '{env} ucx_perftest -p {port} -E {mode} >/dev/null 2>&1 & server=$!; sleep 0.5; "
       "{env} ucx_perftest 127.0.0.1 -p {port} -t {test} -s {bytes} -n {n} -w {w} -O {w} -E {mode}; "
       "kill $server 2>/dev/null; wait $server 2>/dev/null'",
-      fmt::arg("env", env), fmt::arg("port", port), fmt::arg("test", test), fmt::arg("bytes", bytes),
-      fmt::arg("n", iterations), fmt::arg("w", window), fmt::arg("mode", wait_mode));
-  auto numbers = perftest_final(run_command(command, 60));
+      fmt::arg("env", env), fmt::arg("port", o.port), fmt::arg("test", o.test), fmt::arg("bytes", o.bytes),
+      fmt::arg("n", o.iterations), fmt::arg("w", o.window), fmt::arg("mode", o.wait_mode));
+  auto output = run_command(command, 60);
+  if (!o.written_buffers_shim.empty() && output.find(perftest_shim_mark) == std::string::npos)
+    return std::nullopt;
+  auto numbers = perftest_final(output);
   // Final: iterations, overhead p50/avg/overall (µs), bandwidth avg/overall
   // (MB/s of 2^20), message rate avg/overall.
   if (numbers.size() < 6)
     return std::nullopt;
-  if (test == "ucp_am_lat")
+  if (o.test == "ucp_am_lat")
     return 2 * numbers[1];
   return numbers[5] * double(1 << 20) / 1e9;
 }

@@ -11,7 +11,11 @@
 //   TLS             tensor_message over CAF's mutual-TLS connection
 //   in process      a tensor_message between two actors (by reference)
 // Peers: ucx_perftest (ucp_am_bw / ucp_am_lat, same window) and PyTorch RPC
-// (../shared/peers/rpc_latency.py --quick, transports default and uv).
+// (../shared/peers/rpc_latency.py --quick, transports default and uv). Over
+// tcp from 1 MiB, perftest runs four ways: polling (its default) and
+// sleeping on its event fd (-E sleep, as our transport thread does), each as
+// shipped and with its buffers written (perftest_written_buffers.c: as
+// shipped it sends the kernel's zero page).
 //
 //   build/bench/transport [--json] [--quick] [--no-peers] [--rounds=N]
 //                         [--only=inprocess,control,plane,samehost,tracing,tls]
@@ -786,7 +790,8 @@ int parent(int argc, char** argv) {
     };
     compare(fmt::format("data plane RTT ({})", transports), "round trip", "us", "ucx_perftest ucp_am_lat",
             [&] { return session.round_trip_us(rtt_count); },
-            [&] { return bench::ucx_perftest(transports, "ucp_am_lat", 64, 2000, 1, port++); });
+            [&] { return bench::ucx_perftest({.transports = transports, .test = "ucp_am_lat", .bytes = 64,
+                                                 .iterations = 2000, .window = 1, .port = port++}); });
     if (transports == "sm,self")
       out.add({"data plane RTT (sm,self)", "round trip", out.last().value, "us", "PyTorch rpc_sync (default)",
                torch_figure("rtt/default"), "both over shared memory"});
@@ -805,15 +810,30 @@ int parent(int argc, char** argv) {
                torch_figure("rtt/default"), "PyTorch's default is shared memory on one host: compare the sm row"});
     }
     for (auto [bytes, count] : cases) {
-      compare(fmt::format("data plane {}, {}", transports, human(bytes)), "throughput", "GB/s",
-              "ucx_perftest ucp_am_bw -O 4", [&] { return session.throughput_gbps(bytes, count); },
-              [&] { return bench::ucx_perftest(transports, "ucp_am_bw", bytes, count, 4, port++); });
-      // Like for like: perftest waiting on its event fd when idle, as our
-      // transport thread must (it may not spin a core while idle).
-      if (transports == "tcp" && bytes >= (1 << 20))
-        compare(fmt::format("data plane {}, {}", transports, human(bytes)), "throughput", "GB/s",
-                "ucx_perftest ucp_am_bw -O 4 -E sleep", [&] { return session.throughput_gbps(bytes, count); },
-                [&] { return bench::ucx_perftest(transports, "ucp_am_bw", bytes, count, 4, port++, "sleep"); });
+      auto against_perftest = [&](const std::string& wait_mode, bool written) {
+        bench::perftest_options o{.transports = transports, .test = "ucp_am_bw", .bytes = bytes,
+                                  .iterations = count, .window = 4, .wait_mode = wait_mode};
+        if (written)
+          o.written_buffers_shim = TROUPE_PERFTEST_SHIM;
+        auto peer = fmt::format("ucx_perftest ucp_am_bw -O 4{}{}", wait_mode == "sleep" ? " -E sleep" : "",
+                                written ? ", buffers written" : "");
+        compare(fmt::format("data plane {}, {}", transports, human(bytes)), "throughput", "GB/s", peer,
+                [&] { return session.throughput_gbps(bytes, count); },
+                [&] {
+                  o.port = port++;
+                  return bench::ucx_perftest(o);
+                });
+      };
+      against_perftest("poll", false);
+      // Like for like, over tcp where the target is set: perftest waiting on
+      // its event fd when idle, as our transport thread must (it may not spin
+      // a core while idle), and perftest sending memory that holds data, as
+      // a tensor does.
+      if (transports == "tcp" && bytes >= (1 << 20)) {
+        against_perftest("sleep", false);
+        against_perftest("poll", true);
+        against_perftest("sleep", true);
+      }
       if (transports == "sm,self" && bytes >= (16 << 20)) {
         auto ours = out.last().value;
         out.add({fmt::format("data plane {}, {}", transports, human(bytes)), "throughput", ours, "GB/s",

@@ -110,6 +110,20 @@
 //    * Not kept: letting the sending thread post an eager send itself while
 //      the transport thread sleeps (a worker mutex, UCS_THREAD_MODE_
 //      SERIALIZED): round trip 51 vs 52 us, 4 KiB throughput halved.
+//  - 2026-11-24 (fifth session), the tcp gap to ucx_perftest at 16-64 MiB:
+//    * Per byte both cost the same: perf record, 16 MiB x 220, gave the
+//      same samples in the sender (_copy_from_iter) and receiver
+//      (_copy_to_iter) as perftest -E sleep. Most of perftest's lead was its
+//      send buffer, which it never writes (the kernel copies its zero page,
+//      cache-hot); bench/perftest_written_buffers.c writes it. The rest is
+//      waking: a sleeping thread resumes late when the socket drains.
+//    * So the thread polls (yielding the core between polls) while a
+//      rendezvous transfer is under way, up to spin_while_transferring
+//      (1 ms) since its last progress: bench/transport --no-peers, old and
+//      new builds alternated three times, tcp 16 MiB 4.14-4.29 / 3.28-3.56
+//      / 4.24-4.29 -> 4.12-4.36 / 4.39-4.65 / 4.30-4.52 GB/s; the pipeline
+//      bench over two processes 0-5% faster in two passes (the third was
+//      disturbed for both builds).
 
 namespace troupe::actors {
 
@@ -485,6 +499,8 @@ public:
     auto out = stats_;
     for (auto& p : peers_)
       out.max_in_flight_bytes = std::max<std::uint64_t>(out.max_in_flight_bytes, p->high_water);
+    out.rendezvous_in_progress = rendezvous_sends_pending_.load(std::memory_order_relaxed) +
+                                 rendezvous_receives_pending_.load(std::memory_order_relaxed);
     return out;
   }
 
@@ -572,8 +588,11 @@ private:
       // keeps this thread busy: none waits longer than max_ack_delay.
       if (!acks_owed_.empty() && clock_type::now() - acks_owed_since_ >= max_ack_delay)
         flush_acks();
-      if (options_.spin_before_sleep.count() > 0) {
-        auto until = clock_type::now() + options_.spin_before_sleep;
+      auto spin = transfers_under_way()
+                      ? std::max(options_.spin_before_sleep, options_.spin_while_transferring)
+                      : options_.spin_before_sleep;
+      if (spin.count() > 0) {
+        auto until = clock_type::now() + spin;
         bool progressed = false;
         while (clock_type::now() < until && !progressed) {
           progressed = ucp_worker_progress(worker_) != 0 || work_waiting();
@@ -599,6 +618,10 @@ private:
       if (n < 0 && errno != EINTR)
         log("epoll_wait failed: {}", std::strerror(errno));
     }
+  }
+
+  bool transfers_under_way() const {
+    return rendezvous_sends_pending_ > 0 || rendezvous_receives_pending_ > 0;
   }
 
   bool work_waiting() {
@@ -704,6 +727,8 @@ private:
     } else if (UCS_PTR_IS_ERR(request)) {
       complete_send(std::move(op), UCS_PTR_STATUS(request));
     } else {
+      if (op->rendezvous)
+        ++rendezvous_sends_pending_;
       op.release(); // owned by UCX until on_send_done, which frees the request
     }
   }
@@ -714,6 +739,8 @@ private:
     ucp_request_free(request);
     std::unique_ptr<send_op> op(static_cast<send_op*>(user_data));
     auto* self = op->owner;
+    if (op->rendezvous)
+      --self->rendezvous_sends_pending_;
     self->complete_send(std::move(op), status);
   }
 
@@ -1137,6 +1164,7 @@ private:
             status_text(UCS_PTR_STATUS(request)));
         send_ack(from, credit_bytes);
       } else {
+        ++rendezvous_receives_pending_;
         op.release(); // owned by UCX until on_receive_done, which frees the request
       }
       return UCS_INPROGRESS;
@@ -1173,6 +1201,7 @@ private:
     ucp_request_free(request);
     std::unique_ptr<receive_op> op(static_cast<receive_op*>(user_data));
     auto* self = op->owner;
+    --self->rendezvous_receives_pending_;
     if (status != UCS_OK) {
       auto* p = self->find_locked(op->from);
       self->log("receiving a payload from '{}' failed: {}", p ? p->name : std::string("?"),
@@ -1406,6 +1435,10 @@ private:
   clock_type::time_point acks_owed_since_; // when acks_owed_ last became non-empty
   std::unordered_map<ucp_ep_h, peer_id> by_reply_ep_;
   bool closing_now_ = false;
+  // Rendezvous sends posted and receives pulling, not yet complete in UCX
+  // (written by the transport thread only; atomic for stats()).
+  std::atomic<std::uint64_t> rendezvous_sends_pending_{0};
+  std::atomic<std::uint64_t> rendezvous_receives_pending_{0};
 
   mutable std::mutex buffers_mutex_;
   std::map<std::uintptr_t, std::size_t> lent_buffers_;

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -662,6 +663,37 @@ INSTANTIATE_TEST_SUITE_P(Transports, DataPlaneRoundTrip, ::testing::Values("tcp"
                          [](const auto& info) {
                            return std::string(info.param[0] == 't' ? "Tcp" : "SharedMemory");
                          });
+
+/// CPU time this process has used so far (every thread), in ms.
+double process_cpu_ms() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(usage.ru_utime) + ms(usage.ru_stime);
+}
+
+TEST(DataPlane, TheTransportThreadPollsOnlyWhileTransfersAreUnderWay) {
+  // The transport thread polls while a rendezvous transfer is under way
+  // (spin_while_transferring), never when the node is idle: once the
+  // round-trip traffic (1 and 16 MiB both ways) is over, no transfer may be
+  // left counted, and the process must sleep.
+  parent_plane parent("tcp");
+  ASSERT_TRUE(parent.plane);
+  parent.handler = [&](peer_id from, tensor_message&& m) {
+    EXPECT_TRUE(parent.plane->send(from, std::move(m)));
+  };
+  child_process child("round_trip", parent.plane->address(), "tcp");
+  ASSERT_TRUE(child.started());
+  ASSERT_EQ(child.wait(25s), 0);
+  EXPECT_GE(parent.plane->stats().rendezvous_receives, 2u);
+  EXPECT_TRUE(wait_until([&] { return parent.plane->stats().rendezvous_in_progress == 0; }, 5s))
+      << parent.plane->stats().rendezvous_in_progress << " transfers still counted";
+  std::this_thread::sleep_for(50ms);
+  auto before = process_cpu_ms();
+  std::this_thread::sleep_for(300ms);
+  // A polling thread would use about 300 ms of CPU here.
+  EXPECT_LT(process_cpu_ms() - before, 60.0);
+}
 
 TEST(DataPlane, SmallWindowBoundsBytesInFlight) {
   parent_plane parent("tcp");

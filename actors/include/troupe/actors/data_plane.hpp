@@ -83,6 +83,10 @@ struct data_plane_stats {
   std::uint64_t releases_received = 0;       ///< handed to on_release
   /// The most bytes ever unacknowledged towards any one peer.
   std::uint64_t max_in_flight_bytes = 0;
+  /// Rendezvous sends posted and rendezvous payloads being pulled that UCX
+  /// has not completed yet (the transport thread polls while any is, see
+  /// data_plane_options::spin_while_transferring): 0 once traffic is over.
+  std::uint64_t rendezvous_in_progress = 0;
 };
 
 /// One node's data plane. Create with start(); close() (or the destructor)

@@ -65,6 +65,12 @@ struct data_plane_options {
   /// to 48-67 us (data_plane.cpp, "Measured"); pipeline throughput was
   /// unchanged. 0: sleep at once (no CPU spent when idle, slower replies).
   std::chrono::microseconds spin_before_sleep{50};
+  /// The same poll, for as long as a rendezvous transfer (a large payload
+  /// being sent or pulled) is under way on this node: its next piece is due
+  /// within microseconds, and a sleeping thread wakes late for it. Bounded
+  /// since the last progress, so a stalled transfer (a dead peer) does not
+  /// keep a core busy. 0: only spin_before_sleep.
+  std::chrono::microseconds spin_while_transferring{1000};
   /// Where delivered messages go (required).
   receive_handler on_receive;
   /// Where tensors handed over by reference go; without it such frames are

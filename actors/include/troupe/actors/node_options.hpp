@@ -59,7 +59,8 @@ struct node_options {
   std::uint64_t arena_bytes = std::uint64_t{1} << 30;
   std::uint64_t arena_copy_min_bytes = std::uint64_t{64} << 10;
   /// How long the data plane's thread polls after its last work before it
-  /// sleeps (data_plane_options::spin_before_sleep); 0: never poll.
+  /// sleeps (data_plane_options::spin_before_sleep); 0: never poll, not
+  /// even while a large transfer is under way (spin_while_transferring).
   std::chrono::microseconds data_plane_spin{50};
 
   bool is_coordinator() const { return rank == 0; }
