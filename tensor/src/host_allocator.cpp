@@ -1,5 +1,8 @@
 #include "troupe/tensor/host_allocator.hpp"
 
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -20,6 +23,37 @@ std::size_t limit_from_environment() {
   if (end == text || *end != '\0' || mb > (std::size_t{1} << 24))
     return default_limit;
   return static_cast<std::size_t>(mb) << 20;
+}
+
+/// A block of `size` bytes (a multiple of 4 KiB) from its own mapping,
+/// aligned to the huge page size and marked MADV_HUGEPAGE, or nullptr.
+/// Why: this machine class runs transparent huge pages in "madvise" mode, so
+/// malloc's large blocks get 4 KiB pages. Moving a tensor between processes
+/// is mostly the kernel copying it (send() and recv() over TCP, or
+/// process_vm_readv), and on 4 KiB pages those copies miss the TLB every
+/// page: a standalone UCX sender and receiver moved 16 MiB messages over
+/// loopback TCP about 9% faster with both buffers on huge pages
+/// (2026-11-24, 5 alternated runs, 4.8-5.2 -> 5.3-5.7 GB/s), and that is
+/// how ucx_perftest allocates its buffers.
+void* map_huge_block(std::size_t size) {
+  constexpr std::size_t huge = host_allocator::huge_page_bytes;
+  void* mapping = ::mmap(nullptr, size + huge, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapping == MAP_FAILED)
+    return nullptr;
+  // Keep the aligned part; give back what lies before and after it.
+  auto start = reinterpret_cast<std::uintptr_t>(mapping);
+  auto aligned = (start + huge - 1) / huge * huge;
+  if (aligned > start)
+    ::munmap(mapping, aligned - start);
+  auto tail = aligned + size;
+  auto end = start + size + huge;
+  if (end > tail)
+    ::munmap(reinterpret_cast<void*>(tail), end - tail);
+  auto* block = reinterpret_cast<void*>(aligned);
+  // Advice only: without THP the block simply keeps 4 KiB pages.
+  (void)::madvise(block, size, MADV_HUGEPAGE);
+  return block;
 }
 
 } // namespace
@@ -58,16 +92,26 @@ void* host_allocator::allocate(std::size_t bytes) {
       return block;
     }
   }
-  void* block = std::aligned_alloc(alignment, size);
+  auto fresh = [size] {
+    return size >= huge_page_bytes ? map_huge_block(size) : std::aligned_alloc(alignment, size);
+  };
+  void* block = fresh();
   if (block == nullptr) {
     // Memory may be sitting in the cache under other sizes: give it back
     // and try once more before failing.
     release_cached();
-    block = std::aligned_alloc(alignment, size);
+    block = fresh();
     if (block == nullptr)
       throw std::bad_alloc();
   }
   return block;
+}
+
+void host_allocator::free_block(void* block, std::size_t size) noexcept {
+  if (size >= huge_page_bytes)
+    ::munmap(block, size);
+  else
+    std::free(block);
 }
 
 void host_allocator::deallocate(void* data, std::size_t bytes) noexcept {
@@ -84,7 +128,7 @@ void host_allocator::deallocate(void* data, std::size_t bytes) noexcept {
       }
     }
   }
-  std::free(data);
+  free_block(data, size);
 }
 
 std::size_t host_allocator::cached_bytes() const {
@@ -107,7 +151,7 @@ void host_allocator::trim_to(std::size_t bytes) {
   for (auto it = free_blocks_.begin(); it != free_blocks_.end() && cached_ > bytes;) {
     auto& blocks = it->second;
     while (!blocks.empty() && cached_ > bytes) {
-      std::free(blocks.back());
+      free_block(blocks.back(), it->first);
       blocks.pop_back();
       cached_ -= it->first;
     }

@@ -1,6 +1,10 @@
 #include "troupe/tensor/host_allocator.hpp"
 
+#include <cctype>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -19,6 +23,48 @@ TEST(HostAllocator, LargeBlocksAreReusedAndAligned) {
   EXPECT_EQ(second, first);
   EXPECT_EQ(allocator.cached_bytes(), 0u);
   allocator.deallocate(second, (1 << 20) - 100);
+}
+
+/// The VmFlags line of the mapping in /proc/self/smaps that starts at
+/// `address`, or "" when there is none.
+std::string vm_flags_of_mapping_at(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  auto wanted = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    auto dash = line.find('-');
+    if (dash != std::string::npos && dash > 0 && line.find(' ') > dash &&
+        std::isxdigit(static_cast<unsigned char>(line[0]))) {
+      inside = std::stoull(line.substr(0, dash), nullptr, 16) == wanted;
+      continue;
+    }
+    if (inside && line.starts_with("VmFlags:"))
+      return line;
+  }
+  return "";
+}
+
+TEST(HostAllocator, HugeBlocksAreAlignedToAHugePageAndAdvisedToUseOne) {
+  host_allocator allocator(std::size_t{64} << 20);
+  auto bytes = host_allocator::huge_page_bytes + 12345; // not a multiple
+  auto* block = static_cast<unsigned char*>(allocator.allocate(bytes));
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(block) % host_allocator::huge_page_bytes, 0u);
+  std::memset(block, 0x5a, bytes); // every byte is ours
+  EXPECT_EQ(block[bytes - 1], 0x5a);
+  // "hg": the kernel took the MADV_HUGEPAGE advice for this mapping (a
+  // kernel without transparent huge pages has no such flag to set).
+  auto flags = vm_flags_of_mapping_at(block);
+  if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"))
+    EXPECT_NE(flags.find(" hg"), std::string::npos) << "VmFlags: '" << flags << "'";
+  else
+    EXPECT_NE(flags, "") << "no mapping starts at the block";
+  allocator.deallocate(block, bytes);
+  // Cached, like any large block, and handed out again.
+  EXPECT_EQ(allocator.allocate(bytes), block);
+  allocator.deallocate(block, bytes);
+  allocator.release_cached(); // unmapped: the mapping is gone
+  EXPECT_EQ(vm_flags_of_mapping_at(block), "");
 }
 
 TEST(HostAllocator, SmallBlocksAreNotCached) {

@@ -7,7 +7,8 @@
 
 namespace troupe {
 
-/// Hands out 64-byte aligned host memory and keeps freed blocks of 64 KiB and
+/// Hands out 64-byte aligned host memory (blocks of 2 MiB and more on huge
+/// pages where the kernel allows) and keeps freed blocks of 64 KiB and
 /// more for reuse, keyed by size (like PyTorch's caching allocator for
 /// CUDA). A training step allocates the same activation and gradient sizes
 /// every iteration; without the cache each large block is a fresh mmap
@@ -20,6 +21,9 @@ public:
   static constexpr std::size_t alignment = 64;
   /// Blocks below this size go straight to malloc's own free lists.
   static constexpr std::size_t min_cached_bytes = std::size_t{64} << 10;
+  /// Blocks of this size and more are mapped on their own, aligned to it and
+  /// advised to use transparent huge pages (host_allocator.cpp says why).
+  static constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
   /// The process-wide instance.
   static host_allocator& instance();
@@ -44,6 +48,7 @@ public:
 
 private:
   static std::size_t block_size(std::size_t bytes) noexcept;
+  static void free_block(void* block, std::size_t size) noexcept;
   void trim_to(std::size_t bytes); // requires mutex_
 
   mutable std::mutex mutex_;
