@@ -140,6 +140,13 @@ std::string env_or(const char* name, const char* fallback = "") {
   return v ? v : fallback;
 }
 
+/// The poll before the transport thread sleeps, for both processes of a
+/// test: the library default, or TROUPE_DP_SPIN_US (µs) for experiments.
+std::chrono::microseconds spin_from_environment() {
+  auto* v = std::getenv("TROUPE_DP_SPIN_US");
+  return v ? std::chrono::microseconds(std::atoi(v)) : data_plane_options{}.spin_before_sleep;
+}
+
 // -- child modes ------------------------------------------------------------
 
 /// Sends each round-trip size to the parent and checks what comes back.
@@ -456,10 +463,7 @@ int child_throughput() {
   options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
   options.credit_window_bytes = window;
   options.max_queued_sends = 4096;
-  // The sender's spin (the library default unless TROUPE_DP_SPIN_US, which
-  // also sets the receiving parent's): both sides, for experiments.
-  options.spin_before_sleep =
-      std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "50").c_str()));
+  options.spin_before_sleep = spin_from_environment();
   options.on_receive = [](peer_id, tensor_message&&) {};
   auto plane = data_plane::start(options);
   if (!plane)
@@ -500,8 +504,7 @@ int child_latency() {
   options.token = job_token;
   options.transports = env_or("TROUPE_DP_TLS");
   options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
-  options.spin_before_sleep =
-      std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "0").c_str()));
+  options.spin_before_sleep = spin_from_environment();
   options.on_receive = [&](peer_id, tensor_message&&) {
     std::lock_guard guard(mutex);
     ++echoes;
@@ -596,8 +599,7 @@ struct parent_plane {
     options.transports = transports;
     options.net_devices = "lo"; // loopback only (UCX would open a lane on every interface)
     options.max_message_bytes = max_message_bytes;
-    options.spin_before_sleep =
-        std::chrono::microseconds(std::atoi(env_or("TROUPE_DP_SPIN_US", "0").c_str()));
+    options.spin_before_sleep = spin_from_environment();
     options.on_receive = [this](peer_id from, tensor_message&& m) {
       if (handler)
         handler(from, std::move(m));
