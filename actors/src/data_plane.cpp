@@ -113,10 +113,12 @@
 //  - 2026-11-24 (fifth session), the tcp gap to ucx_perftest at 16-64 MiB:
 //    * Per byte both cost the same: perf record, 16 MiB x 220, gave the
 //      same samples in the sender (_copy_from_iter) and receiver
-//      (_copy_to_iter) as perftest -E sleep. Most of perftest's lead was its
-//      send buffer, which it never writes (the kernel copies its zero page,
-//      cache-hot); bench/perftest_written_buffers.c writes it. The rest is
-//      waking: a sleeping thread resumes late when the socket drains.
+//      (_copy_to_iter) as perftest -E sleep. perftest's lead came from its
+//      buffers: it never writes them (the kernel copies its zero page,
+//      cache-hot; bench/perftest_written_buffers.c writes them), and they
+//      lie on huge pages (host_allocator.cpp now maps large blocks so:
+//      tcp 16 MiB about 8% faster). The rest is waking: a sleeping thread
+//      resumes late when the socket drains.
 //    * So the thread polls (yielding the core between polls) while a
 //      rendezvous transfer is under way, up to spin_while_transferring
 //      (1 ms) since its last progress: bench/transport --no-peers, old and
