@@ -92,19 +92,20 @@ void* host_allocator::allocate(std::size_t bytes) {
       return block;
     }
   }
-  auto fresh = [size] {
-    return size >= huge_page_bytes ? map_huge_block(size) : std::aligned_alloc(alignment, size);
-  };
-  void* block = fresh();
+  void* block = new_block(size);
   if (block == nullptr) {
     // Memory may be sitting in the cache under other sizes: give it back
     // and try once more before failing.
     release_cached();
-    block = fresh();
+    block = new_block(size);
     if (block == nullptr)
       throw std::bad_alloc();
   }
   return block;
+}
+
+void* host_allocator::new_block(std::size_t size) noexcept {
+  return size >= huge_page_bytes ? map_huge_block(size) : std::aligned_alloc(alignment, size);
 }
 
 void host_allocator::free_block(void* block, std::size_t size) noexcept {

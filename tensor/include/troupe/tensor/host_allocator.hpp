@@ -48,6 +48,9 @@ public:
 
 private:
   static std::size_t block_size(std::size_t bytes) noexcept;
+  /// From the system, by size: malloc below huge_page_bytes, a mapping of
+  /// its own from there; nullptr when out of memory. free_block undoes it.
+  static void* new_block(std::size_t size) noexcept;
   static void free_block(void* block, std::size_t size) noexcept;
   void trim_to(std::size_t bytes); // requires mutex_
 
