@@ -27,6 +27,7 @@ for b in "$@"; do
     allreduce) expect 2 "\-\-chunk-kib: '-1'" -- "$b" --chunk-kib=-1
                expect 2 "\-\-pass-kib: '1'" -- "$b" --pass-kib=1
                expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest ;;
+    cuda_gpt) expect 2 "\-\-models: 'gpt2' is not one of" -- "$b" --models=gpt,gpt2 ;;
     transport) expect 2 "\-\-rounds: '1e9'" -- "$b" --rounds=1e9 ;;
   esac
 done

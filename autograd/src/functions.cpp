@@ -614,7 +614,7 @@ variable dropout(const variable& input, double p, bool training) {
   require(p >= 0.0 && p <= 1.0, "dropout: probability {} is outside [0, 1]", p);
   if (!training || p == 0.0)
     return input;
-  auto mask = p == 1.0 ? zeros_like(x) : dropout_mask(x.shape(), p, default_generator(), x.type());
+  auto mask = p == 1.0 ? zeros_like(x) : dropout_mask(x.shape(), p, default_generator(), x.type(), x.where());
   return record("dropout", troupe::mul(x, mask), {input},
                 [mask](const tensor& g, const needs_mask&) {
                   return std::vector<tensor>{troupe::mul(g, mask)};

@@ -106,9 +106,9 @@ tensor arange(double start, double end, double step, dtype type) {
 namespace {
 
 tensor draw(const char* op, random_distribution what, const dims& shape, generator& gen, double a,
-            double b, dtype type) {
-  auto& kernels = backend_for(device::cpu(), op);
-  auto out = tensor::empty(shape, type);
+            double b, dtype type, device where) {
+  auto& kernels = backend_for(where, op);
+  auto out = tensor::empty(shape, type, where);
   kernels.fill_random(what, gen, a, b, out);
   gen.offset += static_cast<std::uint64_t>(out.numel());
   return out;
@@ -121,26 +121,26 @@ void require_floating_type(const char* op, dtype type) {
 
 } // namespace
 
-tensor rand(const dims& shape, generator& gen, double low, double high, dtype type) {
+tensor rand(const dims& shape, generator& gen, double low, double high, dtype type, device where) {
   require_floating_type("rand", type);
   require(low < high, "rand: empty interval [{}, {})", low, high);
-  return draw("rand", random_distribution::uniform, shape, gen, low, high, type);
+  return draw("rand", random_distribution::uniform, shape, gen, low, high, type, where);
 }
 
-tensor randn(const dims& shape, generator& gen, double mean, double stddev, dtype type) {
+tensor randn(const dims& shape, generator& gen, double mean, double stddev, dtype type, device where) {
   require_floating_type("randn", type);
   require(stddev >= 0.0, "randn: negative standard deviation {}", stddev);
-  return draw("randn", random_distribution::normal, shape, gen, mean, stddev, type);
+  return draw("randn", random_distribution::normal, shape, gen, mean, stddev, type, where);
 }
 
-tensor randint(const dims& shape, generator& gen, std::int64_t low, std::int64_t high) {
+tensor randint(const dims& shape, generator& gen, std::int64_t low, std::int64_t high, device where) {
   require(low < high, "randint: empty interval [{}, {})", low, high);
   // The bounds travel to the kernel as doubles: keep them exact.
   constexpr std::int64_t limit = std::int64_t{1} << 53;
   require(low >= -limit && high <= limit, "randint: bounds [{}, {}) must lie within +-2^53", low,
           high);
   return draw("randint", random_distribution::integer, shape, gen, static_cast<double>(low),
-              static_cast<double>(high), dtype::int64);
+              static_cast<double>(high), dtype::int64, where);
 }
 
 // -- comparison ----------------------------------------------------------------------

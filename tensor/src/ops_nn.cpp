@@ -208,12 +208,12 @@ layer_norm_grads layer_norm_backward(const tensor& grad, const tensor& input,
   return grads;
 }
 
-tensor dropout_mask(const dims& shape, double p, generator& gen, dtype type) {
+tensor dropout_mask(const dims& shape, double p, generator& gen, dtype type, device where) {
   require(p >= 0.0 && p <= 1.0, "dropout_mask: probability {} is outside [0, 1]", p);
   require(type == dtype::float32 || type == dtype::float64,
           "dropout_mask: expected float32 or float64, got {}", type);
-  auto& kernels = backend_for(device::cpu(), "dropout_mask");
-  auto out = tensor::empty(shape, type);
+  auto& kernels = backend_for(where, "dropout_mask");
+  auto out = tensor::empty(shape, type, where);
   // p == 1 drops everything; the keep scale would be infinite but is unused.
   const double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
   kernels.fill_random(random_distribution::dropout, gen, p, scale, out);

@@ -1,12 +1,20 @@
 #pragma once
 // Private: the Philox 4x32-10 bijection, inline so that the fill kernels
-// get it unrolled, and the conversions of its words to numbers.
+// get it unrolled, and the conversions of its words to numbers. The CUDA
+// backend compiles the same functions for the device (cuda_random.cu), so
+// both backends draw the same numbers.
 #include <array>
 #include <cstdint>
 
+#ifdef __CUDACC__
+#define TROUPE_HOST_DEVICE __host__ __device__
+#else
+#define TROUPE_HOST_DEVICE
+#endif
+
 namespace troupe::detail {
 
-inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c,
+TROUPE_HOST_DEVICE inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c,
                                                    std::array<std::uint32_t, 2> k) {
   constexpr std::uint32_t multiplier0 = 0xD2511F53u;
   constexpr std::uint32_t multiplier1 = 0xCD9E8D57u;
@@ -30,19 +38,19 @@ inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c
 }
 
 /// The four words for element `index` of the stream (seed, offset).
-inline std::array<std::uint32_t, 4> philox_at(std::uint64_t seed, std::uint64_t position) {
+TROUPE_HOST_DEVICE inline std::array<std::uint32_t, 4> philox_at(std::uint64_t seed, std::uint64_t position) {
   return philox4x32_10({static_cast<std::uint32_t>(position),
                         static_cast<std::uint32_t>(position >> 32), 0u, 0u},
                        {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
 }
 
 /// Uniform in [0, 1) from the top 24 bits of a word (exact in float32).
-inline float uniform24(std::uint32_t word) {
+TROUPE_HOST_DEVICE inline float uniform24(std::uint32_t word) {
   return static_cast<float>(word >> 8) * 0x1.0p-24f;
 }
 
 /// Uniform in [0, 1) from the top 53 bits of two words (exact in float64).
-inline double uniform53(std::uint32_t high, std::uint32_t low) {
+TROUPE_HOST_DEVICE inline double uniform53(std::uint32_t high, std::uint32_t low) {
   const auto bits = ((static_cast<std::uint64_t>(high) << 32) | low) >> 11;
   return static_cast<double>(bits) * 0x1.0p-53;
 }

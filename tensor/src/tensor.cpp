@@ -144,6 +144,8 @@ double tensor::at(std::initializer_list<std::int64_t> index) const {
 
 double tensor::item() const {
   require(numel_ == 1, "tensor::item: expected one element, shape is {}", shape_);
+  if (where().kind != device_kind::cpu)
+    return to(device::cpu()).item(); // waits for the device's queued work
   std::initializer_list<std::int64_t> none{};
   if (rank() == 0)
     return at(none);

@@ -4,9 +4,8 @@
 // tolerance. These tests skip, visibly, without a CUDA device.
 //
 // The tests named *WithoutDevice* / *Table* run everywhere: asking for a
-// cuda tensor where there is none, or for a kernel the CUDA backend lacks,
-// is a usage_error that names the op and the device — never a crash or a
-// silently wrong result.
+// cuda tensor where there is none is a usage_error that names the device —
+// never a crash or a silently wrong result.
 #include <cstring>
 #include <vector>
 
@@ -218,10 +217,6 @@ TEST_F(CudaBackend, GemmThroughCublasMatchesTheCpu) {
     auto empty_a = tensor::zeros({4, 0}, type);
     auto empty_b = tensor::zeros({0, 3}, type);
     expect_close(matmul(empty_a.to(gpu), empty_b.to(gpu)), tensor::zeros({4, 3}, type), 0.0);
-    // bmm loops gemm.
-    auto x = sample({3, 5, 4}, 23, type);
-    auto y = sample({3, 4, 6}, 24, type);
-    expect_close(bmm(x.to(gpu), y.to(gpu)), bmm(x, y), tol);
   }
 }
 
@@ -234,20 +229,178 @@ TEST_F(CudaBackend, DeviceToDeviceCopy) {
   expect_close(on_second, x, 0.0);
 }
 
-TEST_F(CudaBackend, KernelsItLacksAreUsageErrorsNamingTheOpAndCuda) {
-  auto x = sample({3, 4}, 26, dtype::float32).to(gpu);
-  auto expect_unimplemented = [](auto f, const char* op) {
-    try {
-      f();
-      ADD_FAILURE() << op << " ran on cuda";
-    } catch (const usage_error& e) {
-      EXPECT_THAT(e.what(), HasSubstr(op));
-      EXPECT_THAT(e.what(), HasSubstr("cuda"));
+TEST_F(CudaBackend, BatchedGemmMatchesTheCpuForTransposedAndBroadcastOperands) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    const double tol = type == dtype::float32 ? 1e-4 : 1e-11;
+    auto x = sample({3, 5, 4}, 23, type);
+    auto y = sample({3, 4, 6}, 24, type);
+    expect_close(bmm(x.to(gpu), y.to(gpu)), bmm(x, y), tol);
+    // k^T as attention takes it: a transposed view of every matrix.
+    auto k = sample({3, 6, 4}, 25, type);
+    expect_close(bmm(x.to(gpu), k.to(gpu).transpose(1, 2)), bmm(x, k.transpose(1, 2)), tol);
+    // One matrix for the whole batch (batch stride 0).
+    auto shared = sample({1, 4, 6}, 26, type);
+    expect_close(bmm(x.to(gpu), shared.to(gpu).expand({3, 4, 6})), bmm(x, shared.expand({3, 4, 6})), tol);
+  }
+}
+
+TEST_F(CudaBackend, ReductionsMatchTheCpuOnContiguousAndStridedRows) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    const double tol = type == dtype::float32 ? 1e-4 : 1e-11;
+    // Rows longer than one block (300 > 256 threads) and shorter than a warp.
+    for (auto shape : {dims{7, 300}, dims{5, 3}, dims{2, 1000}}) {
+      auto x = sample(shape, 30, type);
+      expect_close(sum(x.to(gpu), {1}), sum(x, {1}), tol);
+      expect_close(sum(x.to(gpu), {0}), sum(x, {0}), tol); // strided rows
+      expect_close(mean(x.to(gpu)), mean(x), tol);
+      auto m_gpu = max(x.to(gpu), 1);
+      auto m_cpu = max(x, 1);
+      expect_close(m_gpu.values, m_cpu.values, 0.0);
+      EXPECT_EQ(values(m_gpu.indices), values(m_cpu.indices));
+      expect_close(argmax(x.to(gpu), 0), argmax(x, 0), 0.0);
     }
-  };
-  expect_unimplemented([&] { return softmax(x, 1); }, "softmax");
-  expect_unimplemented([&] { return sum(x); }, "reduce_rows");
-  expect_unimplemented([&] { return layer_norm(x, {}, {}).output; }, "layer_norm");
+    // Ties: the first maximum wins, as on the CPU.
+    auto ties = tensor::from<double>({1, 3, 3, 0, 2, 2, 2, 2}, {2, 4}).to(type);
+    EXPECT_EQ(values(max(ties.to(gpu), 1).indices), (std::vector<double>{1, 0}));
+  }
+  auto ints = mul(sample({4, 9}, 31), 30.0).to(dtype::int64);
+  EXPECT_EQ(values(sum(ints.to(gpu), {1})), values(sum(ints, {1})));
+  EXPECT_EQ(values(max(ints.to(gpu), 1).indices), values(max(ints, 1).indices));
+}
+
+TEST_F(CudaBackend, SoftmaxAndItsGradientMatchTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    for (auto shape : {dims{6, 10}, dims{3, 700}}) {
+      auto x = mul(sample(shape, 32, type), 5.0);
+      auto g = sample(shape, 33, type);
+      auto y = softmax(x, 1);
+      auto ly = log_softmax(x, 1);
+      expect_close(softmax(x.to(gpu), 1), y, tolerance(type));
+      expect_close(log_softmax(x.to(gpu), 1), ly, 10 * tolerance(type));
+      expect_close(softmax_backward(g.to(gpu), y.to(gpu), 1), softmax_backward(g, y, 1), tolerance(type));
+      expect_close(log_softmax_backward(g.to(gpu), ly.to(gpu), 1), log_softmax_backward(g, ly, 1),
+                   10 * tolerance(type));
+      // Over a dimension that is not the last (the op transposes first).
+      expect_close(softmax(x.to(gpu), 0), softmax(x, 0), tolerance(type));
+    }
+  }
+}
+
+TEST_F(CudaBackend, IndexingMatchesTheCpuWithRepeatedIndices) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    auto a = sample({5, 4, 3}, 34, type);
+    auto index = tensor::from<std::int64_t>({4, 0, 0, 2, 4, 4}, {6});
+    for (std::int64_t dim : {0, 2}) {
+      auto i = dim == 0 ? index : tensor::from<std::int64_t>({2, 0, 2, 1}, {4});
+      expect_close(index_select(a.to(gpu), dim, i.to(gpu)), index_select(a, dim, i), 0.0);
+      auto target = sample(dim == 0 ? dims{5, 4, 3} : dims{5, 4, 3}, 35, type);
+      auto src = sample(dim == 0 ? dims{6, 4, 3} : dims{5, 4, 4}, 36, type);
+      auto on_gpu = target.to(gpu);
+      index_add_(on_gpu, dim, i.to(gpu), src.to(gpu));
+      index_add_(target, dim, i, src);
+      expect_close(on_gpu, target, tolerance(type));
+    }
+    // index_select from a strided view.
+    expect_close(index_select(a.to(gpu).transpose(0, 1), 1, index.to(gpu)), index_select(a.transpose(0, 1), 1, index),
+                 0.0);
+    auto gather_index = tensor::from<std::int64_t>({0, 2, 1, 1, 0, 0, 2, 2}, {4, 2});
+    auto m = sample({4, 3}, 37, type);
+    expect_close(gather(m.to(gpu), 1, gather_index.to(gpu)), gather(m, 1, gather_index), 0.0);
+    auto scatter_index = tensor::from<std::int64_t>({0, 0, 3, 3, 3, 1}, {3, 2});
+    auto src = sample({3, 2}, 38, type);
+    auto base = sample({4, 2}, 39, type);
+    expect_close(scatter_add(base.to(gpu), 0, scatter_index.to(gpu), src.to(gpu)),
+                 scatter_add(base, 0, scatter_index, src), tolerance(type));
+  }
+}
+
+TEST_F(CudaBackend, EmbeddingBagsMatchTheCpu) {
+  auto weight = sample({6, 5}, 40, dtype::float32);
+  auto indices = tensor::from<std::int64_t>({1, 5, 5, 0, 2, 1, 1}, {7});
+  auto offsets = tensor::from<std::int64_t>({0, 2, 2, 5}, {4}); // an empty bag at 2
+  for (auto mode : {bag_mode::sum, bag_mode::mean}) {
+    expect_close(embedding_bag(weight.to(gpu), indices.to(gpu), offsets.to(gpu), mode),
+                 embedding_bag(weight, indices, offsets, mode), 1e-6);
+    auto grad = sample({4, 5}, 41, dtype::float32);
+    expect_close(embedding_bag_backward(grad.to(gpu), indices.to(gpu), offsets.to(gpu), mode, 6),
+                 embedding_bag_backward(grad, indices, offsets, mode, 6), 1e-6);
+  }
+}
+
+TEST_F(CudaBackend, ConvolutionAndPoolingMatchTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    const double tol = type == dtype::float32 ? 1e-4 : 1e-11;
+    auto input = sample({2, 3, 7, 6}, 42, type);
+    auto weight = sample({4, 3, 3, 3}, 43, type);
+    auto bias = sample({4}, 44, type);
+    for (auto options : {conv2d_options{1, 0}, conv2d_options{2, 1}}) {
+      auto out = conv2d(input, weight, bias, options);
+      expect_close(conv2d(input.to(gpu), weight.to(gpu), bias.to(gpu), options), out, tol);
+      auto grad = sample(out.shape(), 45, type);
+      auto want = conv2d_backward(grad, input, weight, true, options);
+      auto got = conv2d_backward(grad.to(gpu), input.to(gpu), weight.to(gpu), true, options);
+      expect_close(got.input, want.input, tol);
+      expect_close(got.weight, want.weight, tol);
+      expect_close(got.bias, want.bias, tol);
+    }
+    // Overlapping windows (stride < kernel): gradients of one input add up.
+    for (auto options : {pool2d_options{2, 2}, pool2d_options{3, 1}}) {
+      auto pooled = max_pool2d(input, options);
+      auto on_gpu = max_pool2d(input.to(gpu), options);
+      expect_close(on_gpu.output, pooled.output, 0.0);
+      EXPECT_EQ(values(on_gpu.indices), values(pooled.indices));
+      auto grad = sample(pooled.output.shape(), 46, type);
+      expect_close(max_pool2d_backward(grad.to(gpu), on_gpu.indices, input.shape()),
+                   max_pool2d_backward(grad, pooled.indices, input.shape()), tol);
+    }
+  }
+}
+
+TEST_F(CudaBackend, LayerNormAndItsGradientsMatchTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    const double tol = type == dtype::float32 ? 1e-4 : 1e-10;
+    for (auto shape : {dims{4, 3, 16}, dims{5, 300}}) {
+      auto x = add(mul(sample(shape, 47, type), 3.0), 2.0);
+      const auto d = shape.back();
+      auto w = sample({d}, 48, type);
+      auto b = sample({d}, 49, type);
+      auto want = layer_norm(x, w, b);
+      auto got = layer_norm(x.to(gpu), w.to(gpu), b.to(gpu));
+      expect_close(got.output, want.output, tol);
+      expect_close(got.mean, want.mean, tol);
+      expect_close(got.rstd, want.rstd, tol);
+      auto g = sample(shape, 50, type);
+      auto grads_want = layer_norm_backward(g, x, want, w);
+      auto grads_got = layer_norm_backward(g.to(gpu), x.to(gpu), got, w.to(gpu));
+      expect_close(grads_got.input, grads_want.input, tol);
+      expect_close(grads_got.weight, grads_want.weight, tol);
+      expect_close(grads_got.bias, grads_want.bias, tol);
+      // Without an affine transform.
+      expect_close(layer_norm(x.to(gpu), {}, {}).output, layer_norm(x, {}, {}).output, tol);
+    }
+  }
+}
+
+TEST_F(CudaBackend, RandomDrawsAreTheCpusNumbers) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    generator on_cpu{77, 5};
+    generator on_gpu{77, 5};
+    expect_close(rand({1000}, on_gpu, -2.0, 3.0, type, gpu), rand({1000}, on_cpu, -2.0, 3.0, type), 0.0);
+    expect_close(randn({1000}, on_gpu, 1.0, 2.0, type, gpu), randn({1000}, on_cpu, 1.0, 2.0, type),
+                 type == dtype::float32 ? 1e-6 : 1e-12);
+    expect_close(dropout_mask({999}, 0.3, on_gpu, type, gpu), dropout_mask({999}, 0.3, on_cpu, type), 0.0);
+    EXPECT_EQ(on_gpu.offset, on_cpu.offset);
+  }
+  generator on_cpu{9};
+  generator on_gpu{9};
+  EXPECT_EQ(values(randint({500}, on_gpu, -7, 1000, gpu)), values(randint({500}, on_cpu, -7, 1000)));
 }
 
 TEST_F(CudaBackend, MixingDevicesIsAUsageError) {
@@ -302,43 +455,13 @@ TEST(CudaWithoutDevice, AnOrdinalBeyondTheDevicesIsAUsageError) {
   }
 }
 
-// The kernel table itself, reached with a tensor that only claims to be on
-// cuda:0 (its memory is never touched: these kernels throw first).
-TEST(CudaBackendTable, KernelsItLacksThrowNamingTheOpAndCudaEvenWithoutADevice) {
-  std::vector<float> memory(16);
-  auto fake = tensor::from_storage(storage::wrap(memory.data(), memory.size() * sizeof(float), gpu, {}), {4, 4},
-                                   {4, 1}, 0, dtype::float32);
+TEST(CudaBackendTable, ACudaBuildRegistersTheCudaBackend) {
   if (!cuda_backend_built()) {
     EXPECT_THAT([&] { backend_for(gpu, "softmax"); },
                 testing::ThrowsMessage<usage_error>(HasSubstr("no backend for device cuda:0 in this build")));
     return;
   }
-  auto& kernels = backend_for(gpu, "test");
-  EXPECT_EQ(kernels.name(), "cuda");
-  auto out = fake;
-  auto indices = fake;
-  auto expect_unimplemented = [](auto f, const char* op) {
-    EXPECT_THAT(f, testing::ThrowsMessage<usage_error>(AllOf(HasSubstr(op), HasSubstr("cuda"))));
-  };
-  expect_unimplemented([&] { kernels.softmax(fake, false, out); }, "softmax");
-  expect_unimplemented([&] { kernels.softmax_backward(fake, fake, true, out); }, "softmax_backward");
-  expect_unimplemented([&] { kernels.reduce_rows(reduce_op::sum, fake, out, indices); }, "reduce_rows");
-  expect_unimplemented([&] { kernels.index_select(fake, 0, fake, out); }, "index_select");
-  expect_unimplemented([&] { kernels.gather(fake, 0, fake, out); }, "gather");
-  expect_unimplemented([&] { kernels.scatter_add_(out, 0, fake, fake); }, "scatter_add");
-  expect_unimplemented([&] { kernels.index_add_(out, 0, fake, fake); }, "index_add_");
-  expect_unimplemented([&] { kernels.embedding_bag(fake, fake, fake, false, out); }, "embedding_bag");
-  expect_unimplemented([&] { kernels.embedding_bag_backward(fake, fake, fake, false, out); },
-                       "embedding_bag_backward");
-  expect_unimplemented([&] { kernels.im2col(fake, {}, out); }, "im2col");
-  expect_unimplemented([&] { kernels.col2im(fake, {}, out); }, "col2im");
-  expect_unimplemented([&] { kernels.max_pool2d(fake, 2, 2, out, indices); }, "max_pool2d");
-  expect_unimplemented([&] { kernels.max_pool2d_backward(fake, fake, out); }, "max_pool2d_backward");
-  expect_unimplemented([&] { kernels.layer_norm(fake, {}, {}, 1e-5, out, out, out); }, "layer_norm");
-  expect_unimplemented([&] { kernels.layer_norm_backward(fake, fake, fake, fake, {}, out, out, out); },
-                       "layer_norm_backward");
-  expect_unimplemented([&] { kernels.fill_random(random_distribution::uniform, generator{}, 0, 1, out); },
-                       "fill_random");
+  EXPECT_EQ(backend_for(gpu, "test").name(), "cuda");
 }
 
 } // namespace

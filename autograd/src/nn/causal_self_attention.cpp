@@ -23,14 +23,14 @@ causal_self_attention::causal_self_attention(const attention_options& options) :
   reset_parameters(options.seed);
 }
 
-const tensor& causal_self_attention::mask_for(std::int64_t seq) {
-  if (!mask_.defined() || mask_.size(0) != seq) {
+const tensor& causal_self_attention::mask_for(std::int64_t seq, device where) {
+  if (!mask_.defined() || mask_.size(0) != seq || mask_.where() != where) {
     auto mask = tensor::zeros({seq, seq}, dtype::float64);
     auto* values = mask.data<double>();
     for (std::int64_t row = 0; row < seq; ++row)
       for (std::int64_t col = row + 1; col < seq; ++col)
         values[row * seq + col] = -std::numeric_limits<double>::infinity();
-    mask_ = mask.to(options_.type);
+    mask_ = mask.to(options_.type).to(where);
   }
   return mask_;
 }
@@ -52,7 +52,7 @@ variable causal_self_attention::forward(const variable& x) {
   // Scaled scores; the mask adds -inf above the diagonal so softmax gives
   // future positions weight 0.
   auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2)) * (1.0 / std::sqrt(static_cast<double>(head_size)));
-  scores = scores + variable(mask_for(seq));
+  scores = scores + variable(mask_for(seq, x.data().where()));
   auto weights = (*attn_dropout_)(autograd::softmax(scores, -1));
   auto y = autograd::bmm(weights, v); // [batch * heads, seq, head_size]
 

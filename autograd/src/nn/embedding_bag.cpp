@@ -20,7 +20,7 @@ variable embedding_bag::forward(const variable& ids) {
   require(bags.type() == dtype::int64, "embedding_bag: ids must be int64, got {}", bags.type());
   auto k = bags.size(1);
   require(k > 0, "embedding_bag: bags of size 0 need explicit offsets, got {}", bags.shape());
-  auto offsets = troupe::arange(0.0, static_cast<double>(bags.numel()), static_cast<double>(k));
+  auto offsets = troupe::arange(0.0, static_cast<double>(bags.numel()), static_cast<double>(k)).to(bags.where());
   return forward(bags.reshape({-1}), offsets);
 }
 

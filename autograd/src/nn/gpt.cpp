@@ -27,7 +27,7 @@ variable gpt_embedding::forward(const variable& ids) {
   auto seq = tokens.size(1);
   require(seq >= 1 && seq <= config_.block_size, "gpt: sequence length is {} but must be in [1, {}]", seq,
           config_.block_size);
-  auto positions = troupe::arange(0.0, static_cast<double>(seq));
+  auto positions = troupe::arange(0.0, static_cast<double>(seq)).to(tokens.where());
   return (*drop_)(wte_->forward(tokens) + wpe_->forward(positions));
 }
 

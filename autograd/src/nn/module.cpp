@@ -224,6 +224,20 @@ void module::train(bool on) {
     child->train(on);
 }
 
+module& module::to(device where) {
+  for (auto& parameter : parameters()) {
+    if (parameter.data().where() != where) {
+      parameter.set_data(parameter.data().to(where));
+      parameter.zero_grad();
+    }
+  }
+  for (auto& [name, child] : named_modules())
+    for (auto& [buffer_name, buffer] : child->buffers_)
+      if (buffer.where() != where)
+        buffer = buffer.to(where);
+  return *this;
+}
+
 void module::zero_grad() {
   for (auto& parameter : parameters())
     parameter.zero_grad();

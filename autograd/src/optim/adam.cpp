@@ -4,6 +4,7 @@
 
 #include "kernels.hpp"
 #include "troupe/tensor/error.hpp"
+#include "troupe/tensor/ops.hpp"
 
 namespace troupe::optim {
 
@@ -30,8 +31,8 @@ void adam::update(std::size_t, variable& parameter, const tensor& grad, std::vec
   const auto& o = options_;
   tensor data = parameter.data();
   if (state.empty()) {
-    state.push_back(tensor::zeros(data.shape(), data.type()));
-    state.push_back(tensor::zeros(data.shape(), data.type()));
+    state.push_back(tensor::zeros(data.shape(), data.type(), data.where()));
+    state.push_back(tensor::zeros(data.shape(), data.type(), data.where()));
     state.push_back(tensor::scalar(0.0, dtype::int64));
   }
   auto& step = *state[2].data<std::int64_t>();
@@ -42,6 +43,18 @@ void adam::update(std::size_t, variable& parameter, const tensor& grad, std::vec
   const double l2 = decoupled_ ? 0.0 : o.weight_decay;
   const double decay = decoupled_ ? 1.0 - o.lr * o.weight_decay : 1.0;
 
+  if (!detail::on_host(data)) {
+    // The same update as the loop below, as whole-tensor ops on the device
+    // (in the parameter's precision rather than in double).
+    auto& m = state[0];
+    auto& v = state[1];
+    const auto gi = l2 != 0.0 ? add(grad, mul(data, l2)) : grad;
+    m.copy_from(add(mul(m, o.beta1), mul(gi, 1.0 - o.beta1)));
+    v.copy_from(add(mul(v, o.beta2), mul(mul(gi, gi), 1.0 - o.beta2)));
+    const auto denominator = add(mul(sqrt(v), 1.0 / bias_correction2_sqrt), o.eps);
+    data.copy_from(sub(mul(data, decay), mul(div(m, denominator), step_size)));
+    return;
+  }
   detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g, auto* m, auto* v) {
     using T = std::remove_pointer_t<decltype(p)>;
     for (std::int64_t i = 0; i < n; ++i) {

@@ -18,4 +18,10 @@ void for_floating(const tensor& parameter, Fn&& fn, const Tensors&... others) {
     fn(parameter.numel(), parameter.data<double>(), others.template data<double>()...);
 }
 
+/// Whether the update can run as a loop over host memory; parameters on
+/// another device (CUDA) are updated with tensor ops on their device.
+inline bool on_host(const tensor& parameter) {
+  return parameter.where().kind == device_kind::cpu;
+}
+
 } // namespace troupe::optim::detail

@@ -2,6 +2,7 @@
 
 #include "kernels.hpp"
 #include "troupe/tensor/error.hpp"
+#include "troupe/tensor/ops.hpp"
 
 namespace troupe::optim {
 
@@ -21,9 +22,34 @@ std::vector<std::string> sgd::state_names() const {
   return {"momentum_buffer"};
 }
 
+namespace {
+
+// The update of sgd::update's loops as whole-tensor ops on the parameter's
+// device.
+void update_on_device(const sgd_options& o, tensor& data, const tensor& grad, std::vector<tensor>& state) {
+  const auto d = o.weight_decay != 0.0 ? add(grad, mul(data, o.weight_decay)) : grad;
+  if (o.momentum == 0.0) {
+    data.copy_from(sub(data, mul(d, o.lr)));
+    return;
+  }
+  const bool first = state.empty();
+  if (first)
+    state.push_back(d.clone());
+  else
+    state[0].copy_from(add(mul(state[0], o.momentum), mul(d, 1.0 - o.dampening)));
+  const auto& b = state[0];
+  data.copy_from(sub(data, mul(o.nesterov ? add(d, mul(b, o.momentum)) : b, o.lr)));
+}
+
+} // namespace
+
 void sgd::update(std::size_t, variable& parameter, const tensor& grad, std::vector<tensor>& state) {
   const auto& o = options_;
   tensor data = parameter.data();
+  if (!detail::on_host(data)) {
+    update_on_device(o, data, grad, state);
+    return;
+  }
   // Arithmetic in the parameter's own type with the hyper-parameters hoisted
   // into locals, as torch.optim.SGD does: the loop vectorises and the update
   // stays memory-bound.
@@ -44,7 +70,7 @@ void sgd::update(std::size_t, variable& parameter, const tensor& grad, std::vect
   }
   bool first = state.empty();
   if (first)
-    state.push_back(tensor::zeros(data.shape(), data.type()));
+    state.push_back(tensor::zeros(data.shape(), data.type(), data.where()));
   detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g, auto* buf) {
     using T = std::remove_pointer_t<decltype(p)>;
     const T lr = static_cast<T>(o.lr);

@@ -1,5 +1,7 @@
 // The CUDA backend (cuda_backend.hpp): turns tensors into kernel launches on
-// the device's stream (cuda_kernels.cu) and GEMMs into cuBLAS calls.
+// the device's stream (cuda_kernels.hpp) and GEMMs, batched too, into cuBLAS
+// calls. Every kernel of backend.hpp is here; the op-conformance test
+// (tests/tensor/cuda_backend_test.cpp) checks each against the CPU.
 #include "cuda_backend.hpp"
 
 #include <climits>
@@ -51,13 +53,11 @@ TROUPE_SAME_VALUE(element::int64, dtype::int64);
 TROUPE_SAME_VALUE(element::int32, dtype::int32);
 TROUPE_SAME_VALUE(element::uint8, dtype::uint8);
 TROUPE_SAME_VALUE(element::bfloat16, dtype::bfloat16);
+TROUPE_SAME_VALUE(distribution::uniform, random_distribution::uniform);
+TROUPE_SAME_VALUE(distribution::normal, random_distribution::normal);
+TROUPE_SAME_VALUE(distribution::integer, random_distribution::integer);
+TROUPE_SAME_VALUE(distribution::dropout, random_distribution::dropout);
 #undef TROUPE_SAME_VALUE
-
-[[noreturn]] void not_implemented(const char* op) {
-  throw usage_error(fmt::format("{}: not implemented by the cuda backend (compute it on the CPU: "
-                                "t.to(device::cpu()))",
-                                op));
-}
 
 index_space space_of(const char* op, const tensor& out, bool all_contiguous) {
   require(out.rank() <= max_rank, "{}: the cuda backend handles at most {} dimensions, got shape {}", op,
@@ -78,6 +78,23 @@ operand operand_of(const tensor& t) {
   for (std::size_t d = 0; d < t.strides().size(); ++d)
     o.strides[d] = t.strides()[d];
   return o;
+}
+
+element element_of(const tensor& t) {
+  return static_cast<element>(t.type());
+}
+
+/// `s` with dimension `dim` collapsed to one position: the lines along dim.
+index_space collapsed(index_space s, std::int64_t dim) {
+  const auto length = s.sizes[dim];
+  s.numel = length == 0 ? 0 : s.numel / length;
+  s.sizes[dim] = 1;
+  s.contiguous = false;
+  return s;
+}
+
+conv_shape shape_of(const conv_geometry& g) {
+  return {g.channels, g.height, g.width, g.kernel_h, g.kernel_w, g.stride, g.padding, g.out_h, g.out_w};
 }
 
 /// The context of out's device, made current for the guard's lifetime.
@@ -111,6 +128,28 @@ blas_operand present(const tensor& t) {
   if (row_major(cols, rows, {t.strides()[1], t.strides()[0]}, ld))
     return {t, CUBLAS_OP_T, ld};
   return {t.contiguous(), CUBLAS_OP_N, std::max<std::int64_t>(cols, 1)};
+}
+
+/// A batch of matrices for strided-batched GEMM: each matrix presented as
+/// present() does, the batch stride between them.
+struct batched_operand {
+  tensor data;
+  cublasOperation_t op = CUBLAS_OP_N;
+  std::int64_t ld = 1;
+  long long batch_stride = 0;
+};
+
+batched_operand present_batched(const tensor& t) {
+  const auto rows = t.size(1);
+  const auto cols = t.size(2);
+  std::int64_t ld = 1;
+  const auto& s = t.strides();
+  if (row_major(rows, cols, {s[1], s[2]}, ld))
+    return {t, CUBLAS_OP_N, ld, s[0]};
+  if (row_major(cols, rows, {s[2], s[1]}, ld))
+    return {t, CUBLAS_OP_T, ld, s[0]};
+  auto c = t.contiguous();
+  return {c, CUBLAS_OP_N, std::max<std::int64_t>(cols, 1), rows * cols};
 }
 
 int blas_int(std::int64_t value, const char* what) {
@@ -253,44 +292,180 @@ public:
     }
   }
 
-  // -- not implemented on CUDA yet: a clear error, never a wrong result ---------------------
+  void bmm(const tensor& a, const tensor& b, tensor& out) override {
+    // One cuBLAS call for the batch when every matrix of an operand is laid
+    // out alike (a batch stride and a row- or column-major matrix).
+    const auto batch = a.size(0);
+    const auto m = a.size(1);
+    const auto k = a.size(2);
+    const auto n = b.size(2);
+    std::int64_t ldc = 1;
+    if (batch == 0 || m == 0 || n == 0)
+      return;
+    if (k == 0 || !out.is_contiguous() || !row_major(m, n, {out.strides()[1], out.strides()[2]}, ldc)) {
+      backend::bmm(a, b, out); // per-matrix gemm handles the rare layouts
+      return;
+    }
+    auto pa = present_batched(a);
+    auto pb = present_batched(b);
+    on_device d(out, "bmm");
+    std::lock_guard lock(d.context.blas_mutex);
+    auto handle = d.context.blas.get();
+    const int cm = blas_int(n, "dimension");
+    const int cn = blas_int(m, "dimension");
+    const int ck = blas_int(k, "dimension");
+    const int count = blas_int(batch, "batch");
+    const int lda = blas_int(pb.ld, "leading dimension");
+    const int ldb = blas_int(pa.ld, "leading dimension");
+    const int ldc_ = blas_int(ldc, "leading dimension");
+    const auto stride_c = out.strides()[0];
+    if (out.type() == dtype::float32) {
+      const float one = 1.0f;
+      const float zero = 0.0f;
+      TROUPE_CUBLAS_CHECK(cublasSgemmStridedBatched(
+        handle, pb.op, pa.op, cm, cn, ck, &one, static_cast<const float*>(pb.data.raw_data()), lda, pb.batch_stride,
+        static_cast<const float*>(pa.data.raw_data()), ldb, pa.batch_stride, &zero,
+        static_cast<float*>(out.raw_data()), ldc_, stride_c, count));
+    } else {
+      const double one = 1.0;
+      const double zero = 0.0;
+      TROUPE_CUBLAS_CHECK(cublasDgemmStridedBatched(
+        handle, pb.op, pa.op, cm, cn, ck, &one, static_cast<const double*>(pb.data.raw_data()), lda,
+        pb.batch_stride, static_cast<const double*>(pa.data.raw_data()), ldb, pa.batch_stride, &zero,
+        static_cast<double*>(out.raw_data()), ldc_, stride_c, count));
+    }
+  }
 
-  void reduce_rows(reduce_op, const tensor&, tensor&, tensor&) override { not_implemented("reduce_rows (sum, mean, max)"); }
-  void softmax(const tensor&, bool, tensor&) override { not_implemented("softmax"); }
-  void softmax_backward(const tensor&, const tensor&, bool, tensor&) override {
-    not_implemented("softmax_backward");
+  // -- reductions ------------------------------------------------------------------------
+
+  void reduce_rows(reduce_op op, const tensor& a, tensor& values, tensor& indices) override {
+    on_device d(values, "reduce_rows");
+    launch_reduce_rows(op == reduce_op::max, element_of(a), a.raw_data(), a.size(0), a.size(1), a.strides()[0],
+                       a.strides()[1], values.raw_data(),
+                       indices.defined() ? static_cast<std::int64_t*>(indices.raw_data()) : nullptr, d.stream());
   }
-  void index_select(const tensor&, std::int64_t, const tensor&, tensor&) override {
-    not_implemented("index_select");
+
+  void softmax(const tensor& a, bool log, tensor& out) override {
+    on_device d(out, "softmax");
+    launch_softmax(element_of(a), a.raw_data(), a.size(0), a.size(1), log, out.raw_data(), d.stream());
   }
-  void gather(const tensor&, std::int64_t, const tensor&, tensor&) override { not_implemented("gather"); }
-  void scatter_add_(tensor&, std::int64_t, const tensor&, const tensor&) override {
-    not_implemented("scatter_add");
+
+  void softmax_backward(const tensor& grad, const tensor& output, bool log, tensor& out) override {
+    on_device d(out, "softmax_backward");
+    launch_softmax_backward(element_of(grad), grad.raw_data(), output.raw_data(), grad.size(0), grad.size(1), log,
+                            out.raw_data(), d.stream());
   }
-  void index_add_(tensor&, std::int64_t, const tensor&, const tensor&) override { not_implemented("index_add_"); }
-  void embedding_bag(const tensor&, const tensor&, const tensor&, bool, tensor&) override {
-    not_implemented("embedding_bag");
+
+  // -- indexing --------------------------------------------------------------------------
+
+  void index_select(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {
+    on_device d(out, "index_select");
+    // The index is 1-D along dim: its offset for a position is that
+    // position's coordinate in dim times the index's stride.
+    std::int64_t index_strides[max_rank] = {};
+    index_strides[dim] = index.strides()[0];
+    launch_indexed_read(space_of("index_select", out, false), operand_of(out), operand_of(a),
+                        static_cast<const std::int64_t*>(index.raw_data()), index_strides, static_cast<int>(dim),
+                        a.strides()[static_cast<std::size_t>(dim)], d.stream());
   }
-  void embedding_bag_backward(const tensor&, const tensor&, const tensor&, bool, tensor&) override {
-    not_implemented("embedding_bag_backward");
+
+  void gather(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {
+    on_device d(out, "gather");
+    launch_indexed_read(space_of("gather", out, false), operand_of(out), operand_of(a),
+                        static_cast<const std::int64_t*>(index.raw_data()), operand_of(index).strides,
+                        static_cast<int>(dim), a.strides()[static_cast<std::size_t>(dim)], d.stream());
   }
-  void im2col(const tensor&, const conv_geometry&, tensor&) override { not_implemented("im2col (conv2d)"); }
-  void col2im(const tensor&, const conv_geometry&, tensor&) override { not_implemented("col2im (conv2d)"); }
-  void max_pool2d(const tensor&, std::int64_t, std::int64_t, tensor&, tensor&) override {
-    not_implemented("max_pool2d");
+
+  void scatter_add_(tensor& out, std::int64_t dim, const tensor& index, const tensor& src) override {
+    on_device d(out, "scatter_add");
+    auto lines = collapsed(space_of("scatter_add", index, false), dim);
+    launch_indexed_accumulate(lines, index.size(dim), operand_of(out), operand_of(src),
+                              static_cast<const std::int64_t*>(index.raw_data()), operand_of(index).strides,
+                              static_cast<int>(dim), out.strides()[static_cast<std::size_t>(dim)], d.stream());
   }
-  void max_pool2d_backward(const tensor&, const tensor&, tensor&) override {
-    not_implemented("max_pool2d_backward");
+
+  void index_add_(tensor& a, std::int64_t dim, const tensor& index, const tensor& src) override {
+    on_device d(a, "index_add_");
+    std::int64_t index_strides[max_rank] = {};
+    index_strides[dim] = index.strides()[0];
+    auto lines = collapsed(space_of("index_add_", src, false), dim);
+    launch_indexed_accumulate(lines, src.size(dim), operand_of(a), operand_of(src),
+                              static_cast<const std::int64_t*>(index.raw_data()), index_strides,
+                              static_cast<int>(dim), a.strides()[static_cast<std::size_t>(dim)], d.stream());
   }
-  void layer_norm(const tensor&, const tensor&, const tensor&, double, tensor&, tensor&, tensor&) override {
-    not_implemented("layer_norm");
+
+  void embedding_bag(const tensor& weight, const tensor& indices, const tensor& offsets, bool mean,
+                     tensor& out) override {
+    on_device d(out, "embedding_bag");
+    launch_embedding_bag(element_of(weight), weight.raw_data(), static_cast<const std::int64_t*>(indices.raw_data()),
+                         indices.numel(), static_cast<const std::int64_t*>(offsets.raw_data()), offsets.numel(),
+                         weight.size(1), mean, out.raw_data(), d.stream());
   }
-  void layer_norm_backward(const tensor&, const tensor&, const tensor&, const tensor&, const tensor&, tensor&,
-                           tensor&, tensor&) override {
-    not_implemented("layer_norm_backward");
+
+  void embedding_bag_backward(const tensor& grad, const tensor& indices, const tensor& offsets, bool mean,
+                              tensor& grad_weight) override {
+    on_device d(grad_weight, "embedding_bag_backward");
+    launch_embedding_bag_backward(element_of(grad), grad.raw_data(),
+                                  static_cast<const std::int64_t*>(indices.raw_data()), indices.numel(),
+                                  static_cast<const std::int64_t*>(offsets.raw_data()), offsets.numel(),
+                                  grad_weight.size(1), mean, grad_weight.raw_data(), d.stream());
   }
-  void fill_random(random_distribution, const generator&, double, double, tensor&) override {
-    not_implemented("fill_random (rand, randn, randint, dropout_mask)");
+
+  // -- convolution, pooling, normalisation -------------------------------------------------
+
+  void im2col(const tensor& image, const conv_geometry& g, tensor& cols) override {
+    on_device d(cols, "im2col (conv2d)");
+    launch_im2col(element_of(image), image.raw_data(), image.strides().data(), shape_of(g), cols.raw_data(),
+                  d.stream());
+  }
+
+  void col2im(const tensor& cols, const conv_geometry& g, tensor& image) override {
+    on_device d(image, "col2im (conv2d)");
+    launch_col2im(element_of(cols), cols.raw_data(), shape_of(g), image.raw_data(), d.stream());
+  }
+
+  void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride, tensor& output,
+                  tensor& indices) override {
+    on_device d(output, "max_pool2d");
+    launch_max_pool2d(element_of(input), input.raw_data(), input.size(0) * input.size(1), input.size(2),
+                      input.size(3), kernel, stride, output.size(2), output.size(3), output.raw_data(),
+                      static_cast<std::int64_t*>(indices.raw_data()), d.stream());
+  }
+
+  void max_pool2d_backward(const tensor& grad, const tensor& indices, tensor& grad_input) override {
+    on_device d(grad_input, "max_pool2d_backward");
+    launch_max_pool2d_backward(element_of(grad), grad.raw_data(), static_cast<const std::int64_t*>(indices.raw_data()),
+                               grad.size(0) * grad.size(1), grad.size(2) * grad.size(3),
+                               grad_input.size(2) * grad_input.size(3), grad_input.raw_data(), d.stream());
+  }
+
+  void layer_norm(const tensor& input, const tensor& weight, const tensor& bias, double eps, tensor& output,
+                  tensor& mean, tensor& rstd) override {
+    on_device d(output, "layer_norm");
+    const auto dim = input.size(-1);
+    const auto rows = dim == 0 ? 0 : input.numel() / dim;
+    launch_layer_norm(element_of(input), input.raw_data(), weight.defined() ? weight.raw_data() : nullptr,
+                      bias.defined() ? bias.raw_data() : nullptr, rows, dim, eps, output.raw_data(), mean.raw_data(),
+                      rstd.raw_data(), d.stream());
+  }
+
+  void layer_norm_backward(const tensor& grad, const tensor& input, const tensor& mean, const tensor& rstd,
+                           const tensor& weight, tensor& grad_input, tensor& grad_weight,
+                           tensor& grad_bias) override {
+    on_device d(grad_input, "layer_norm_backward");
+    const auto dim = input.size(-1);
+    const auto rows = dim == 0 ? 0 : input.numel() / dim;
+    launch_layer_norm_backward(element_of(input), grad.raw_data(), input.raw_data(), mean.raw_data(), rstd.raw_data(),
+                               weight.defined() ? weight.raw_data() : nullptr, rows, dim, grad_input.raw_data(),
+                               grad_weight.raw_data(), grad_bias.raw_data(), d.stream());
+  }
+
+  // -- random ----------------------------------------------------------------------------
+
+  void fill_random(random_distribution what, const generator& gen, double a, double b, tensor& out) override {
+    on_device d(out, "fill_random");
+    launch_fill_random(static_cast<distribution>(what), element_of(out), gen.seed, gen.offset, a, b, out.raw_data(),
+                       out.numel(), d.stream());
   }
 };
 

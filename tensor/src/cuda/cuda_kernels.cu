@@ -6,66 +6,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda_check.hpp"
-#include "cuda_kernels.hpp"
+#include "cuda_device_common.cuh"
 
 namespace troupe::detail::cuda {
 
 namespace {
-
-constexpr int block_size = 256;
-// Enough blocks to fill any current GPU; the grid-stride loop does the rest.
-constexpr std::int64_t max_blocks = 65535;
-
-/// bfloat16 as stored: the upper half of a float32.
-struct bf16 {
-  std::uint16_t bits;
-};
-
-__device__ inline float to_float(bf16 v) {
-  return __uint_as_float(static_cast<std::uint32_t>(v.bits) << 16);
-}
-
-// Rounds to nearest, ties to even; NaN stays a quiet NaN (as dtype.hpp).
-__device__ inline bf16 to_bf16(float f) {
-  auto u = __float_as_uint(f);
-  if (f != f)
-    return bf16{static_cast<std::uint16_t>((u >> 16) | 0x40u)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return bf16{static_cast<std::uint16_t>(u >> 16)};
-}
-
-template <class To, class From> __device__ inline To convert(From v) {
-  if constexpr (std::is_same_v<To, From>)
-    return v;
-  else if constexpr (std::is_same_v<From, bf16>)
-    return static_cast<To>(to_float(v));
-  else if constexpr (std::is_same_v<To, bf16>)
-    return to_bf16(static_cast<float>(v));
-  else
-    return static_cast<To>(v);
-}
-
-__device__ inline std::int64_t offset_of(std::int64_t i, const index_space& s, const operand& o) {
-  if (s.contiguous)
-    return i;
-  std::int64_t offset = 0;
-  for (int d = s.rank - 1; d >= 0; --d) {
-    const auto size = s.sizes[d];
-    offset += (i % size) * o.strides[d];
-    i /= size;
-  }
-  return offset;
-}
-
-template <class T> __device__ inline T& at(const operand& o, std::int64_t offset) {
-  return static_cast<T*>(o.data)[offset];
-}
-
-// Grid-stride loop over the index space.
-#define TROUPE_FOR_EACH_INDEX(i, shape)                                                             \
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;         \
-       i < (shape).numel; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
 template <class T> __global__ void fill_kernel(index_space shape, operand out, double value) {
   const T v = convert<T>(value);
@@ -76,14 +21,6 @@ template <class T> __global__ void fill_kernel(index_space shape, operand out, d
 template <class D, class S> __global__ void copy_kernel(index_space shape, operand out, operand in) {
   TROUPE_FOR_EACH_INDEX(i, shape)
   at<D>(out, offset_of(i, shape, out)) = convert<D>(at<S>(in, offset_of(i, shape, in)));
-}
-
-// Math in the operand's own precision (expf for float32, exp for float64).
-template <class T> __device__ inline T exp_of(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return expf(x);
-  else
-    return exp(x);
 }
 
 template <class T> __device__ inline T erf_of(T x) {
@@ -197,49 +134,7 @@ __global__ void where_kernel(index_space shape, operand out, operand cond, opera
   }
 }
 
-template <class T> struct tag {
-  using type = T;
-};
-
-/// f(tag<T>{}) for the C++ type of any element type.
-template <class F> void dispatch_any(element type, F&& f) {
-  switch (type) {
-    case element::float32: return f(tag<float>{});
-    case element::float64: return f(tag<double>{});
-    case element::int64: return f(tag<std::int64_t>{});
-    case element::int32: return f(tag<std::int32_t>{});
-    case element::uint8: return f(tag<std::uint8_t>{});
-    case element::bfloat16: return f(tag<bf16>{});
-  }
-}
-
-/// f(tag<T>{}) for the arithmetic types; the backend checks dtypes first.
-template <class F> void dispatch_arithmetic(element type, F&& f) {
-  switch (type) {
-    case element::float32: return f(tag<float>{});
-    case element::float64: return f(tag<double>{});
-    case element::int64: return f(tag<std::int64_t>{});
-    case element::int32: return f(tag<std::int32_t>{});
-    default: break;
-  }
-}
-
-unsigned blocks_for(const index_space& shape) {
-  auto blocks = (shape.numel + block_size - 1) / block_size;
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
-}
-
 } // namespace
-
-// A launch reports a bad configuration at once; a fault inside the kernel
-// surfaces at the next synchronising call, which is checked too.
-template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), const index_space& shape, cudaStream_t stream, Args... args) {
-  if (shape.numel == 0)
-    return;
-  kernel<<<blocks_for(shape), block_size, 0, stream>>>(args...);
-  TROUPE_CUDA_CHECK(cudaGetLastError());
-}
 
 void launch_fill(const index_space& shape, const operand& out, double value, cudaStream_t stream) {
   dispatch_any(out.type, [&](auto t) {

@@ -1,5 +1,8 @@
 #pragma once
-// Private: the launchers of the CUDA elementwise kernels (cuda_kernels.cu).
+// Private: the launchers of the CUDA kernels (cuda_kernels.cu: elementwise;
+// cuda_reduce.cu: rows, softmax, layer norm; cuda_index.cu: indexing and
+// embedding bags; cuda_conv.cu: im2col, col2im, pooling; cuda_random.cu:
+// Philox draws).
 // Plain C++ without troupe or fmt headers, so that nvcc compiles only the
 // kernels; cuda_backend.cpp turns tensors into these descriptions.
 //
@@ -62,5 +65,94 @@ void launch_axpy(const index_space& shape, const operand& a, const operand& b, d
 /// out = cond != 0 ? a : b; cond of any type.
 void launch_where(const index_space& shape, const operand& out, const operand& cond, const operand& a,
                   const operand& b, cudaStream_t stream);
+
+// -- rows: reductions, softmax, layer norm (cuda_reduce.cu) ---------------------------
+//
+// A row is reduced by one block in a fixed tree order, so a result depends
+// only on the row's length and values (deterministic, like the CPU's
+// row_sum, though the order of additions differs from it).
+
+/// values[r] = sum or max over a[r, :] of a [rows, cols] view with element
+/// strides (row_stride, col_stride); for max, `indices` (int64, may be
+/// null) gets the first position of the maximum (a NaN is a maximum).
+/// `reduce_max` false means sum. Arithmetic types.
+void launch_reduce_rows(bool reduce_max, element type, const void* a, std::int64_t rows, std::int64_t cols,
+                        std::int64_t row_stride, std::int64_t col_stride, void* values, std::int64_t* indices,
+                        cudaStream_t stream);
+/// Row-wise (log-)softmax of contiguous [rows, cols]; float32/float64.
+void launch_softmax(element type, const void* a, std::int64_t rows, std::int64_t cols, bool log, void* out,
+                    cudaStream_t stream);
+/// dL/dx of (log-)softmax from contiguous dL/dy and y.
+void launch_softmax_backward(element type, const void* grad, const void* output, std::int64_t rows,
+                             std::int64_t cols, bool log, void* out, cudaStream_t stream);
+/// Layer norm of contiguous [rows, d]; weight, bias may be null.
+void launch_layer_norm(element type, const void* input, const void* weight, const void* bias, std::int64_t rows,
+                       std::int64_t d, double eps, void* output, void* mean, void* rstd, cudaStream_t stream);
+/// Gradients of layer norm; weight may be null; grad_weight and grad_bias
+/// [d] are overwritten (column sums over the rows, in row order).
+void launch_layer_norm_backward(element type, const void* grad, const void* input, const void* mean,
+                                const void* rstd, const void* weight, std::int64_t rows, std::int64_t d,
+                                void* grad_input, void* grad_weight, void* grad_bias, cudaStream_t stream);
+
+// -- indexing (cuda_index.cu) ----------------------------------------------------------
+//
+// Index values were validated on the host before a launch.
+
+/// out[i] = source[i with i[dim] = index at i], over out's index space:
+/// gather (index strided like out) and index_select (index strides zero but
+/// at dim). `source.strides[dim]` is ignored; `dim_stride` is the source's.
+void launch_indexed_read(const index_space& shape, const operand& out, const operand& source,
+                         const std::int64_t* index, const std::int64_t* index_strides, int dim,
+                         std::int64_t dim_stride, cudaStream_t stream);
+/// For every position p of `shape` (the iteration space with dim's size
+/// `length`), in order of p[dim]: target[p with p[dim] = index at p] +=
+/// source[p]. One thread owns all p that differ only in dim, so repeated
+/// indices add up in order, without atomics (scatter_add, index_add_).
+/// `shape` holds the space with dim collapsed to 1.
+void launch_indexed_accumulate(const index_space& shape, std::int64_t length, const operand& target,
+                               const operand& source, const std::int64_t* index,
+                               const std::int64_t* index_strides, int dim, std::int64_t target_dim_stride,
+                               cudaStream_t stream);
+/// Bags of weight rows; contiguous operands (see backend.hpp).
+void launch_embedding_bag(element type, const void* weight, const std::int64_t* indices, std::int64_t n,
+                          const std::int64_t* offsets, std::int64_t bags, std::int64_t d, bool mean, void* out,
+                          cudaStream_t stream);
+/// Accumulates bag gradients into zeroed grad_weight [num, d], in bag order.
+void launch_embedding_bag_backward(element type, const void* grad, const std::int64_t* indices, std::int64_t n,
+                                   const std::int64_t* offsets, std::int64_t bags, std::int64_t d, bool mean,
+                                   void* grad_weight, cudaStream_t stream);
+
+// -- convolution and pooling (cuda_conv.cu) ------------------------------------------------
+
+/// The geometry of backend.hpp's conv_geometry, without troupe headers.
+struct conv_shape {
+  std::int64_t channels, height, width, kernel_h, kernel_w, stride, padding, out_h, out_w;
+};
+
+/// cols [c*kh*kw, oh*ow] from one image [c, h, w] with element strides s.
+void launch_im2col(element type, const void* image, const std::int64_t* image_strides, const conv_shape& g,
+                   void* cols, cudaStream_t stream);
+/// image [c, h, w] (contiguous) += the adjoint of im2col applied to cols.
+void launch_col2im(element type, const void* cols, const conv_shape& g, void* image, cudaStream_t stream);
+/// Max pooling of contiguous [planes, h, w] into [planes, oh, ow].
+void launch_max_pool2d(element type, const void* input, std::int64_t planes, std::int64_t h, std::int64_t w,
+                       std::int64_t kernel, std::int64_t stride, std::int64_t oh, std::int64_t ow, void* output,
+                       std::int64_t* indices, cudaStream_t stream);
+/// grad_input [planes, in_plane] += grad at indices, in order within a plane.
+void launch_max_pool2d_backward(element type, const void* grad, const std::int64_t* indices, std::int64_t planes,
+                                std::int64_t out_plane, std::int64_t in_plane, void* grad_input,
+                                cudaStream_t stream);
+
+// -- random (cuda_random.cu) -------------------------------------------------------------
+
+/// Mirrors troupe::random_distribution.
+enum class distribution : std::uint8_t { uniform, normal, integer, dropout };
+
+/// Fills contiguous `out` (n elements) from Philox (seed, offset + i), the
+/// same numbers as the CPU (cpu_random.cpp).
+void launch_fill_random(distribution what, element type, std::uint64_t seed, std::uint64_t offset, double a,
+                        double b, void* out, std::int64_t n, cudaStream_t stream);
+
+// -- batched GEMM has no kernel of ours: cuBLAS (cuda_backend.cpp) -------------------------
 
 } // namespace troupe::detail::cuda

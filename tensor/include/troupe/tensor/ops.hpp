@@ -161,8 +161,9 @@ layer_norm_grads layer_norm_backward(const tensor& grad, const tensor& input,
                                      const layer_norm_result& saved, const tensor& weight);
 
 /// Mask of keep/(1-p) scale factors (0 for dropped elements) drawn from
-/// `gen`, shaped like `shape`; the caller multiplies by it.
-tensor dropout_mask(const dims& shape, double p, generator& gen, dtype type = dtype::float32);
+/// `gen`, shaped like `shape`, on `where`; the caller multiplies by it.
+tensor dropout_mask(const dims& shape, double p, generator& gen, dtype type = dtype::float32,
+                    device where = device::cpu());
 
 // -- joining and splitting --------------------------------------------------------------
 
@@ -177,14 +178,19 @@ std::vector<tensor> chunk(const tensor& a, std::int64_t chunks, std::int64_t dim
 
 /// [start, end) with step, as int64 when all are integral, else float32.
 tensor arange(double start, double end, double step = 1.0, dtype type = dtype::int64);
+// Draws on any device give the same numbers for the same generator state
+// (Philox: element i depends only on the seed and the offset plus i);
+// normal draws agree within float rounding between devices.
+
 /// Uniform in [low, high).
 tensor rand(const dims& shape, generator& gen, double low = 0.0, double high = 1.0,
-            dtype type = dtype::float32);
+            dtype type = dtype::float32, device where = device::cpu());
 /// Standard normal (Box-Muller over Philox).
 tensor randn(const dims& shape, generator& gen, double mean = 0.0, double stddev = 1.0,
-             dtype type = dtype::float32);
+             dtype type = dtype::float32, device where = device::cpu());
 /// Uniform integers in [low, high), int64.
-tensor randint(const dims& shape, generator& gen, std::int64_t low, std::int64_t high);
+tensor randint(const dims& shape, generator& gen, std::int64_t low, std::int64_t high,
+               device where = device::cpu());
 
 // -- comparison -------------------------------------------------------------------------
 

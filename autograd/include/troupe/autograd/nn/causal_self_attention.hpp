@@ -31,7 +31,7 @@ public:
 
 private:
   /// [seq, seq]: 0 on and below the diagonal, -inf above (not state).
-  const tensor& mask_for(std::int64_t seq);
+  const tensor& mask_for(std::int64_t seq, device where);
 
   attention_options options_;
   std::shared_ptr<linear> c_attn_;

@@ -100,6 +100,12 @@ public:
   /// Re-initialises every parameter from `seed` by its FQN (see above).
   void reset_parameters(std::uint64_t seed);
 
+  /// Moves every parameter and buffer (this module's and its
+  /// descendants') to `where`, in place: the parameter variables stay the
+  /// same objects, so optimizers made before or after see the moved values.
+  /// Gradients are dropped. Returns *this for chaining.
+  module& to(device where);
+
   // -- mode --------------------------------------------------------------------
 
   /// Sets training mode on this module and every descendant.

@@ -1,0 +1,148 @@
+// GPT training on one CUDA device, troupe beside PyTorch (bench/peers/
+// cuda_gpt_torch.py: the same architecture, sizes, AdamW and float32 with
+// TF32 off on both sides) in interleaved rounds of the same run.
+//
+//   build/bench/cuda_gpt [--json] [--models=char_lm,gpt,gpt_wide] [--rounds=3] [--steps=5]
+//                        [--python=/usr/bin/python3] [--peer=bench/peers/cuda_gpt_torch.py] [--no-peers]
+//
+// Models: char_lm (examples/char_lm.cpp: width 64, 4 heads, 2 blocks,
+// sequence 64, batch 16), gpt (6 blocks, width 256, 8 heads, sequence 128,
+// batch 16) and gpt_wide (the same, ten times wider: width 2560). Without a
+// device it says so and exits 0 (nothing to measure).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "peer_process.hpp"
+#include "report.hpp"
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/gpt.hpp"
+#include "troupe/autograd/optim/adam.hpp"
+#include "troupe/tensor/cuda.hpp"
+
+using namespace troupe;
+
+namespace {
+
+struct model_size {
+  const char* name;
+  std::int64_t width, heads, blocks, sequence, batch;
+};
+
+constexpr model_size sizes[] = {
+  {"char_lm", 64, 4, 2, 64, 16},
+  {"gpt", 256, 8, 6, 128, 16},
+  {"gpt_wide", 2560, 8, 6, 128, 16},
+};
+constexpr std::int64_t vocabulary = 86;
+
+} // namespace
+
+int main(int argc, char** argv) {
+  bench::check_flags("cuda_gpt", argc, argv, {"models=", "rounds=", "steps=", "python=", "peer=", "no-peers"});
+  bench::report out("cuda_gpt", argc, argv);
+  const auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 3, 1, 100));
+  const auto steps = static_cast<int>(bench::int_option(argc, argv, "steps", 5, 1, 1000));
+  const auto models = bench::option(argc, argv, "models", "char_lm,gpt,gpt_wide");
+  const auto python = bench::option(argc, argv, "python", "/usr/bin/python3");
+  // The peer script's path, for a build tree copied to another machine.
+  const auto peer_script =
+    bench::option(argc, argv, "peer", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/cuda_gpt_torch.py");
+  bool peers = true;
+  for (int i = 1; i < argc; ++i)
+    peers &= std::string_view(argv[i]) != "--no-peers";
+  for (std::size_t begin = 0; begin <= models.size();) {
+    auto end = std::min(models.find(',', begin), models.size());
+    auto name = models.substr(begin, end - begin);
+    if (std::none_of(std::begin(sizes), std::end(sizes), [&](const model_size& s) { return name == s.name; })) {
+      std::fprintf(stderr, "cuda_gpt: --models: '%s' is not one of char_lm, gpt, gpt_wide\n", name.c_str());
+      return 2;
+    }
+    begin = end + 1;
+  }
+  if (cuda_device_count() == 0) {
+    out.note("no CUDA device ({}): nothing measured", cuda_unavailable_reason());
+    out.print();
+    return 0;
+  }
+  const auto gpu = device::cuda(0);
+
+  for (const auto& size : sizes) {
+    if (("," + models + ",").find(std::string(",") + size.name + ",") == std::string::npos)
+      continue;
+    nn::gpt model(nn::gpt_config{.vocab_size = vocabulary,
+                                 .block_size = size.sequence,
+                                 .n_layer = size.blocks,
+                                 .n_head = size.heads,
+                                 .n_embd = size.width,
+                                 .seed = 1});
+    model.to(gpu);
+    optim::adamw opt(model.named_parameters(), optim::adam_options{.lr = 3e-4, .weight_decay = 0.01});
+    generator data{7};
+    // One fixed batch: the loss must fall on it (the correctness column).
+    auto ids = randint({size.batch, size.sequence}, data, 0, vocabulary, gpu);
+    auto targets = randint({size.batch * size.sequence}, data, 0, vocabulary, gpu);
+    auto train_step = [&] {
+      opt.zero_grad();
+      auto logits = model(autograd::variable(ids));
+      auto loss = autograd::cross_entropy(autograd::reshape(logits, {size.batch * size.sequence, vocabulary}), targets);
+      autograd::backward(loss);
+      opt.step();
+      return loss.item(); // waits for the step's kernels
+    };
+
+    std::optional<bench::peer_process> torch;
+    if (peers)
+      torch.emplace(std::vector<std::string>{python, peer_script,
+                                             std::to_string(vocabulary), std::to_string(size.width),
+                                             std::to_string(size.heads), std::to_string(size.blocks),
+                                             std::to_string(size.sequence), std::to_string(size.batch)});
+    bool have_peer =
+      torch && torch->started() && torch->read_line(300'000).value_or("").find("ready") != std::string::npos;
+    if (peers && !have_peer)
+      out.note("PyTorch peer unavailable for {} (needs torch with CUDA under {}); troupe alone", size.name, python);
+
+    const double first_loss = train_step();
+    train_step(); // warm-up: the allocator's pool and cuBLAS's workspaces
+    double last_loss = first_loss;
+    double torch_first = NAN, torch_last = NAN;
+    if (have_peer) {
+      auto reply = torch->ask("steps 2", 300'000);
+      torch_first = reply ? bench::json_number(*reply, "first_loss").value_or(NAN) : NAN;
+    }
+    std::vector<double> ours, theirs;
+    for (int r = 0; r < rounds; ++r) {
+      for (int s = 0; s < steps; ++s) {
+        auto start = bench::now_seconds();
+        last_loss = train_step();
+        ours.push_back(bench::now_seconds() - start);
+      }
+      if (have_peer) {
+        auto reply = torch->ask(fmt::format("steps {}", steps), 600'000);
+        if (!reply) {
+          out.note("PyTorch peer stopped answering");
+          have_peer = false;
+          continue;
+        }
+        for (auto t : bench::json_numbers(*reply, "step_seconds"))
+          theirs.push_back(t);
+        torch_last = bench::json_number(*reply, "loss").value_or(NAN);
+      }
+    }
+    const auto case_name = fmt::format("{} (w{} h{} b{} s{} x{}) {:.1f}M params", size.name, size.width, size.heads,
+                                       size.blocks, size.sequence, size.batch,
+                                       static_cast<double>(model.parameter_count()) / 1e6);
+    const auto samples = static_cast<double>(size.batch);
+    auto check = fmt::format("loss {:.4f} -> {:.4f}{}", first_loss, last_loss,
+                             std::isfinite(last_loss) && last_loss < first_loss ? "" : " WRONG");
+    bench::row r{case_name, "samples/s", samples / bench::median(ours), "samples/s", "", {}, check};
+    if (!theirs.empty()) {
+      r.baseline = "PyTorch CUDA";
+      r.baseline_value = samples / bench::median(theirs);
+      r.note += fmt::format("; torch loss {:.4f} -> {:.4f}", torch_first, torch_last);
+    }
+    out.add(r);
+  }
+  out.print();
+}

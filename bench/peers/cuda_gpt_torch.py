@@ -1,0 +1,104 @@
+#!/usr/bin/python3
+"""PyTorch peer for bench/cuda_gpt: troupe's GPT (autograd/src/nn/gpt.cpp:
+token and position embeddings, pre-norm blocks of causal self-attention and
+a 4x GELU MLP, final LayerNorm, a bias-free head), trained with AdamW in
+float32 on cuda:0 with TF32 off, as troupe's side.
+
+Arguments: vocabulary width heads blocks sequence batch. It runs as a server
+so the C++ benchmark can interleave rounds with its own: each line
+"steps N" runs N timed steps and answers one JSON line
+{"step_seconds": [...], "loss": L, "first_loss": F}; "quit" or EOF ends it.
+"""
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.heads))
+        mask = torch.triu(torch.full((t, t), float("-inf"), device=x.device), diagonal=1)
+        y = F.softmax(scores + mask, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.ln_2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt(nn.Module):
+    def __init__(self, vocabulary, width, heads, blocks, sequence):
+        super().__init__()
+        self.wte = nn.Embedding(vocabulary, width)
+        self.wpe = nn.Embedding(sequence, width)
+        self.blocks = nn.Sequential(*[Block(width, heads) for _ in range(blocks)])
+        self.ln_f = nn.LayerNorm(width)
+        self.lm_head = nn.Linear(width, vocabulary, bias=False)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.lm_head(self.ln_f(self.blocks(self.wte(ids) + self.wpe(positions))))
+
+
+def main():
+    vocabulary, width, heads, blocks, sequence, batch = (int(a) for a in sys.argv[1:7])
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "torch sees no CUDA device"}), flush=True)
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(1)
+    device = torch.device("cuda:0")
+    model = Gpt(vocabulary, width, heads, blocks, sequence).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    ids = torch.randint(0, vocabulary, (batch, sequence), generator=g).to(device)
+    targets = torch.randint(0, vocabulary, (batch * sequence,), generator=g).to(device)
+    print(json.dumps({"ready": True, "torch": torch.__version__}), flush=True)
+    first = None
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        if words[0] != "steps" or len(words) != 2 or not words[1].isdigit():
+            print(json.dumps({"error": f"unknown command {line.strip()!r}"}), flush=True)
+            continue
+        times, loss = [], float("nan")
+        for _ in range(int(words[1])):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            out = F.cross_entropy(model(ids).view(-1, vocabulary), targets)
+            out.backward()
+            opt.step()
+            loss = out.item()  # waits for the step's kernels, as troupe's side
+            times.append(time.perf_counter() - t0)
+            if first is None:
+                first = loss
+        print(json.dumps({"step_seconds": times, "loss": loss, "first_loss": first}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The whole CUDA check in one command, for a machine with a GPU: builds with
+# the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA
+# and the GPU benchmark, and writes one report file.
+#
+#   bash scripts/gpu_check.sh [--no-build] [--build-dir=build] [--report=FILE] [--python=python3]
+#
+# --no-build   use the binaries already in the build directory (a build made
+#              on another machine of the same architecture and copied here)
+# --report     where the report goes (default: <build-dir>/gpu-report.txt)
+# --python     the interpreter that has PyTorch with CUDA, for the peer
+#
+# The tests run as binaries rather than through ctest, so a copied build
+# tree works too. Exit code: 0 when every test passed and the benchmark's
+# correctness column has no WRONG; 1 otherwise; 2 for a bad argument.
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+build=build
+report=""
+python=python3
+do_build=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) do_build=0 ;;
+    --build-dir=*) build=${arg#*=} ;;
+    --report=*) report=${arg#*=} ;;
+    --python=*) python=${arg#*=} ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (see the comment at the top of the script)" >&2; exit 2 ;;
+  esac
+done
+report=${report:-$build/gpu-report.txt}
+
+if ((do_build)); then
+  bash scripts/setup.sh build || { echo "gpu_check.sh: the build failed" >&2; exit 1; }
+fi
+
+# Every test binary with CUDA cases; each skips, naming why, what its machine lacks.
+tests=(tensor/tensor.cuda_backend_test autograd/autograd.cuda_training_test
+       parallel/parallel.nccl_communicator_test parallel/parallel.data_parallel_test)
+status=0
+mkdir -p "$(dirname "$report")"
+{
+  echo "# troupe GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "## devices"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi: not available"
+} >"$report"
+
+for t in "${tests[@]}"; do
+  binary=$build/tests/$t
+  filter='*'
+  # Only the CUDA cases of the data-parallel suite (the rest is CPU, run by CI).
+  [[ $t == */parallel.data_parallel_test ]] && filter='DataParallelCuda*'
+  echo "## test $(basename "$t")" >>"$report"
+  if [[ ! -x $binary ]]; then
+    echo "MISSING: $binary was not built" | tee -a "$report"
+    status=1
+    continue
+  fi
+  out=$(timeout 900 "$binary" --gtest_filter="$filter" 2>&1)
+  rc=$?
+  # The summary, every failure and every skip with its reason.
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Skipped|Failure|error' <<<"$out" >>"$report"
+  echo "exit code $rc" >>"$report"
+  if ((rc != 0)); then
+    status=1
+    echo "FAILED: $(basename "$t") (exit $rc); output follows" >>"$report"
+    tail -n 80 <<<"$out" >>"$report"
+  fi
+  echo "$(basename "$t"): exit $rc"
+done
+
+echo "## bench cuda_gpt" >>"$report"
+bench_out=$(timeout 1200 "$build/bench/cuda_gpt" --python="$python" --peer="$here/bench/peers/cuda_gpt_torch.py" 2>&1)
+rc=$?
+echo "$bench_out" >>"$report"
+echo "exit code $rc" >>"$report"
+if ((rc != 0)) || grep -q WRONG <<<"$bench_out"; then
+  status=1
+fi
+echo "$bench_out"
+echo "gpu_check.sh: report in $report ($([[ $status == 0 ]] && echo all passed || echo FAILURES))"
+exit $status

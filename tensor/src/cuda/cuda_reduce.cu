@@ -1,0 +1,260 @@
+// Row kernels of the CUDA backend (cuda_kernels.hpp): sums and maxima of
+// rows, softmax and its gradient, layer norm and its gradients. Each row
+// belongs to one block (cuda_device_common.cuh, "block reductions"), so
+// results are deterministic; they equal the CPU's (cpu_reduce.cpp,
+// cpu_nn.cpp) within float rounding, the order of additions being a tree
+// instead of the CPU's eight lanes.
+#include "cuda_device_common.cuh"
+
+namespace troupe::detail::cuda {
+
+namespace {
+
+/// A candidate maximum: its value and column (-1: none yet).
+template <class T> struct arg_max {
+  T value;
+  std::int64_t at;
+};
+
+/// The better of two candidates: the first NaN, else the larger value, the
+/// earlier column on ties — the CPU's "first maximum, NaN wins".
+struct better {
+  template <class T> __device__ arg_max<T> operator()(arg_max<T> a, arg_max<T> b) const {
+    if (a.at < 0)
+      return b;
+    if (b.at < 0)
+      return a;
+    const bool a_nan = is_nan(a.value);
+    const bool b_nan = is_nan(b.value);
+    if (a_nan || b_nan) {
+      if (a_nan && b_nan)
+        return a.at < b.at ? a : b;
+      return a_nan ? a : b;
+    }
+    if (a.value != b.value)
+      return a.value > b.value ? a : b;
+    return a.at < b.at ? a : b;
+  }
+};
+
+template <class T>
+__global__ void reduce_rows_kernel(bool reduce_max, const T* a, std::int64_t rows, std::int64_t cols,
+                                   std::int64_t row_stride, std::int64_t col_stride, T* values,
+                                   std::int64_t* indices) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = a + r * row_stride;
+    if (!reduce_max) {
+      T partial = T(0);
+      for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        partial += row[j * col_stride];
+      const T total = block_reduce(partial, plus{});
+      if (threadIdx.x == 0)
+        values[r] = total;
+      continue;
+    }
+    arg_max<T> best{T(0), -1};
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      best = better{}(best, arg_max<T>{row[j * col_stride], j});
+    best = block_reduce(best, better{});
+    if (threadIdx.x == 0) {
+      values[r] = best.value;
+      if (indices != nullptr)
+        indices[r] = best.at;
+    }
+  }
+}
+
+struct maximum {
+  template <class T> __device__ T operator()(T a, T b) const { return b > a ? b : a; }
+};
+
+template <class T>
+__global__ void softmax_kernel(const T* a, std::int64_t rows, std::int64_t cols, bool log, T* out) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = a + r * cols;
+    T* y = out + r * cols;
+    T top = x[0];
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      top = maximum{}(top, x[j]);
+    top = block_reduce(top, maximum{});
+    T partial = T(0);
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      partial += exp_of(T(x[j] - top));
+    const T total = block_reduce(partial, plus{});
+    if (log) {
+      const T shift = top + log_of(total);
+      for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        y[j] = x[j] - shift;
+    } else {
+      const T inv = T(1) / total;
+      for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+        y[j] = exp_of(T(x[j] - top)) * inv;
+    }
+  }
+}
+
+template <class T>
+__global__ void softmax_backward_kernel(const T* grad, const T* output, std::int64_t rows, std::int64_t cols,
+                                        bool log, T* out) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* g = grad + r * cols;
+    const T* y = output + r * cols;
+    T* dx = out + r * cols;
+    T partial = T(0);
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      partial += log ? g[j] : g[j] * y[j];
+    const T total = block_reduce(partial, plus{});
+    // log softmax: dx = g - softmax(x) * sum(g); softmax: dx = y * (g - <g, y>).
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      dx[j] = log ? T(g[j] - exp_of(y[j]) * total) : T(y[j] * (g[j] - total));
+  }
+}
+
+template <class T>
+__global__ void layer_norm_kernel(const T* input, const T* weight, const T* bias, std::int64_t rows,
+                                  std::int64_t d, double eps, T* output, T* mean, T* rstd) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = input + r * d;
+    T* y = output + r * d;
+    // Two passes (mean, then squared deviations), as on the CPU.
+    T partial = T(0);
+    for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x)
+      partial += x[j];
+    const T m = block_reduce(partial, plus{}) / static_cast<T>(d);
+    partial = T(0);
+    for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x)
+      partial += (x[j] - m) * (x[j] - m);
+    const T var = block_reduce(partial, plus{}) / static_cast<T>(d);
+    const T inv = T(1) / sqrt_of(T(var + static_cast<T>(eps)));
+    if (threadIdx.x == 0) {
+      mean[r] = m;
+      rstd[r] = inv;
+    }
+    for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      T v = (x[j] - m) * inv;
+      if (weight != nullptr)
+        v *= weight[j];
+      if (bias != nullptr)
+        v += bias[j];
+      y[j] = v;
+    }
+  }
+}
+
+template <class T>
+__global__ void layer_norm_input_grad_kernel(const T* grad, const T* input, const T* mean, const T* rstd,
+                                             const T* weight, std::int64_t rows, std::int64_t d, T* grad_input) {
+  // With xhat = (x - mean) * rstd and gxhat = grad * weight:
+  // dx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* g = grad + r * d;
+    const T* x = input + r * d;
+    const T mu = mean[r];
+    const T rs = rstd[r];
+    T sum_g = T(0);
+    T sum_gx = T(0);
+    for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const T gxhat = weight != nullptr ? g[j] * weight[j] : g[j];
+      sum_g += gxhat;
+      sum_gx += gxhat * ((x[j] - mu) * rs);
+    }
+    const T mean_g = block_reduce(sum_g, plus{}) / static_cast<T>(d);
+    const T mean_gx = block_reduce(sum_gx, plus{}) / static_cast<T>(d);
+    for (std::int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      const T xhat = (x[j] - mu) * rs;
+      const T gxhat = weight != nullptr ? g[j] * weight[j] : g[j];
+      grad_input[r * d + j] = rs * (gxhat - mean_g - xhat * mean_gx);
+    }
+  }
+}
+
+// One thread per column, rows in order: deterministic without atomics.
+template <class T>
+__global__ void layer_norm_param_grad_kernel(const T* grad, const T* input, const T* mean, const T* rstd,
+                                             std::int64_t rows, std::int64_t d, T* grad_weight, T* grad_bias) {
+  for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    T gw = T(0);
+    T gb = T(0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T g = grad[r * d + j];
+      gw += g * ((input[r * d + j] - mean[r]) * rstd[r]);
+      gb += g;
+    }
+    grad_weight[j] = gw;
+    grad_bias[j] = gb;
+  }
+}
+
+template <class F> void dispatch_floating(element type, F&& f) {
+  if (type == element::float32)
+    f(tag<float>{});
+  else if (type == element::float64)
+    f(tag<double>{});
+}
+
+} // namespace
+
+void launch_reduce_rows(bool reduce_max, element type, const void* a, std::int64_t rows, std::int64_t cols,
+                        std::int64_t row_stride, std::int64_t col_stride, void* values, std::int64_t* indices,
+                        cudaStream_t stream) {
+  dispatch_arithmetic(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_blocks(reduce_rows_kernel<T>, rows, threads_for(cols), stream, reduce_max, static_cast<const T*>(a),
+                  rows, cols, row_stride, col_stride, static_cast<T*>(values), indices);
+  });
+}
+
+void launch_softmax(element type, const void* a, std::int64_t rows, std::int64_t cols, bool log, void* out,
+                    cudaStream_t stream) {
+  if (cols == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_blocks(softmax_kernel<T>, rows, threads_for(cols), stream, static_cast<const T*>(a), rows, cols, log,
+                  static_cast<T*>(out));
+  });
+}
+
+void launch_softmax_backward(element type, const void* grad, const void* output, std::int64_t rows,
+                             std::int64_t cols, bool log, void* out, cudaStream_t stream) {
+  if (cols == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_blocks(softmax_backward_kernel<T>, rows, threads_for(cols), stream, static_cast<const T*>(grad),
+                  static_cast<const T*>(output), rows, cols, log, static_cast<T*>(out));
+  });
+}
+
+void launch_layer_norm(element type, const void* input, const void* weight, const void* bias, std::int64_t rows,
+                       std::int64_t d, double eps, void* output, void* mean, void* rstd, cudaStream_t stream) {
+  if (d == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_blocks(layer_norm_kernel<T>, rows, threads_for(d), stream, static_cast<const T*>(input),
+                  static_cast<const T*>(weight), static_cast<const T*>(bias), rows, d, eps, static_cast<T*>(output),
+                  static_cast<T*>(mean), static_cast<T*>(rstd));
+  });
+}
+
+void launch_layer_norm_backward(element type, const void* grad, const void* input, const void* mean,
+                                const void* rstd, const void* weight, std::int64_t rows, std::int64_t d,
+                                void* grad_input, void* grad_weight, void* grad_bias, cudaStream_t stream) {
+  if (d == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    const auto* g = static_cast<const T*>(grad);
+    const auto* x = static_cast<const T*>(input);
+    const auto* mu = static_cast<const T*>(mean);
+    const auto* rs = static_cast<const T*>(rstd);
+    launch_blocks(layer_norm_input_grad_kernel<T>, rows, threads_for(d), stream, g, x, mu, rs,
+                  static_cast<const T*>(weight), rows, d, static_cast<T*>(grad_input));
+    launch_blocks(layer_norm_param_grad_kernel<T>, (d + block_size - 1) / block_size, block_size, stream, g, x, mu,
+                  rs, rows, d, static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
+  });
+}
+
+} // namespace troupe::detail::cuda
