@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "kernels.hpp"
+#include "tensor_updates.hpp"
 #include "troupe/tensor/error.hpp"
-#include "troupe/tensor/ops.hpp"
 
 namespace troupe::optim {
 
@@ -37,24 +37,15 @@ void adam::update(std::size_t, variable& parameter, const tensor& grad, std::vec
   }
   auto& step = *state[2].data<std::int64_t>();
   ++step;
-  const double t = static_cast<double>(step);
-  const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
-  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
-  const double l2 = decoupled_ ? 0.0 : o.weight_decay;
-  const double decay = decoupled_ ? 1.0 - o.lr * o.weight_decay : 1.0;
-
+  const auto scalars = detail::adam_scalars(o, decoupled_, step);
   if (!detail::on_host(data)) {
-    // The same update as the loop below, as whole-tensor ops on the device
-    // (in the parameter's precision rather than in double).
-    auto& m = state[0];
-    auto& v = state[1];
-    const auto gi = l2 != 0.0 ? add(grad, mul(data, l2)) : grad;
-    m.copy_from(add(mul(m, o.beta1), mul(gi, 1.0 - o.beta1)));
-    v.copy_from(add(mul(v, o.beta2), mul(mul(gi, gi), 1.0 - o.beta2)));
-    const auto denominator = add(mul(sqrt(v), 1.0 / bias_correction2_sqrt), o.eps);
-    data.copy_from(sub(mul(data, decay), mul(div(m, denominator), step_size)));
+    detail::adam_update_with_ops(o, scalars, data, grad, state[0], state[1]);
     return;
   }
+  const double step_size = scalars.step_size;
+  const double bias_correction2_sqrt = scalars.bias_correction2_sqrt;
+  const double l2 = scalars.l2;
+  const double decay = scalars.decay;
   detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g, auto* m, auto* v) {
     using T = std::remove_pointer_t<decltype(p)>;
     for (std::int64_t i = 0; i < n; ++i) {

@@ -1,8 +1,8 @@
 #include "troupe/autograd/optim/sgd.hpp"
 
 #include "kernels.hpp"
+#include "tensor_updates.hpp"
 #include "troupe/tensor/error.hpp"
-#include "troupe/tensor/ops.hpp"
 
 namespace troupe::optim {
 
@@ -22,32 +22,11 @@ std::vector<std::string> sgd::state_names() const {
   return {"momentum_buffer"};
 }
 
-namespace {
-
-// The update of sgd::update's loops as whole-tensor ops on the parameter's
-// device.
-void update_on_device(const sgd_options& o, tensor& data, const tensor& grad, std::vector<tensor>& state) {
-  const auto d = o.weight_decay != 0.0 ? add(grad, mul(data, o.weight_decay)) : grad;
-  if (o.momentum == 0.0) {
-    data.copy_from(sub(data, mul(d, o.lr)));
-    return;
-  }
-  const bool first = state.empty();
-  if (first)
-    state.push_back(d.clone());
-  else
-    state[0].copy_from(add(mul(state[0], o.momentum), mul(d, 1.0 - o.dampening)));
-  const auto& b = state[0];
-  data.copy_from(sub(data, mul(o.nesterov ? add(d, mul(b, o.momentum)) : b, o.lr)));
-}
-
-} // namespace
-
 void sgd::update(std::size_t, variable& parameter, const tensor& grad, std::vector<tensor>& state) {
   const auto& o = options_;
   tensor data = parameter.data();
   if (!detail::on_host(data)) {
-    update_on_device(o, data, grad, state);
+    detail::sgd_update_with_ops(o, data, grad, state);
     return;
   }
   // Arithmetic in the parameter's own type with the hyper-parameters hoisted
