@@ -71,8 +71,9 @@ for t in "${tests[@]}"; do
   echo "$(basename "$t"): exit $rc"
 done
 
-echo "## bench cuda_gpt" >>"$report"
-bench_out=$(timeout 1200 "$build/bench/cuda_gpt" --python="$python" --peer="$here/bench/peers/cuda_gpt_torch.py" 2>&1)
+echo "## bench gpt_step --device=cuda:0" >>"$report"
+bench_out=$(timeout 1200 "$build/bench/gpt_step" --device=cuda:0 --models=char_lm,gpt,gpt_wide --rounds=3 --steps=5 \
+              --python="$python" --peer="$here/bench/peers/gpt_step_torch.py" 2>&1)
 rc=$?
 echo "$bench_out" >>"$report"
 echo "exit code $rc" >>"$report"

@@ -22,7 +22,7 @@ esac
 # Packages to build and test troupe.
 packages=(
   g++ cmake ninja-build pkg-config
-  libfmt-dev libopenblas-dev libcapnp-dev capnproto
+  libfmt-dev libopenblas-dev libsleef-dev libdnnl-dev libcapnp-dev capnproto
   libgtest-dev libgmock-dev libbenchmark-dev
   libcaf-dev libucx-dev ucx-utils
   libssl-dev openssl          # TLS between nodes (CAF OpenSSL module)

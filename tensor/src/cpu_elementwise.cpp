@@ -1,14 +1,32 @@
 // CPU elementwise kernels: a flat loop the compiler vectorises when every
 // operand is contiguous, and a row-wise strided loop (for_each_row) for
-// views and broadcasts.
+// views and broadcasts. exp, tanh, sigmoid, GELU and its gradient over
+// contiguous operands go to SLEEF's vector functions where the CPU has
+// them (cpu_vector_math.hpp): the compiler cannot vectorise glibc's calls.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <numbers>
 #include <type_traits>
 
 #include "cpu_backend.hpp"
+#include "cpu_vector_math.hpp"
 #include "dispatch.hpp"
 
 namespace troupe::detail {
+
+bool vector_math::available() noexcept {
+  // TROUPE_VECTOR_MATH=off keeps glibc's scalar functions: for bitwise-equal
+  // results between machines with and without AVX2, and for A/B timings.
+  static const bool yes = [] {
+    const char* setting = std::getenv("TROUPE_VECTOR_MATH");
+    if (setting != nullptr && std::string_view(setting) == "off")
+      return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
+}
 
 namespace {
 
@@ -66,6 +84,67 @@ template <class T, class F> void map2(const tensor& a, const tensor& b, tensor& 
                   });
 }
 
+/// Runs the array function f(x, y, n) of cpu_vector_math.hpp over `a`
+/// into `out` when the CPU has it (false when it does not): in one call
+/// when both are contiguous, else row by row through a small buffer, so an
+/// element's result never depends on the layout.
+template <class T, class F> bool vectorized1(const tensor& a, tensor& out, F f) {
+  if (!vector_math::available())
+    return false;
+  const T* x = base_of<T>(a);
+  T* y = base_of<T>(out);
+  if (a.is_contiguous() && out.is_contiguous()) {
+    f(x + a.offset(), y + out.offset(), out.numel());
+    return true;
+  }
+  constexpr std::int64_t chunk = 256;
+  for_each_row<2>(out.shape(), {&out.strides(), &a.strides()}, {out.offset(), a.offset()},
+                  [&](auto off, std::int64_t n, auto step) {
+                    T in[chunk];
+                    T result[chunk];
+                    for (std::int64_t start = 0; start < n; start += chunk) {
+                      const auto m = std::min(chunk, n - start);
+                      for (std::int64_t i = 0; i < m; ++i)
+                        in[i] = x[off[1] + (start + i) * step[1]];
+                      f(in, result, m);
+                      for (std::int64_t i = 0; i < m; ++i)
+                        y[off[0] + (start + i) * step[0]] = result[i];
+                    }
+                  });
+  return true;
+}
+
+/// The same for an array function of two operands, f(a, b, y, n).
+template <class T, class F> bool vectorized2(const tensor& a, const tensor& b, tensor& out, F f) {
+  if (!vector_math::available())
+    return false;
+  const T* x = base_of<T>(a);
+  const T* z = base_of<T>(b);
+  T* y = base_of<T>(out);
+  if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous()) {
+    f(x + a.offset(), z + b.offset(), y + out.offset(), out.numel());
+    return true;
+  }
+  constexpr std::int64_t chunk = 256;
+  for_each_row<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()}, {out.offset(), a.offset(), b.offset()},
+                  [&](auto off, std::int64_t n, auto step) {
+                    T first[chunk];
+                    T second[chunk];
+                    T result[chunk];
+                    for (std::int64_t start = 0; start < n; start += chunk) {
+                      const auto m = std::min(chunk, n - start);
+                      for (std::int64_t i = 0; i < m; ++i) {
+                        first[i] = x[off[1] + (start + i) * step[1]];
+                        second[i] = z[off[2] + (start + i) * step[2]];
+                      }
+                      f(first, second, result, m);
+                      for (std::int64_t i = 0; i < m; ++i)
+                        y[off[0] + (start + i) * step[0]] = result[i];
+                    }
+                  });
+  return true;
+}
+
 template <class T> T gelu_of(T x) {
   return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
 }
@@ -93,13 +172,24 @@ void cpu_backend::unary(unary_op op, const tensor& a, double scalar, tensor& out
     if constexpr (std::is_floating_point_v<T>) {
       switch (op) {
         case unary_op::pow: return map1<T>(a, out, [s](T x) { return std::pow(x, s); });
-        case unary_op::exp: return map1<T>(a, out, [](T x) { return std::exp(x); });
+        case unary_op::exp:
+          if (vectorized1<T>(a, out, [](auto... args) { vector_math::exp(args...); }))
+            return;
+          return map1<T>(a, out, [](T x) { return std::exp(x); });
         case unary_op::log: return map1<T>(a, out, [](T x) { return std::log(x); });
-        case unary_op::tanh: return map1<T>(a, out, [](T x) { return std::tanh(x); });
+        case unary_op::tanh:
+          if (vectorized1<T>(a, out, [](auto... args) { vector_math::tanh(args...); }))
+            return;
+          return map1<T>(a, out, [](T x) { return std::tanh(x); });
         case unary_op::sqrt: return map1<T>(a, out, [](T x) { return std::sqrt(x); });
         case unary_op::relu: return map1<T>(a, out, [](T x) { return x > T(0) ? x : T(0); });
-        case unary_op::gelu: return map1<T>(a, out, [](T x) { return gelu_of(x); });
+        case unary_op::gelu:
+          if (vectorized1<T>(a, out, [](auto... args) { vector_math::gelu(args...); }))
+            return;
+          return map1<T>(a, out, [](T x) { return gelu_of(x); });
         case unary_op::sigmoid:
+          if (vectorized1<T>(a, out, [](auto... args) { vector_math::sigmoid(args...); }))
+            return;
           return map1<T>(a, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
         default: break;
       }
@@ -128,6 +218,8 @@ void cpu_backend::binary(binary_op op, const tensor& a, const tensor& b, tensor&
         case binary_op::relu_backward:
           return map2<T>(a, b, out, [](T g, T x) { return x > T(0) ? g : T(0); });
         case binary_op::gelu_backward:
+          if (vectorized2<T>(a, b, out, [](auto... args) { vector_math::gelu_backward(args...); }))
+            return;
           return map2<T>(a, b, out, [](T g, T x) { return g * gelu_derivative(x); });
         case binary_op::sigmoid_backward:
           return map2<T>(a, b, out, [](T g, T y) { return g * y * (T(1) - y); });

@@ -2,6 +2,7 @@
 // strided and broadcast operands.
 #include <cmath>
 #include <numbers>
+#include <string_view>
 
 #include "test_util.hpp"
 #include "troupe/tensor/backend.hpp"
@@ -90,6 +91,72 @@ TEST(Elementwise, StridedAndTransposedOperandsAreReadThroughTheirStrides) {
   EXPECT_EQ(values(exp(t)), values(exp(tc)));
   EXPECT_EQ(values(add(s, s)), values(add(sc, sc)));
   EXPECT_EQ(values(mul(t, tc)), values(mul(tc, tc)));
+}
+
+// exp, tanh, sigmoid, GELU and its gradient run SLEEF's vector functions
+// where the CPU has AVX2 (cpu_vector_math.hpp), glibc's elsewhere or with
+// TROUPE_VECTOR_MATH=off: either way within a few ulps of a float64
+// reference, over the whole range and at the special values.
+TEST(Elementwise, TranscendentalsAgreeWithAFloat64ReferenceEverywhere) {
+  std::vector<double> inputs{-1000, -100, -89, -20, -10, -5.5, -1, -1e-3, -1e-30, 0, 1e-30, 1e-3, 1, 5.5, 10, 20,
+                             88, 89, 100, 1000};
+  for (int i = 0; i <= 1000; ++i)
+    inputs.push_back(-12.0 + 24.0 * i / 1000.0);
+  const double pdf_scale = std::numbers::inv_sqrtpi / std::numbers::sqrt2;
+  auto reference = [&](std::string_view op, double x) {
+    const double cdf = 0.5 * (1.0 + std::erf(x / std::numbers::sqrt2));
+    if (op == "exp")
+      return std::exp(x);
+    if (op == "tanh")
+      return std::tanh(x);
+    if (op == "sigmoid")
+      return 1.0 / (1.0 + std::exp(-x));
+    if (op == "gelu")
+      return x * cdf;
+    return 0.75 * (cdf + x * std::exp(-0.5 * x * x) * pdf_scale); // gelu_backward with grad 0.75
+  };
+  for (auto type : {dtype::float32, dtype::float64}) {
+    const double ulp = type == dtype::float32 ? 0x1p-23 : 0x1p-52;
+    auto x = tensor::from(inputs, {static_cast<std::int64_t>(inputs.size())}).to(type);
+    auto grad = tensor::full(x.shape(), 0.75, type);
+    const std::pair<const char*, tensor> results[] = {
+      {"exp", exp(x)}, {"tanh", tanh(x)}, {"sigmoid", sigmoid(x)}, {"gelu", gelu(x)},
+      {"gelu_backward", gelu_backward(grad, x)}};
+    for (const auto& [op, y] : results) {
+      auto got = values(y);
+      auto typed_inputs = values(x);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        // The reference as the type holds it (float32's exp(89) is inf).
+        double want = reference(op, typed_inputs[i]);
+        if (type == dtype::float32)
+          want = static_cast<double>(static_cast<float>(want));
+        if (std::isinf(want)) {
+          EXPECT_EQ(got[i], want) << op << "(" << typed_inputs[i] << ") " << name_of(type);
+          continue;
+        }
+        EXPECT_LE(std::abs(got[i] - want), 8 * ulp * (1.0 + std::abs(want)))
+          << op << "(" << typed_inputs[i] << ") = " << got[i] << ", want " << want << " " << name_of(type);
+      }
+    }
+    // NaN in, NaN out.
+    auto nan = tensor::full({9}, std::nan(""), type);
+    for (const auto& y : {exp(nan), tanh(nan), sigmoid(nan), gelu(nan), gelu_backward(grad.slice(0, 0, 9), nan)})
+      for (double v : values(y))
+        EXPECT_TRUE(std::isnan(v)) << name_of(type);
+  }
+}
+
+TEST(Elementwise, AnElementsResultDoesNotDependOnTheArraysLength) {
+  // A micro-batch computes what the whole batch does: the last partial
+  // vector of the vector path gives the same bits as a full one.
+  auto x = mul(sample({37}, 5, dtype::float32), 4.0);
+  auto head = x.slice(0, 0, 5).contiguous();
+  for (auto f : {+[](const tensor& t) { return gelu(t); }, +[](const tensor& t) { return exp(t); },
+                 +[](const tensor& t) { return tanh(t); }, +[](const tensor& t) { return sigmoid(t); }}) {
+    auto all = values(f(x));
+    auto part = values(f(head));
+    EXPECT_EQ(part, std::vector<double>(all.begin(), all.begin() + 5));
+  }
 }
 
 TEST(Elementwise, IntegerArithmeticForAddSubMul) {

@@ -1,14 +1,17 @@
-// GPT training on one CUDA device, troupe beside PyTorch (bench/peers/
-// cuda_gpt_torch.py: the same architecture, sizes, AdamW and float32 with
-// TF32 off on both sides) in interleaved rounds of the same run.
+// GPT training steps, troupe beside PyTorch (bench/peers/gpt_step_torch.py:
+// the same architecture, sizes, AdamW(lr 3e-3, weight decay 0.01), exact
+// GELU and float32; on CUDA with TF32 off on both sides, on the CPU with one
+// thread each) in interleaved rounds of the same run.
 //
-//   build/bench/cuda_gpt [--json] [--models=char_lm,gpt,gpt_wide] [--rounds=3] [--steps=5]
-//                        [--python=/usr/bin/python3] [--peer=bench/peers/cuda_gpt_torch.py] [--no-peers]
+//   build/bench/gpt_step [--json] [--device=cpu|cuda:0] [--models=char_lm,gpt] [--rounds=3]
+//                        [--steps=3] [--python=/usr/bin/python3] [--peer=bench/peers/gpt_step_torch.py]
+//                        [--no-peers]
 //
-// Models: char_lm (examples/char_lm.cpp: width 64, 4 heads, 2 blocks,
-// sequence 64, batch 16), gpt (6 blocks, width 256, 8 heads, sequence 128,
-// batch 16) and gpt_wide (the same, ten times wider: width 2560). Without a
-// device it says so and exits 0 (nothing to measure).
+// Models: char_lm (examples/char_lm.cpp: vocabulary 86, width 64, 4 heads,
+// 2 blocks, sequence 64, batch 16), gpt (6 blocks, width 256, 8 heads,
+// sequence 128, batch 16) and gpt_wide (the same, ten times wider: width
+// 2560; meant for a GPU). With --device=cuda:0 and no device it says so and
+// exits 0 (nothing to measure).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -40,15 +43,21 @@ constexpr std::int64_t vocabulary = 86;
 } // namespace
 
 int main(int argc, char** argv) {
-  bench::check_flags("cuda_gpt", argc, argv, {"models=", "rounds=", "steps=", "python=", "peer=", "no-peers"});
-  bench::report out("cuda_gpt", argc, argv);
+  bench::check_flags("gpt_step", argc, argv, {"device=", "models=", "rounds=", "steps=", "python=", "peer=", "no-peers"});
+  bench::report out("gpt_step", argc, argv);
   const auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 3, 1, 100));
-  const auto steps = static_cast<int>(bench::int_option(argc, argv, "steps", 5, 1, 1000));
-  const auto models = bench::option(argc, argv, "models", "char_lm,gpt,gpt_wide");
+  const auto steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
+  const auto models = bench::option(argc, argv, "models", "char_lm,gpt");
+  const auto device_name = bench::option(argc, argv, "device", "cpu");
+  if (device_name != "cpu" && device_name != "cuda:0") {
+    std::fprintf(stderr, "gpt_step: --device: '%s' is not cpu or cuda:0\n", device_name.c_str());
+    return 2;
+  }
+  const auto where = device_name == "cpu" ? device::cpu() : device::cuda(0);
   const auto python = bench::option(argc, argv, "python", "/usr/bin/python3");
   // The peer script's path, for a build tree copied to another machine.
   const auto peer_script =
-    bench::option(argc, argv, "peer", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/cuda_gpt_torch.py");
+    bench::option(argc, argv, "peer", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/gpt_step_torch.py");
   bool peers = true;
   for (int i = 1; i < argc; ++i)
     peers &= std::string_view(argv[i]) != "--no-peers";
@@ -56,17 +65,16 @@ int main(int argc, char** argv) {
     auto end = std::min(models.find(',', begin), models.size());
     auto name = models.substr(begin, end - begin);
     if (std::none_of(std::begin(sizes), std::end(sizes), [&](const model_size& s) { return name == s.name; })) {
-      std::fprintf(stderr, "cuda_gpt: --models: '%s' is not one of char_lm, gpt, gpt_wide\n", name.c_str());
+      std::fprintf(stderr, "gpt_step: --models: '%s' is not one of char_lm, gpt, gpt_wide\n", name.c_str());
       return 2;
     }
     begin = end + 1;
   }
-  if (cuda_device_count() == 0) {
+  if (where.kind == device_kind::cuda && cuda_device_count() == 0) {
     out.note("no CUDA device ({}): nothing measured", cuda_unavailable_reason());
     out.print();
     return 0;
   }
-  const auto gpu = device::cuda(0);
 
   for (const auto& size : sizes) {
     if (("," + models + ",").find(std::string(",") + size.name + ",") == std::string::npos)
@@ -77,19 +85,19 @@ int main(int argc, char** argv) {
                                  .n_head = size.heads,
                                  .n_embd = size.width,
                                  .seed = 1});
-    model.to(gpu);
-    optim::adamw opt(model.named_parameters(), optim::adam_options{.lr = 3e-4, .weight_decay = 0.01});
+    model.to(where);
+    optim::adamw opt(model.named_parameters(), optim::adam_options{.lr = 3e-3, .weight_decay = 0.01});
     generator data{7};
     // One fixed batch: the loss must fall on it (the correctness column).
-    auto ids = randint({size.batch, size.sequence}, data, 0, vocabulary, gpu);
-    auto targets = randint({size.batch * size.sequence}, data, 0, vocabulary, gpu);
+    auto ids = randint({size.batch, size.sequence}, data, 0, vocabulary, where);
+    auto targets = randint({size.batch * size.sequence}, data, 0, vocabulary, where);
     auto train_step = [&] {
       opt.zero_grad();
       auto logits = model(autograd::variable(ids));
       auto loss = autograd::cross_entropy(autograd::reshape(logits, {size.batch * size.sequence, vocabulary}), targets);
       autograd::backward(loss);
       opt.step();
-      return loss.item(); // waits for the step's kernels
+      return loss.item(); // on a GPU, waits for the step's kernels
     };
 
     std::optional<bench::peer_process> torch;
@@ -97,14 +105,14 @@ int main(int argc, char** argv) {
       torch.emplace(std::vector<std::string>{python, peer_script,
                                              std::to_string(vocabulary), std::to_string(size.width),
                                              std::to_string(size.heads), std::to_string(size.blocks),
-                                             std::to_string(size.sequence), std::to_string(size.batch)});
+                                             std::to_string(size.sequence), std::to_string(size.batch), device_name});
     bool have_peer =
       torch && torch->started() && torch->read_line(300'000).value_or("").find("ready") != std::string::npos;
     if (peers && !have_peer)
-      out.note("PyTorch peer unavailable for {} (needs torch with CUDA under {}); troupe alone", size.name, python);
+      out.note("PyTorch peer unavailable for {} on {} (needs torch under {}); troupe alone", size.name, device_name, python);
 
     const double first_loss = train_step();
-    train_step(); // warm-up: the allocator's pool and cuBLAS's workspaces
+    train_step(); // warm-up: the allocators' pools and cuBLAS's workspaces
     double last_loss = first_loss;
     double torch_first = NAN, torch_last = NAN;
     if (have_peer) {
@@ -138,7 +146,7 @@ int main(int argc, char** argv) {
                              std::isfinite(last_loss) && last_loss < first_loss ? "" : " WRONG");
     bench::row r{case_name, "samples/s", samples / bench::median(ours), "samples/s", "", {}, check};
     if (!theirs.empty()) {
-      r.baseline = "PyTorch CUDA";
+      r.baseline = where.kind == device_kind::cpu ? "PyTorch 1 thread" : "PyTorch CUDA";
       r.baseline_value = samples / bench::median(theirs);
       r.note += fmt::format("; torch loss {:.4f} -> {:.4f}", torch_first, torch_last);
     }

@@ -1,18 +1,24 @@
 #!/usr/bin/python3
-"""PyTorch peer for bench/cuda_gpt: troupe's GPT (autograd/src/nn/gpt.cpp:
+"""PyTorch peer for bench/gpt_step: troupe's GPT (autograd/src/nn/gpt.cpp:
 token and position embeddings, pre-norm blocks of causal self-attention and
-a 4x GELU MLP, final LayerNorm, a bias-free head), trained with AdamW in
-float32 on cuda:0 with TF32 off, as troupe's side.
+a 4x exact-GELU MLP, final LayerNorm, a bias-free head), trained with AdamW
+(lr 3e-3, weight decay 0.01) in float32, as troupe's side: on cuda:0 with
+TF32 off, or on the CPU with one thread.
 
-Arguments: vocabulary width heads blocks sequence batch. It runs as a server
+Arguments: vocabulary width heads blocks sequence batch device (cpu or
+cuda:0). It runs as a server
 so the C++ benchmark can interleave rounds with its own: each line
 "steps N" runs N timed steps and answers one JSON line
 {"step_seconds": [...], "loss": L, "first_loss": F}; "quit" or EOF ends it.
 """
 import json
 import math
+import os
 import sys
 import time
+
+for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[key] = "1"
 
 import torch
 import torch.nn as nn
@@ -65,15 +71,17 @@ class Gpt(nn.Module):
 
 def main():
     vocabulary, width, heads, blocks, sequence, batch = (int(a) for a in sys.argv[1:7])
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "torch sees no CUDA device"}), flush=True)
-        return
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    device = torch.device(sys.argv[7] if len(sys.argv) > 7 else "cpu")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(json.dumps({"error": "torch sees no CUDA device"}), flush=True)
+            return
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.set_num_threads(1)
     torch.manual_seed(1)
-    device = torch.device("cuda:0")
     model = Gpt(vocabulary, width, heads, blocks, sequence).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     g = torch.Generator(device="cpu").manual_seed(7)
     ids = torch.randint(0, vocabulary, (batch, sequence), generator=g).to(device)
     targets = torch.randint(0, vocabulary, (batch * sequence,), generator=g).to(device)
@@ -93,7 +101,7 @@ def main():
             out = F.cross_entropy(model(ids).view(-1, vocabulary), targets)
             out.backward()
             opt.step()
-            loss = out.item()  # waits for the step's kernels, as troupe's side
+            loss = out.item()  # on a GPU, waits for the step's kernels, as troupe's side
             times.append(time.perf_counter() - t0)
             if first is None:
                 first = loss

@@ -1,0 +1,38 @@
+#pragma once
+// Private: the transcendental elementwise functions of the CPU backend over
+// contiguous arrays, with SLEEF's vector functions (the vector math PyTorch
+// uses; 1.0-ulp variants) when this CPU has AVX2 and FMA, chosen at run
+// time; float32 GELU and its gradient with oneDNN's eltwise kernels, which
+// are about ten times faster than SLEEF's erf (cpu_onednn_gelu.cpp). glibc's scalar erff costs 2.2 ns per element for small inputs and
+// 11-13 ns once GELU's inputs grow during training; SLEEF's is branch-free.
+//
+// Every element goes through the vector function, the last partial vector
+// too (padded), so an element's result never depends on its position or on
+// the array's length: a micro-batch computes what the whole batch does.
+//
+// Call them only when available() says so (cpu_vector_math.cpp is compiled
+// for AVX2 and FMA); otherwise the caller runs its scalar loop.
+#include <cstdint>
+
+namespace troupe::detail::vector_math {
+
+/// Whether the vector functions run on this CPU (AVX2 and FMA) and are not
+/// switched off (TROUPE_VECTOR_MATH=off). Defined in cpu_elementwise.cpp,
+/// which is compiled for any x86-64.
+bool available() noexcept;
+
+void exp(const float* x, float* y, std::int64_t n);
+void exp(const double* x, double* y, std::int64_t n);
+void tanh(const float* x, float* y, std::int64_t n);
+void tanh(const double* x, double* y, std::int64_t n);
+/// 1 / (1 + exp(-x)).
+void sigmoid(const float* x, float* y, std::int64_t n);
+void sigmoid(const double* x, double* y, std::int64_t n);
+/// x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (the exact GELU).
+void gelu(const float* x, float* y, std::int64_t n);
+void gelu(const double* x, double* y, std::int64_t n);
+/// grad * (Phi(x) + x phi(x)).
+void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
+void gelu_backward(const double* grad, const double* x, double* y, std::int64_t n);
+
+} // namespace troupe::detail::vector_math
