@@ -16,8 +16,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "peer_process.hpp"
-#include "report.hpp"
+#include "interleaved_rounds.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/gpt.hpp"
@@ -114,30 +113,17 @@ int main(int argc, char** argv) {
     const double first_loss = train_step();
     train_step(); // warm-up: the allocators' pools and cuBLAS's workspaces
     double last_loss = first_loss;
-    double torch_first = NAN, torch_last = NAN;
+    double torch_first = NAN;
+    double torch_last = NAN;
     if (have_peer) {
       auto reply = torch->ask("steps 2", 300'000);
       torch_first = reply ? bench::json_number(*reply, "first_loss").value_or(NAN) : NAN;
     }
-    std::vector<double> ours, theirs;
-    for (int r = 0; r < rounds; ++r) {
-      for (int s = 0; s < steps; ++s) {
-        auto start = bench::now_seconds();
-        last_loss = train_step();
-        ours.push_back(bench::now_seconds() - start);
-      }
-      if (have_peer) {
-        auto reply = torch->ask(fmt::format("steps {}", steps), 600'000);
-        if (!reply) {
-          out.note("PyTorch peer stopped answering");
-          have_peer = false;
-          continue;
-        }
-        for (auto t : bench::json_numbers(*reply, "step_seconds"))
-          theirs.push_back(t);
-        torch_last = bench::json_number(*reply, "loss").value_or(NAN);
-      }
-    }
+    bench::peer_process* peer = have_peer ? &*torch : nullptr;
+    auto times = bench::interleaved_rounds(rounds, steps, [&] { last_loss = train_step(); }, peer, 600'000, out);
+    const auto& ours = times.ours;
+    const auto& theirs = times.theirs;
+    torch_last = bench::json_number(times.last_reply, "loss").value_or(NAN);
     const auto case_name = fmt::format("{} (w{} h{} b{} s{} x{}) {:.1f}M params", size.name, size.width, size.heads,
                                        size.blocks, size.sequence, size.batch,
                                        static_cast<double>(model.parameter_count()) / 1e6);

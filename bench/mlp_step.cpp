@@ -7,8 +7,7 @@
 //   build/bench/mlp_step [--json] [--rounds=5] [--steps=4] [--no-peers]
 #include <cmath>
 
-#include "peer_process.hpp"
-#include "report.hpp"
+#include "interleaved_rounds.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/linear.hpp"
@@ -62,25 +61,12 @@ int main(int argc, char** argv) {
   double torch_loss = NAN;
   if (have_peer)
     torch->ask("steps 1", 120'000);
-  std::vector<double> ours, theirs;
-  for (int r = 0; r < rounds; ++r) {
-    for (int s = 0; s < steps; ++s) {
-      auto start = bench::now_seconds();
-      last_loss = train_step();
-      ours.push_back(bench::now_seconds() - start);
-    }
-    if (have_peer) {
-      auto reply = torch->ask(fmt::format("steps {}", steps), 300'000);
-      if (!reply) {
-        out.note("PyTorch peer stopped answering");
-        have_peer = false;
-        continue;
-      }
-      for (auto t : bench::json_numbers(*reply, "step_seconds"))
-        theirs.push_back(t);
-      torch_loss = bench::json_number(*reply, "loss").value_or(NAN);
-    }
-  }
+  bench::peer_process* peer = have_peer ? &*torch : nullptr;
+  auto times = bench::interleaved_rounds(rounds, steps, [&] { last_loss = train_step(); }, peer, 300'000, out);
+  have_peer = peer != nullptr;
+  const auto& ours = times.ours;
+  const auto& theirs = times.theirs;
+  torch_loss = bench::json_number(times.last_reply, "loss").value_or(NAN);
   auto ours_rate = batch / bench::median(ours);
   // The correctness column: the loss must be finite and falling.
   auto check = fmt::format("loss {:.4f} -> {:.4f}{}", first_loss, last_loss,

@@ -6,16 +6,13 @@ a 4x exact-GELU MLP, final LayerNorm, a bias-free head), trained with AdamW
 TF32 off, or on the CPU with one thread.
 
 Arguments: vocabulary width heads blocks sequence batch device (cpu or
-cuda:0). It runs as a server
-so the C++ benchmark can interleave rounds with its own: each line
-"steps N" runs N timed steps and answers one JSON line
-{"step_seconds": [...], "loss": L, "first_loss": F}; "quit" or EOF ends it.
+cuda:0). It runs as a server so the C++ benchmark can interleave rounds with
+its own: step_server.py's protocol.
 """
 import json
 import math
 import os
 import sys
-import time
 
 for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[key] = "1"
@@ -23,6 +20,7 @@ for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from step_server import serve_steps
 
 
 class Attention(nn.Module):
@@ -85,27 +83,15 @@ def main():
     g = torch.Generator(device="cpu").manual_seed(7)
     ids = torch.randint(0, vocabulary, (batch, sequence), generator=g).to(device)
     targets = torch.randint(0, vocabulary, (batch * sequence,), generator=g).to(device)
-    print(json.dumps({"ready": True, "torch": torch.__version__}), flush=True)
-    first = None
-    for line in sys.stdin:
-        words = line.split()
-        if not words or words[0] == "quit":
-            break
-        if words[0] != "steps" or len(words) != 2 or not words[1].isdigit():
-            print(json.dumps({"error": f"unknown command {line.strip()!r}"}), flush=True)
-            continue
-        times, loss = [], float("nan")
-        for _ in range(int(words[1])):
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            out = F.cross_entropy(model(ids).view(-1, vocabulary), targets)
-            out.backward()
-            opt.step()
-            loss = out.item()  # on a GPU, waits for the step's kernels, as troupe's side
-            times.append(time.perf_counter() - t0)
-            if first is None:
-                first = loss
-        print(json.dumps({"step_seconds": times, "loss": loss, "first_loss": first}), flush=True)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = F.cross_entropy(model(ids).view(-1, vocabulary), targets)
+        out.backward()
+        opt.step()
+        return out.item()  # on a GPU, waits for the step's kernels, as troupe's side
+
+    serve_steps(step, {"torch": torch.__version__})
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 // (tests/tensor/cuda_backend_test.cpp) checks each against the CPU.
 #include "cuda_backend.hpp"
 
+#include <array>
 #include <climits>
 
 #include <fmt/format.h>
@@ -93,6 +94,14 @@ index_space collapsed(index_space s, std::int64_t dim) {
   return s;
 }
 
+/// The strides of a 1-D index read along `dim` (index_select, index_add_):
+/// its element stride at `dim`, zero elsewhere.
+std::array<std::int64_t, max_rank> along(std::int64_t dim, const tensor& index) {
+  std::array<std::int64_t, max_rank> strides{};
+  strides[static_cast<std::size_t>(dim)] = index.strides()[0];
+  return strides;
+}
+
 conv_shape shape_of(const conv_geometry& g) {
   return {g.channels, g.height, g.width, g.kernel_h, g.kernel_w, g.stride, g.padding, g.out_h, g.out_w};
 }
@@ -113,33 +122,31 @@ struct on_device {
 // no copies. As on the CPU, a column-major view (a transposed tensor) is
 // passed with the transpose flag, and only a layout that is neither is copied.
 
+/// Matrices as cuBLAS takes them: the tensor, whether each matrix is
+/// transposed, its leading dimension and the stride between matrices of a
+/// batch (0 for one matrix, or one shared by the batch).
 struct blas_operand {
-  tensor data;
-  cublasOperation_t op = CUBLAS_OP_N;
-  std::int64_t ld = 1;
-};
-
-blas_operand present(const tensor& t) {
-  const auto rows = t.size(0);
-  const auto cols = t.size(1);
-  std::int64_t ld = 1;
-  if (row_major(rows, cols, t.strides(), ld))
-    return {t, CUBLAS_OP_N, ld};
-  if (row_major(cols, rows, {t.strides()[1], t.strides()[0]}, ld))
-    return {t, CUBLAS_OP_T, ld};
-  return {t.contiguous(), CUBLAS_OP_N, std::max<std::int64_t>(cols, 1)};
-}
-
-/// A batch of matrices for strided-batched GEMM: each matrix presented as
-/// present() does, the batch stride between them.
-struct batched_operand {
   tensor data;
   cublasOperation_t op = CUBLAS_OP_N;
   std::int64_t ld = 1;
   long long batch_stride = 0;
 };
 
-batched_operand present_batched(const tensor& t) {
+/// One 2-D operand: a row-major view as it is, a column-major view (a
+/// transposed tensor) with the transpose flag, anything else copied.
+blas_operand present(const tensor& t) {
+  const auto rows = t.size(0);
+  const auto cols = t.size(1);
+  std::int64_t ld = 1;
+  if (row_major(rows, cols, t.strides(), ld))
+    return {t, CUBLAS_OP_N, ld, 0};
+  if (row_major(cols, rows, {t.strides()[1], t.strides()[0]}, ld))
+    return {t, CUBLAS_OP_T, ld, 0};
+  return {t.contiguous(), CUBLAS_OP_N, std::max<std::int64_t>(cols, 1), 0};
+}
+
+/// A 3-D operand: every matrix presented alike, the batch stride between them.
+blas_operand present_batched(const tensor& t) {
   const auto rows = t.size(1);
   const auto cols = t.size(2);
   std::int64_t ld = 1;
@@ -155,6 +162,36 @@ batched_operand present_batched(const tensor& t) {
 int blas_int(std::int64_t value, const char* what) {
   require(value <= INT_MAX, "matmul: {} {} exceeds cuBLAS's 32-bit limit on cuda", what, value);
   return static_cast<int>(value);
+}
+
+/// out[i] = alpha a[i] x b[i] + beta out[i] for `count` row-major [m, n]
+/// matrices of `out` (leading dimension ldc, `stride_c` apart), in one
+/// cuBLAS call on out's device (C^T = B^T A^T, see above).
+void strided_gemm(device_context& context, const blas_operand& a, const blas_operand& b, tensor& out,
+                  std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t ldc, long long stride_c,
+                  std::int64_t count, double alpha, double beta) {
+  std::lock_guard lock(context.blas_mutex);
+  auto handle = context.blas.get();
+  const int cm = blas_int(n, "dimension");
+  const int cn = blas_int(m, "dimension");
+  const int ck = blas_int(k, "dimension");
+  const int batch = blas_int(count, "batch");
+  const int lda = blas_int(b.ld, "leading dimension");
+  const int ldb = blas_int(a.ld, "leading dimension");
+  const int ldc_ = blas_int(ldc, "leading dimension");
+  if (out.type() == dtype::float32) {
+    const float fa = static_cast<float>(alpha);
+    const float fb = static_cast<float>(beta);
+    TROUPE_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      handle, b.op, a.op, cm, cn, ck, &fa, static_cast<const float*>(b.data.raw_data()), lda, b.batch_stride,
+      static_cast<const float*>(a.data.raw_data()), ldb, a.batch_stride, &fb, static_cast<float*>(out.raw_data()),
+      ldc_, stride_c, batch));
+  } else {
+    TROUPE_CUBLAS_CHECK(cublasDgemmStridedBatched(
+      handle, b.op, a.op, cm, cn, ck, &alpha, static_cast<const double*>(b.data.raw_data()), lda, b.batch_stride,
+      static_cast<const double*>(a.data.raw_data()), ldb, a.batch_stride, &beta,
+      static_cast<double*>(out.raw_data()), ldc_, stride_c, batch));
+  }
 }
 
 class cuda_backend final : public backend {
@@ -268,28 +305,7 @@ public:
     auto pa = present(a);
     auto pb = present(b);
     on_device d(out, "matmul");
-    std::lock_guard lock(d.context.blas_mutex);
-    auto handle = d.context.blas.get();
-    // C^T [n, m] = op(B)^T-side [n, k] x op(A)^T-side [k, m], column-major.
-    const int cm = blas_int(n, "dimension");
-    const int cn = blas_int(m, "dimension");
-    const int ck = blas_int(k, "dimension");
-    const int lda = blas_int(pb.ld, "leading dimension");
-    const int ldb = blas_int(pa.ld, "leading dimension");
-    const int ldc_ = blas_int(ldc, "leading dimension");
-    if (out.type() == dtype::float32) {
-      const float fa = static_cast<float>(alpha);
-      const float fb = static_cast<float>(beta);
-      TROUPE_CUBLAS_CHECK(cublasSgemm(handle, pb.op, pa.op, cm, cn, ck, &fa,
-                                      static_cast<const float*>(pb.data.raw_data()), lda,
-                                      static_cast<const float*>(pa.data.raw_data()), ldb, &fb,
-                                      static_cast<float*>(out.raw_data()), ldc_));
-    } else {
-      TROUPE_CUBLAS_CHECK(cublasDgemm(handle, pb.op, pa.op, cm, cn, ck, &alpha,
-                                      static_cast<const double*>(pb.data.raw_data()), lda,
-                                      static_cast<const double*>(pa.data.raw_data()), ldb, &beta,
-                                      static_cast<double*>(out.raw_data()), ldc_));
-    }
+    strided_gemm(d.context, pa, pb, out, m, n, k, ldc, 0, 1, alpha, beta);
   }
 
   void bmm(const tensor& a, const tensor& b, tensor& out) override {
@@ -309,31 +325,7 @@ public:
     auto pa = present_batched(a);
     auto pb = present_batched(b);
     on_device d(out, "bmm");
-    std::lock_guard lock(d.context.blas_mutex);
-    auto handle = d.context.blas.get();
-    const int cm = blas_int(n, "dimension");
-    const int cn = blas_int(m, "dimension");
-    const int ck = blas_int(k, "dimension");
-    const int count = blas_int(batch, "batch");
-    const int lda = blas_int(pb.ld, "leading dimension");
-    const int ldb = blas_int(pa.ld, "leading dimension");
-    const int ldc_ = blas_int(ldc, "leading dimension");
-    const auto stride_c = out.strides()[0];
-    if (out.type() == dtype::float32) {
-      const float one = 1.0f;
-      const float zero = 0.0f;
-      TROUPE_CUBLAS_CHECK(cublasSgemmStridedBatched(
-        handle, pb.op, pa.op, cm, cn, ck, &one, static_cast<const float*>(pb.data.raw_data()), lda, pb.batch_stride,
-        static_cast<const float*>(pa.data.raw_data()), ldb, pa.batch_stride, &zero,
-        static_cast<float*>(out.raw_data()), ldc_, stride_c, count));
-    } else {
-      const double one = 1.0;
-      const double zero = 0.0;
-      TROUPE_CUBLAS_CHECK(cublasDgemmStridedBatched(
-        handle, pb.op, pa.op, cm, cn, ck, &one, static_cast<const double*>(pb.data.raw_data()), lda,
-        pb.batch_stride, static_cast<const double*>(pa.data.raw_data()), ldb, pa.batch_stride, &zero,
-        static_cast<double*>(out.raw_data()), ldc_, stride_c, count));
-    }
+    strided_gemm(d.context, pa, pb, out, m, n, k, ldc, out.strides()[0], batch, 1.0, 0.0);
   }
 
   // -- reductions ------------------------------------------------------------------------
@@ -360,12 +352,9 @@ public:
 
   void index_select(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {
     on_device d(out, "index_select");
-    // The index is 1-D along dim: its offset for a position is that
-    // position's coordinate in dim times the index's stride.
-    std::int64_t index_strides[max_rank] = {};
-    index_strides[dim] = index.strides()[0];
     launch_indexed_read(space_of("index_select", out, false), operand_of(out), operand_of(a),
-                        static_cast<const std::int64_t*>(index.raw_data()), index_strides, static_cast<int>(dim),
+                        static_cast<const std::int64_t*>(index.raw_data()), along(dim, index).data(),
+                        static_cast<int>(dim),
                         a.strides()[static_cast<std::size_t>(dim)], d.stream());
   }
 
@@ -386,11 +375,9 @@ public:
 
   void index_add_(tensor& a, std::int64_t dim, const tensor& index, const tensor& src) override {
     on_device d(a, "index_add_");
-    std::int64_t index_strides[max_rank] = {};
-    index_strides[dim] = index.strides()[0];
     auto lines = collapsed(space_of("index_add_", src, false), dim);
     launch_indexed_accumulate(lines, src.size(dim), operand_of(a), operand_of(src),
-                              static_cast<const std::int64_t*>(index.raw_data()), index_strides,
+                              static_cast<const std::int64_t*>(index.raw_data()), along(dim, index).data(),
                               static_cast<int>(dim), a.strides()[static_cast<std::size_t>(dim)], d.stream());
   }
 
