@@ -28,7 +28,8 @@ for b in "$@"; do
                expect 2 "\-\-pass-kib: '1'" -- "$b" --pass-kib=1
                expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest ;;
     gpt_step) expect 2 "\-\-models: 'gpt2' is not one of" -- "$b" --models=gpt,gpt2
-              expect 2 "\-\-device: 'cuda:1' is not cpu or cuda:0" -- "$b" --device=cuda:1 ;;
+              expect 2 "\-\-device: 'cuda:1' is not cpu or cuda:0" -- "$b" --device=cuda:1
+              expect 2 "\-\-drift-steps: '50' must be 0 (off) or at least 200" -- "$b" --drift-steps=50 ;;
     transport) expect 2 "\-\-rounds: '1e9'" -- "$b" --rounds=1e9 ;;
   esac
 done

@@ -4,14 +4,19 @@
 // thread each) in interleaved rounds of the same run.
 //
 //   build/bench/gpt_step [--json] [--device=cpu|cuda:0] [--models=char_lm,gpt] [--rounds=3]
-//                        [--steps=3] [--python=/usr/bin/python3] [--peer=bench/peers/gpt_step_torch.py]
-//                        [--no-peers]
+//                        [--steps=3] [--drift-steps=2000] [--python=/usr/bin/python3]
+//                        [--peer=bench/peers/gpt_step_torch.py] [--no-peers]
 //
 // Models: char_lm (examples/char_lm.cpp: vocabulary 86, width 64, 4 heads,
 // 2 blocks, sequence 64, batch 16), gpt (6 blocks, width 256, 8 heads,
 // sequence 128, batch 16) and gpt_wide (the same, ten times wider: width
 // 2560; meant for a GPU). With --device=cuda:0 and no device it says so and
 // exits 0 (nothing to measure).
+//
+// --drift-steps=N (char_lm only, N >= 200) then trains char_lm on to step N
+// and compares troupe's step time around step 100 with its last 20 steps:
+// as training proceeds the activations grow, and a kernel whose cost
+// depends on its inputs' magnitude (glibc's erff did) slows the step.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -42,10 +47,15 @@ constexpr std::int64_t vocabulary = 86;
 } // namespace
 
 int main(int argc, char** argv) {
-  bench::check_flags("gpt_step", argc, argv, {"device=", "models=", "rounds=", "steps=", "python=", "peer=", "no-peers"});
+  bench::check_flags("gpt_step", argc, argv, {"device=", "models=", "rounds=", "steps=", "drift-steps=", "python=", "peer=", "no-peers"});
   bench::report out("gpt_step", argc, argv);
   const auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 3, 1, 100));
   const auto steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
+  const auto drift_steps = static_cast<int>(bench::int_option(argc, argv, "drift-steps", 0, 0, 100000));
+  if (drift_steps != 0 && drift_steps < 200) {
+    std::fprintf(stderr, "gpt_step: --drift-steps: '%d' must be 0 (off) or at least 200\n", drift_steps);
+    return 2;
+  }
   const auto models = bench::option(argc, argv, "models", "char_lm,gpt");
   const auto device_name = bench::option(argc, argv, "device", "cpu");
   if (device_name != "cpu" && device_name != "cuda:0") {
@@ -137,6 +147,25 @@ int main(int argc, char** argv) {
       r.note += fmt::format("; torch loss {:.4f} -> {:.4f}", torch_first, torch_last);
     }
     out.add(r);
+    const auto tokens = samples * static_cast<double>(size.sequence);
+    out.add({case_name, "tokens/s", tokens / bench::median(ours), "tokens/s", r.baseline,
+             r.baseline_value ? std::optional<double>(tokens / bench::median(theirs)) : std::nullopt, ""});
+
+    if (drift_steps > 0 && std::string_view(size.name) == "char_lm") {
+      std::vector<double> around_100, last_20;
+      for (auto step = static_cast<int>(ours.size()) + 2; step < drift_steps; ++step) {
+        const auto start = bench::now_seconds();
+        last_loss = train_step();
+        const auto seconds = bench::now_seconds() - start;
+        if (step >= 90 && step < 110)
+          around_100.push_back(seconds);
+        if (step >= drift_steps - 20)
+          last_20.push_back(seconds);
+      }
+      out.add({case_name, fmt::format("step time @{}", drift_steps), bench::median(last_20) * 1e3, "ms",
+               "troupe @100", bench::median(around_100) * 1e3,
+               fmt::format("loss at step {}: {:.4f}{}", drift_steps, last_loss, std::isfinite(last_loss) ? "" : " WRONG")});
+    }
   }
   out.print();
 }

@@ -1,8 +1,10 @@
 // CPU row reductions and softmax. Sums go through row_sum (cpu_backend.hpp),
 // whose order depends only on the row length.
+#include <algorithm>
 #include <cmath>
 
 #include "cpu_backend.hpp"
+#include "cpu_vector_math.hpp"
 #include "dispatch.hpp"
 
 namespace troupe::detail {
@@ -11,6 +13,17 @@ namespace {
 
 template <class T> bool is_nan(T x) {
   return x != x; // NOLINT: true only for floating NaN
+}
+
+/// y[j] = exp(y[j]) over a contiguous row, with the vector exp where the
+/// CPU has it (cpu_vector_math.hpp), as the elementwise exp does.
+template <class T> void exp_in_place(T* y, std::int64_t n) {
+  if (vector_math::available()) {
+    vector_math::exp(y, y, n);
+    return;
+  }
+  for (std::int64_t j = 0; j < n; ++j)
+    y[j] = std::exp(y[j]);
 }
 
 } // namespace
@@ -66,7 +79,8 @@ void cpu_backend::softmax(const tensor& a, bool log, tensor& out) {
       for (std::int64_t j = 1; j < cols; ++j)
         top = std::max(top, xr[j]);
       for (std::int64_t j = 0; j < cols; ++j)
-        yr[j] = std::exp(xr[j] - top);
+        yr[j] = xr[j] - top;
+      exp_in_place(yr, cols);
       const T total = row_sum(yr, cols, 1);
       if (log) {
         const T shift = top + std::log(total);
@@ -97,8 +111,10 @@ void cpu_backend::softmax_backward(const tensor& grad, const tensor& output, boo
       if (log) {
         // y = log softmax(x): dx = g - softmax(x) * sum(g).
         const T total = row_sum(gr, cols, 1);
+        std::copy(yr, yr + cols, dr);
+        exp_in_place(dr, cols);
         for (std::int64_t j = 0; j < cols; ++j)
-          dr[j] = gr[j] - std::exp(yr[j]) * total;
+          dr[j] = gr[j] - dr[j] * total;
       } else {
         // y = softmax(x): dx = y * (g - <g, y>).
         for (std::int64_t j = 0; j < cols; ++j)
