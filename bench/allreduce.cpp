@@ -2,7 +2,7 @@
 // 2 and 4 processes, in the nccl-tests manner (size, count, time, algbw,
 // busbw = 2(n-1)/n * bytes / time, #wrong from checking every element
 // against the expected sum), beside Gloo and Open MPI over shared memory
-// from ../shared/peers/allreduce.py in the same run. Both of troupe's
+// from bench/peers/allreduce.py in the same run. Both of troupe's
 // same-host algorithms run, interleaved case by case: the shared-memory
 // workspaces (the default on one host) and the ring of messages (what runs
 // between hosts).
@@ -170,7 +170,7 @@ std::map<std::string, double> peers(std::uint32_t n, const std::vector<std::int6
   std::string list;
   for (auto s : sizes)
     list += (list.empty() ? "" : ",") + std::to_string(s);
-  auto script = std::string(TROUPE_SOURCE_DIR) + "/../shared/peers/allreduce.py";
+  auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/allreduce.py";
   auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --impls gloo,mpi-shm --nprocs {} --sizes {}{}",
                                                script, n, list, quick ? " --quick" : ""),
                                    300);

@@ -1,7 +1,7 @@
 #pragma once
 // Peers measured in the same run as troupe's transport benchmark:
 // ucx_perftest (the UCX engine's own ceiling) and PyTorch RPC
-// (../shared/peers/rpc_latency.py).
+// (bench/peers/rpc_latency.py).
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -103,7 +103,7 @@ inline std::optional<double> ucx_perftest(const perftest_options& o) {
   return numbers[5] * double(1 << 20) / 1e9;
 }
 
-/// PyTorch RPC figures from ../shared/peers/rpc_latency.py --quick: keyed
+/// PyTorch RPC figures from bench/peers/rpc_latency.py --quick: keyed
 /// "rtt/<transport>" (µs) and "send/<transport>/<bytes>" (GB/s).
 inline std::map<std::string, double> pytorch_rpc(const std::string& script, const std::string& transports) {
   std::map<std::string, double> figures;

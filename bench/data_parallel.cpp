@@ -1,4 +1,4 @@
-// Data-parallel training throughput: the MLP of ../shared/BASELINES.md
+// Data-parallel training throughput: the MLP of docs/baselines.md
 // (8 x (Linear(1024, 1024) + ReLU), MSE, SGD(lr = 0.05), batch 256 per
 // replica, one compute thread per process) on 1, 2 and 4 replica processes
 // with troupe's data_parallel (gradient buckets reduced by the ring of

@@ -1,4 +1,4 @@
-// One-process training throughput of the MLP in ../shared/BASELINES.md:
+// One-process training throughput of the MLP in docs/baselines.md:
 // 8 x (Linear(1024, 1024) + ReLU), batch 256, MSE loss against a random
 // target, SGD(lr = 0.05), one compute thread — troupe beside PyTorch
 // (/usr/bin/python3, bench/peers/mlp_step_torch.py) in interleaved rounds

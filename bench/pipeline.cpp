@@ -1,10 +1,10 @@
-// Pipeline-parallel training throughput: the MLP of ../shared/BASELINES.md
+// Pipeline-parallel training throughput: the MLP of docs/baselines.md
 // (8 x (Linear(1024, 1024) + ReLU), batch 256, MSE, SGD lr 0.05, one compute
 // thread per stage) split 4 + 4 over two stage actors, micro-batches 1, 2, 4
 // and 8 with GPipe and 1F1B, and three unequal ones (48, 104 and 104 rows:
 // a small first micro-batch fills the pipeline sooner), beside troupe in
 // one process without a
-// pipeline and PyTorch's RPC pipeline (../shared/peers/rpc_pipeline.py) in
+// pipeline and PyTorch's RPC pipeline (bench/peers/rpc_pipeline.py) in
 // the same run (PyTorch before and after troupe, its better figure kept).
 // Bubble fraction per configuration: measured (1 − the busier
 // stage's compute time / step time, from the stages' own counters) next to
@@ -106,7 +106,7 @@ struct torch_figures {
 
 torch_figures pytorch_pipeline(int steps) {
   torch_figures figures;
-  auto script = std::string(TROUPE_SOURCE_DIR) + "/../shared/peers/rpc_pipeline.py";
+  auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/rpc_pipeline.py";
   if (!std::filesystem::exists(script))
     return figures;
   auto output = bench::run_command(
@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
   if (peers) {
     torch = better(torch_before, pytorch_pipeline(steps));
     if (!torch.local && !torch.best_rpc)
-      out.note("PyTorch peer unavailable (python3-torch and ../shared/peers/rpc_pipeline.py needed)");
+      out.note("PyTorch peer unavailable (python3-torch and bench/peers/rpc_pipeline.py needed)");
   }
 
   auto local_rate = batch / bench::median(local_seconds);

@@ -11,7 +11,7 @@
 //   TLS             tensor_message over CAF's mutual-TLS connection
 //   in process      a tensor_message between two actors (by reference)
 // Peers: ucx_perftest (ucp_am_bw / ucp_am_lat, same window) and PyTorch RPC
-// (../shared/peers/rpc_latency.py --quick, transports default and uv). Over
+// (bench/peers/rpc_latency.py --quick, transports default and uv). Over
 // tcp from 1 MiB, perftest runs four ways: polling (its default) and
 // sleeping on its event fd (-E sleep, as our transport thread does), each as
 // shipped and with its buffers written (perftest_written_buffers.c: as
@@ -711,7 +711,7 @@ int parent(int argc, char** argv) {
   // must not overlap anything else.
   std::map<std::string, double> torch;
   if (peers && (section("control") || section("plane") || section("samehost") || section("rtt"))) {
-    auto script = std::string(TROUPE_SOURCE_DIR) + "/../shared/peers/rpc_latency.py";
+    auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/rpc_latency.py";
     if (std::filesystem::exists(script) && std::filesystem::exists("/usr/bin/python3"))
       torch = bench::pytorch_rpc(script, "default,uv");
     if (torch.empty())

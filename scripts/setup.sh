@@ -55,7 +55,7 @@ if [[ ! -f build/build.ninja ]]; then
 fi
 cmake --build build -j "$jobs"
 
-# One compute thread per process, as in every figure in BASELINES.md.
+# One compute thread per process, as in every figure in docs/baselines.md.
 export OPENBLAS_NUM_THREADS=1
 
 case "$action" in

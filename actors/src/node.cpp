@@ -306,7 +306,7 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
     return make_error(errc::invalid_argument, "node {}: {}", options.name, ok.error().message());
   const bool tls = options.tls.requested();
   // TLS files are checked before CAF's module sees them: it would fall back
-  // to anonymous TLS or hang on a bad key (API-NOTES.md).
+  // to anonymous TLS or hang on a bad key (docs/api-notes.md).
   if (tls)
     if (auto ok = validate(options.tls); !ok)
       return troupe::error(ok.error().code(), fmt::format("node {}: {}", options.name, ok.error().message()));
@@ -341,7 +341,7 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
   if (opts.scheduler.middleman_workers > 0)
     config->set("middleman.workers", static_cast<std::size_t>(opts.scheduler.middleman_workers));
   // Heartbeats on every node: configured on one side only, idle peers are
-  // declared dead (API-NOTES.md).
+  // declared dead (docs/api-notes.md).
   config->set("middleman.heartbeat-interval", caf::timespan{opts.heartbeat_interval});
   config->set("middleman.connection-timeout", caf::timespan{opts.heartbeat_timeout});
   self->config_ = std::move(config);

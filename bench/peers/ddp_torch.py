@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """PyTorch peer for bench/data_parallel: DistributedDataParallel over Gloo
-(what a PyTorch user runs on CPUs) with the model of ../shared/BASELINES.md,
+(what a PyTorch user runs on CPUs) with the model of docs/baselines.md,
 8 x (Linear(1024, 1024) + ReLU), MSE loss, SGD(lr=0.05), per-replica batch
 256, one compute thread per process, bucket_cap_mb as troupe's.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch peer for bench/mlp_step: the same model, batch, loss and optimizer
 as troupe's side, in one process with one thread (the "local" mode of
-../shared/peers/rpc_pipeline.py).
+bench/peers/rpc_pipeline.py).
 
 It runs as a server so the C++ benchmark can interleave rounds with its own
 (the machine's speed drifts within seconds): step_server.py's protocol.

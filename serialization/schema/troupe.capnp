@@ -1,4 +1,4 @@
-# Wire types of troupe's data plane and checkpoint files (DESIGN.md, "The two
+# Wire types of troupe's data plane and checkpoint files (docs/design.md, "The two
 # planes"). These generated types stay private to serialization/: public
 # headers speak troupe types only.
 #
@@ -49,7 +49,7 @@ struct TrainingMessage {
   contextId @3 :UInt64;
   destination @4 :Text;
   tensor @5 :TensorHeader;
-  # The job's token (DESIGN.md, "Encryption"): the data plane drops frames
+  # The job's token (docs/design.md, "Encryption"): the data plane drops frames
   # whose token is not its own job's. 0 outside the data plane.
   token @6 :UInt64;
   # Links a send record to its receive record in a trace; 0 when untraced.

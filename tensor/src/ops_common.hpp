@@ -1,6 +1,6 @@
 #pragma once
 // Private: the argument checks shared by the ops_*.cpp files. Each throws
-// usage_error naming the op and the offending values (STYLE.md, tier 2).
+// usage_error naming the op and the offending values (docs/style.md, tier 2).
 #include <vector>
 
 #include "troupe/tensor/backend.hpp"

@@ -24,7 +24,7 @@ inline caf::expected<caf::actor> make_adder(caf::actor_system& system, const act
     return caf::make_error(caf::sec::cannot_spawn_actor_from_arguments);
   auto base = args.get_as<int>(0);
   auto node_name = where.node;
-  // Detached: compute actors run on their own thread (DESIGN.md).
+  // Detached: compute actors run on their own thread (docs/design.md).
   return system.spawn<caf::detached>([base, node_name]() -> caf::behavior {
     return {[base, node_name](int x) { return caf::make_message(node_name, base + x); }};
   });

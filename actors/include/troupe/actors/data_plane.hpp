@@ -1,6 +1,6 @@
 #pragma once
 // The data plane: tensor messages between processes over UCX active
-// messages (DESIGN.md, "The two planes").
+// messages (docs/design.md, "The two planes").
 //
 // Thread model. One transport thread per node owns the UCX context and
 // worker (UCS_THREAD_MODE_SINGLE). It sleeps in epoll on the worker's event

@@ -33,7 +33,7 @@ struct data_plane_options {
   /// This node's name, sent to peers when connecting and used in logs.
   std::string node_name;
   /// The job's token: stamped into every frame sent and required in every
-  /// frame received (DESIGN.md, "Encryption"). Must not be 0: 0 is what a
+  /// frame received (docs/design.md, "Encryption"). Must not be 0: 0 is what a
   /// frame without a token carries.
   std::uint64_t token = 0;
   /// UCX transports for this job (UCX_TLS syntax: "tcp", "sm,self", ...);

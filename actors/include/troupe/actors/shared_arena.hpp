@@ -1,5 +1,5 @@
 #pragma once
-// Same-host tensors by reference: a POSIX shared-memory arena (DESIGN.md,
+// Same-host tensors by reference: a POSIX shared-memory arena (docs/design.md,
 // "Beyond copies").
 //
 // The protocol, step by step:

@@ -26,7 +26,7 @@ struct tensor_message {
 
 /// Limits applied when a tensor_message is read from a CAF byte stream.
 /// Set once per process before the actor system starts (BASP has no
-/// receive-size limit of its own, DESIGN.md).
+/// receive-size limit of its own, docs/design.md).
 void set_tensor_message_payload_limit(std::uint64_t max_payload_bytes);
 
 /// CAF serialization, used only when a tensor_message goes through CAF's own

@@ -1,6 +1,6 @@
 #pragma once
 // One way to send a tensor to a place, whichever plane carries it
-// (DESIGN.md, "The two planes"). Every node owns one router (node::router()).
+// (docs/design.md, "The two planes"). Every node owns one router (node::router()).
 //
 //   auto router = n->router();                        // std::shared_ptr, capture it in actors
 //   tensor_message m{meta, value, 0};

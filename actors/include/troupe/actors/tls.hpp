@@ -1,7 +1,7 @@
 #pragma once
 // Mutual TLS between nodes through CAF's OpenSSL module. CAF silently falls
 // back to anonymous TLS when no key is configured, and a wrong passphrase
-// throws inside the module and hangs the client (API-NOTES.md), so troupe
+// throws inside the module and hangs the client (docs/api-notes.md), so troupe
 // checks the files itself before the module starts and refuses to run with
 // anything less than certificate + key + CA.
 #include <string>

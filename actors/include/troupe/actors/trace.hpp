@@ -1,6 +1,6 @@
 #pragma once
 // The trace recorder: what actor code and the data plane call to record
-// events (DESIGN.md, "Tracing").
+// events (docs/design.md, "Tracing").
 //
 // Enabling. One recording session per process:
 //

@@ -1,5 +1,5 @@
 #pragma once
-// Distributed autograd (DESIGN.md, "Actors and how a training step flows"):
+// Distributed autograd (docs/design.md, "Actors and how a training step flows"):
 // every tensor that crosses an actor boundary during a training step is
 // recorded on both sides under the step's context id, so the gradient can
 // travel back along the same edge.

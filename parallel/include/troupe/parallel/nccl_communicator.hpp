@@ -1,5 +1,5 @@
 #pragma once
-// An NCCL communicator for a ring of reducers on CUDA (DESIGN.md, "reducer":
+// An NCCL communicator for a ring of reducers on CUDA (docs/design.md, "reducer":
 // on CUDA the reducer owns an NCCL communicator, bootstrapped by exchanging
 // the NCCL unique id through actor messages, and reduces device buffers with
 // NCCL on its own stream).

@@ -1,5 +1,5 @@
 #pragma once
-// A ring of reducer actors, one per replica (DESIGN.md, "reducer"). Each rank
+// A ring of reducer actors, one per replica (docs/design.md, "reducer"). Each rank
 // owns one reducer, registered under `<node>/cpu/<prefix><rank>`, and the
 // ring is rank order: rank r receives from r-1 and sends to r+1 (mod N).
 //

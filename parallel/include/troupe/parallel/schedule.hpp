@@ -1,5 +1,5 @@
 #pragma once
-// Pipeline schedules as credits (DESIGN.md): no global clock, only a local
+// Pipeline schedules as credits (docs/design.md): no global clock, only a local
 // rule in every stage — "hold at most K micro-batches in flight" plus a
 // priority between ready forward and ready backward work.
 //

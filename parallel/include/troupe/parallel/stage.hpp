@@ -1,7 +1,7 @@
 #pragma once
 // A pipeline stage: one actor owning a contiguous slice of the model, an
 // optimizer over the slice's parameters, and the stash of every in-flight
-// micro-batch's graph (DESIGN.md, "Actors and how a training step flows").
+// micro-batch's graph (docs/design.md, "Actors and how a training step flows").
 //
 // Protocol (driver = the pipeline's blocking actor; atoms below):
 //   (p_wire, prev, next, driver, prev place, next place, driver place) -> ok

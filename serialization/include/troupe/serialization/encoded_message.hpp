@@ -5,7 +5,7 @@
 // frame* (standard flat encoding: segment table + segments; it carries the
 // message_meta and the tensor's dtype, shape, strides and byte count) plus
 // the *payload*, the tensor's bytes, kept apart from it. This is exactly what
-// UCP active messages want (DESIGN.md): the header frame is the AM header,
+// UCP active messages want (docs/design.md): the header frame is the AM header,
 // the payload an iov straight from tensor memory, and the receiver validates
 // the header and picks a buffer before a single payload byte arrives. We do
 // not use Orphanage::referenceExternalData to make the payload a Cap'n Proto

@@ -1,6 +1,6 @@
 #pragma once
 // What a data-plane message is for and where it goes: everything in the
-// Cap'n Proto header except the tensor layout (DESIGN.md, "The two planes").
+// Cap'n Proto header except the tensor layout (docs/design.md, "The two planes").
 #include <cstdint>
 #include <string>
 #include <string_view>

@@ -1,5 +1,5 @@
 #pragma once
-// Tier-2 errors (STYLE.md): misuse of the in-process math API.
+// Tier-2 errors (docs/style.md): misuse of the in-process math API.
 #include <stdexcept>
 #include <string>
 

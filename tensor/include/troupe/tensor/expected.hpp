@@ -1,8 +1,8 @@
 #pragma once
-// Tier-3 errors (STYLE.md): failures caused by input from outside the process
+// Tier-3 errors (docs/style.md): failures caused by input from outside the process
 // (network bytes, files, configuration) are values, never exceptions.
 //
-// STYLE.md asks for caf::expected, but DESIGN.md forbids tensor/, autograd/
+// docs/style.md asks for caf::expected, but docs/design.md forbids tensor/, autograd/
 // and serialization/ from knowing CAF. So the lower modules use this small
 // equivalent and actors/ maps `errc` onto a CAF error category.
 #include <cstdint>
