@@ -5,7 +5,8 @@
 // eltwise has no f64).
 //
 // Primitives are made once per element count (a training step repeats the
-// same shapes) and kept in a map; each calling thread has its own stream.
+// same shapes) and kept in a map of at most 256 sizes (a program with ever
+// new sizes starts it over); each calling thread has its own stream.
 // oneDNN runs on OpenMP here: every call pins the calling thread's team to
 // one thread, the runtime's rule of one compute thread per actor.
 #include <cstdint>
@@ -40,6 +41,9 @@ std::shared_ptr<const gelu_primitives> primitives_for(std::int64_t n) {
   static std::mutex mutex;
   static std::map<std::int64_t, std::shared_ptr<const gelu_primitives>> made;
   std::lock_guard lock(mutex);
+  constexpr std::size_t most_sizes = 256;
+  if (made.size() >= most_sizes && made.find(n) == made.end())
+    made.clear(); // callers still running hold their primitives' shared_ptr
   auto& slot = made[n];
   if (!slot) {
     const auto& engine = cpu_engine();
