@@ -21,7 +21,7 @@ done
 # Values are checked, not read with atoi (which made 'x' a zero).
 for b in "$@"; do
   case $(basename "$b") in
-    gemm|codec|mlp_step|elementwise) expect 2 "\-\-rounds: 'x' is not an integer" -- "$b" --rounds=x ;;
+    gemm|codec|mlp_step|elementwise|ops) expect 2 "\-\-rounds: 'x' is not an integer" -- "$b" --rounds=x ;;
     pipeline) expect 2 "\-\-processes: '3' is not an integer in \[1, 2\]" -- "$b" --processes=3 ;;
     data_parallel) expect 2 "\-\-replicas: '0' is not a positive integer" -- "$b" --replicas=2,0 ;;
     allreduce) expect 2 "\-\-chunk-kib: '-1'" -- "$b" --chunk-kib=-1
