@@ -1,8 +1,9 @@
 // CPU elementwise kernels: a flat loop the compiler vectorises when every
 // operand is contiguous, and a row-wise strided loop (for_each_row) for
-// views and broadcasts. exp, tanh, sigmoid, GELU and its gradient over
-// contiguous operands go to SLEEF's vector functions where the CPU has
-// them (cpu_vector_math.hpp): the compiler cannot vectorise glibc's calls.
+// views and broadcasts. exp, tanh, sigmoid, GELU and its gradient go to
+// the vector functions of cpu_vector_math.hpp (SLEEF; oneDNN for float32
+// GELU) where the CPU has them, strided operands row by row: the compiler
+// cannot vectorise glibc's calls.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
