@@ -2,11 +2,11 @@
 """PyTorch peer for bench/gpt_step: troupe's GPT (autograd/src/nn/gpt.cpp:
 token and position embeddings, pre-norm blocks of causal self-attention and
 a 4x exact-GELU MLP, final LayerNorm, a bias-free head), trained with AdamW
-(lr 3e-3, weight decay 0.01) in float32, as troupe's side: on cuda:0 with
+(weight decay 0.01, the learning rate it is given) in float32, as troupe's side: on cuda:0 with
 TF32 off, or on the CPU with one thread.
 
 Arguments: vocabulary width heads blocks sequence batch device (cpu or
-cuda:0). It runs as a server so the C++ benchmark can interleave rounds with
+cuda:0) [learning rate, default 3e-3]. It runs as a server so the C++ benchmark can interleave rounds with
 its own: step_server.py's protocol.
 """
 import json
@@ -76,10 +76,11 @@ def main():
             return
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    lr = float(sys.argv[8]) if len(sys.argv) > 8 else 3e-3
     torch.set_num_threads(1)
     torch.manual_seed(1)
     model = Gpt(vocabulary, width, heads, blocks, sequence).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     g = torch.Generator(device="cpu").manual_seed(7)
     ids = torch.randint(0, vocabulary, (batch, sequence), generator=g).to(device)
     targets = torch.randint(0, vocabulary, (batch * sequence,), generator=g).to(device)

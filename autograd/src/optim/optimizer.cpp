@@ -15,9 +15,6 @@ optimizer::optimizer(named_variables parameters) : parameters_(std::move(paramet
     require(parameter.type() == dtype::float32 || parameter.type() == dtype::float64,
             "optimizer: parameter '{}' is {} but must be float32 or float64", name, parameter.type());
     require(parameter.data().is_contiguous(), "optimizer: parameter '{}' is not contiguous", name);
-    require(parameter.data().where().kind == device_kind::cpu,
-            "optimizer: parameter '{}' is on {} but the optimizers update CPU memory", name,
-            parameter.data().where());
     for (std::size_t j = 0; j < i; ++j)
       require(parameters_[j].first != name, "optimizer: parameter name '{}' appears twice", name);
   }
@@ -34,9 +31,10 @@ void optimizer::step() {
     require(grad.shape() == parameter.shape(), "optimizer: gradient of '{}' is {} but the parameter is {}", name,
             grad.shape(), parameter.shape());
     // set_data may have swapped the storage since construction.
-    require(parameter.data().is_contiguous() && parameter.data().where().kind == device_kind::cpu,
-            "optimizer: parameter '{}' is no longer a contiguous CPU tensor", name);
-    update(i, parameter, grad.to(parameter.type()).contiguous(), state_[i]);
+    require(parameter.data().is_contiguous(), "optimizer: parameter '{}' is no longer contiguous", name);
+    // CPU parameters are updated by element loops, others (CUDA) by tensor
+    // ops on their own device; the gradient is brought to the parameter.
+    update(i, parameter, grad.to(parameter.type()).to(parameter.data().where()).contiguous(), state_[i]);
   }
   ++step_count_;
 }
@@ -117,7 +115,8 @@ expected<void> optimizer::load_state_dict(const named_tensors& state) {
         return make_error(errc::state_mismatch,
                           "optimizer load_state_dict: dtype mismatch for '{}': state has {} but expected {}", key,
                           value.type(), want_type);
-      loaded[i].push_back(scalar ? value.reshape({}).clone() : value.clone());
+      // Moments live where the parameter lives; scalars stay on the host.
+      loaded[i].push_back(scalar ? value.reshape({}).clone() : value.to(parameter.data().where()).clone());
     }
   }
   state_ = std::move(loaded);

@@ -39,7 +39,7 @@ struct index_layout {
 };
 
 template <class T>
-__global__ void indexed_read_kernel(index_space shape, operand out, operand source, const std::int64_t* index,
+__global__ void indexed_read_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out, const __grid_constant__ operand source, const std::int64_t* index,
                                     index_layout layout, std::int64_t dim_stride) {
   TROUPE_FOR_EACH_INDEX(i, shape) {
     // `source` has its dim stride zeroed: the position there comes from the index.
@@ -49,7 +49,7 @@ __global__ void indexed_read_kernel(index_space shape, operand out, operand sour
 }
 
 template <class T>
-__global__ void indexed_accumulate_kernel(index_space shape, std::int64_t length, operand target, operand source,
+__global__ void indexed_accumulate_kernel(const __grid_constant__ index_space shape, std::int64_t length, const __grid_constant__ operand target, const __grid_constant__ operand source,
                                           const std::int64_t* index, index_layout layout, int dim,
                                           std::int64_t target_dim_stride) {
   // `shape` has dim collapsed to 1: i names one line along dim.

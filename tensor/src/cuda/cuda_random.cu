@@ -27,6 +27,11 @@ __global__ void fill_integer_kernel(std::uint64_t seed, std::uint64_t start, std
   }
 }
 
+__device__ inline float mul_rounded(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double mul_rounded(double a, double b) { return __dmul_rn(a, b); }
+__device__ inline float add_rounded(float a, float b) { return __fadd_rn(a, b); }
+__device__ inline double add_rounded(double a, double b) { return __dadd_rn(a, b); }
+
 template <class T>
 __global__ void fill_floating_kernel(distribution what, std::uint64_t seed, std::uint64_t start, double a, double b,
                                      T* out, std::int64_t n) {
@@ -39,7 +44,9 @@ __global__ void fill_floating_kernel(distribution what, std::uint64_t seed, std:
         const auto low = static_cast<T>(a);
         const auto high = static_cast<T>(b);
         const auto width = static_cast<T>(b - a);
-        const T v = low + width * unit_uniform<T>(w);
+        // Rounded product then sum, as the CPU computes it: nvcc would fuse
+        // them into one fma and round differently.
+        const T v = add_rounded(low, mul_rounded(width, unit_uniform<T>(w)));
         // Rounding may land exactly on `high`; keep the interval half-open.
         if constexpr (std::is_same_v<T, float>)
           out[i] = v < high ? v : nextafterf(high, low);

@@ -4,6 +4,8 @@
 // results are deterministic; they equal the CPU's (cpu_reduce.cpp,
 // cpu_nn.cpp) within float rounding, the order of additions being a tree
 // instead of the CPU's eight lanes.
+#include <algorithm>
+
 #include "cuda_device_common.cuh"
 
 namespace troupe::detail::cuda {
@@ -169,17 +171,46 @@ __global__ void layer_norm_input_grad_kernel(const T* grad, const T* input, cons
 }
 
 // One thread per column, rows in order: deterministic without atomics.
+/// Rows per chunk of the parameter gradients' first pass (more when the
+/// chunks would outnumber a grid's y dimension).
+constexpr std::int64_t param_grad_chunk = 64;
+constexpr std::int64_t max_grid_y = 65535;
+
+// The parameter gradients sum over rows: a thread per column would leave
+// the GPU nearly idle at GPT widths, so the first pass gives each block a
+// chunk of rows (partial sums per chunk and column, coalesced across the
+// columns) and the second sums a column's chunks in order: deterministic.
 template <class T>
-__global__ void layer_norm_param_grad_kernel(const T* grad, const T* input, const T* mean, const T* rstd,
-                                             std::int64_t rows, std::int64_t d, T* grad_weight, T* grad_bias) {
+__global__ void layer_norm_param_grad_partial_kernel(const T* grad, const T* input, const T* mean, const T* rstd,
+                                                     std::int64_t rows, std::int64_t d, std::int64_t chunk_rows,
+                                                     T* partial_weight, T* partial_bias) {
+  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t chunk = blockIdx.y;
+  if (j >= d)
+    return;
+  const std::int64_t end = min(rows, (chunk + 1) * chunk_rows);
+  T gw = T(0);
+  T gb = T(0);
+  for (std::int64_t r = chunk * chunk_rows; r < end; ++r) {
+    const T g = grad[r * d + j];
+    gw += g * ((input[r * d + j] - mean[r]) * rstd[r]);
+    gb += g;
+  }
+  partial_weight[chunk * d + j] = gw;
+  partial_bias[chunk * d + j] = gb;
+}
+
+template <class T>
+__global__ void layer_norm_param_grad_sum_kernel(const T* partial_weight, const T* partial_bias,
+                                                 std::int64_t chunks, std::int64_t d, T* grad_weight,
+                                                 T* grad_bias) {
   for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d;
        j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     T gw = T(0);
     T gb = T(0);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T g = grad[r * d + j];
-      gw += g * ((input[r * d + j] - mean[r]) * rstd[r]);
-      gb += g;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      gw += partial_weight[c * d + j];
+      gb += partial_bias[c * d + j];
     }
     grad_weight[j] = gw;
     grad_bias[j] = gb;
@@ -252,8 +283,24 @@ void launch_layer_norm_backward(element type, const void* grad, const void* inpu
     const auto* rs = static_cast<const T*>(rstd);
     launch_blocks(layer_norm_input_grad_kernel<T>, rows, threads_for(d), stream, g, x, mu, rs,
                   static_cast<const T*>(weight), rows, d, static_cast<T*>(grad_input));
-    launch_blocks(layer_norm_param_grad_kernel<T>, (d + block_size - 1) / block_size, block_size, stream, g, x, mu,
-                  rs, rows, d, static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
+    const std::int64_t chunk_rows = std::max(param_grad_chunk, (rows + max_grid_y - 1) / max_grid_y);
+    const std::int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    if (chunks == 0) {
+      TROUPE_CUDA_CHECK(cudaMemsetAsync(grad_weight, 0, static_cast<std::size_t>(d) * sizeof(T), stream));
+      TROUPE_CUDA_CHECK(cudaMemsetAsync(grad_bias, 0, static_cast<std::size_t>(d) * sizeof(T), stream));
+      return;
+    }
+    // Stream-ordered scratch: freed once the second pass has run.
+    T* partial = nullptr;
+    TROUPE_CUDA_CHECK(cudaMallocAsync(&partial, static_cast<std::size_t>(2 * chunks * d) * sizeof(T), stream));
+    const dim3 grid(static_cast<unsigned>((d + block_size - 1) / block_size), static_cast<unsigned>(chunks));
+    layer_norm_param_grad_partial_kernel<T><<<grid, block_size, 0, stream>>>(g, x, mu, rs, rows, d, chunk_rows,
+                                                                             partial, partial + chunks * d);
+    TROUPE_CUDA_CHECK(cudaGetLastError());
+    launch_blocks(layer_norm_param_grad_sum_kernel<T>, (d + block_size - 1) / block_size, block_size, stream,
+                  static_cast<const T*>(partial), static_cast<const T*>(partial + chunks * d), chunks, d,
+                  static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
+    TROUPE_CUDA_CHECK(cudaFreeAsync(partial, stream));
   });
 }
 
