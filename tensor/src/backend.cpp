@@ -7,6 +7,7 @@
 #include "cuda/cuda_backend.hpp"
 #endif
 #include "troupe/tensor/error.hpp"
+#include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe {
@@ -36,6 +37,29 @@ void backend::copy(const tensor& source, tensor& out) {
 void backend::transfer(const tensor& source, tensor& out) {
   throw usage_error(fmt::format("to: not implemented by the {} backend ({} to {})", name(), source.where(),
                                 out.where()));
+}
+
+// The optimizer steps as whole-tensor ops, in the parameter's precision
+// (the element loops and fused kernels compute Adam in double per element).
+void backend::adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& s) {
+  const auto g = s.l2 != 0.0 ? add(grad, mul(param, s.l2)) : grad;
+  m.copy_from(add(mul(m, s.beta1), mul(g, 1.0 - s.beta1)));
+  v.copy_from(add(mul(v, s.beta2), mul(mul(g, g), 1.0 - s.beta2)));
+  const auto denominator = add(mul(sqrt(v), 1.0 / s.bias_correction2_sqrt), s.eps);
+  param.copy_from(sub(mul(param, s.decay), mul(div(m, denominator), s.step_size)));
+}
+
+void backend::sgd_step(tensor& param, const tensor& grad, tensor& buffer, const sgd_step_args& s) {
+  const auto d = s.weight_decay != 0.0 ? add(grad, mul(param, s.weight_decay)) : grad;
+  if (!buffer.defined()) {
+    param.copy_from(sub(param, mul(d, s.lr)));
+    return;
+  }
+  if (s.first)
+    buffer.copy_from(d);
+  else
+    buffer.copy_from(add(mul(buffer, s.momentum), mul(d, 1.0 - s.dampening)));
+  param.copy_from(sub(param, mul(s.nesterov ? add(d, mul(buffer, s.momentum)) : buffer, s.lr)));
 }
 
 namespace {

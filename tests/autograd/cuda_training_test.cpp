@@ -84,24 +84,41 @@ TEST_F(CudaTraining, GptWithDropoutTrainsAsOnTheCpuInFloat32) {
   expect_same_training(dtype::float32, 1e-4, 1e-3);
 }
 
-TEST_F(CudaTraining, SgdWithMomentumStepsAsOnTheCpu) {
-  for (bool nesterov : {false, true}) {
+// The fused optimizer steps (cuda_optim.cu) against the CPU's element loops:
+// SGD plain, with momentum and dampening, Nesterov; Adam with L2 decay.
+TEST_F(CudaTraining, SgdAndAdamStepAsOnTheCpu) {
+  const optim::sgd_options sgd_variants[] = {
+    {.lr = 0.1, .weight_decay = 0.01},
+    {.lr = 0.1, .momentum = 0.9, .dampening = 0.2, .weight_decay = 0.01},
+    {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true},
+  };
+  for (int variant = 0; variant < 4; ++variant) {
     std::vector<tensor> weights;
     for (auto where : {device::cpu(), gpu}) {
       linear model(linear_options{.in_features = 3, .out_features = 2, .type = dtype::float64, .seed = 4});
       model.to(where);
-      optim::sgd opt(model.named_parameters(),
-                     optim::sgd_options{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov});
+      std::unique_ptr<optim::optimizer> opt;
+      if (variant < 3)
+        opt = std::make_unique<optim::sgd>(model.named_parameters(), sgd_variants[variant]);
+      else
+        opt = std::make_unique<optim::adam>(model.named_parameters(),
+                                            optim::adam_options{.lr = 0.01, .weight_decay = 0.1});
       generator data{8};
       for (int step = 0; step < 5; ++step) {
         auto x = randn({8, 3}, data, 0.0, 1.0, dtype::float64, where);
-        opt.zero_grad();
+        opt->zero_grad();
         autograd::backward(autograd::mse_loss(model(variable(x)), variable(tensor::zeros({8, 2}, dtype::float64, where))));
-        opt.step();
+        opt->step();
       }
       weights.push_back(model.weight().data().to(device::cpu()));
     }
-    EXPECT_LE(max_abs_diff(weights[1], weights[0]), 1e-12) << "nesterov " << nesterov;
+    EXPECT_LE(max_abs_diff(weights[1], weights[0]), 1e-12) << "variant " << variant;
+    EXPECT_GT(max_abs_diff(weights[0], linear(linear_options{.in_features = 3, .out_features = 2,
+                                                             .type = dtype::float64, .seed = 4})
+                                         .weight()
+                                         .data()),
+              1e-4)
+      << "the weights moved, variant " << variant;
   }
 }
 

@@ -1,12 +1,17 @@
-// The optimizers' whole-tensor updates (autograd/src/optim/tensor_updates.hpp),
-// which run on devices the host cannot loop over (CUDA), against the element
-// loops that run on the CPU: both are run here, on the CPU, for several
-// steps of Adam, AdamW and SGD (plain, momentum, Nesterov, weight decay),
-// and must give the same parameters and state within float64 rounding.
+// The backend's default optimizer steps (backend::adam_step and sgd_step as
+// whole-tensor ops, which a device without fused kernels runs) against the
+// element loops that run on the CPU: both are run here, on the CPU, for
+// several steps of Adam, AdamW and SGD (plain, momentum, Nesterov, weight
+// decay), and must give the same parameters within float64 rounding. The
+// scalars of each step are computed here from the formulas, independently
+// of adam.cpp.
 #include <gtest/gtest.h>
 
-#include "tensor_updates.hpp"
+#include <cmath>
+
 #include "troupe/autograd/optim/all.hpp"
+#include "troupe/tensor/backend.hpp"
+#include "troupe/tensor/ops.hpp"
 
 namespace troupe::optim {
 namespace {
@@ -38,8 +43,17 @@ TEST(OptimTensorUpdates, AdamAndAdamwEqualTheElementLoops) {
     auto data = sample(1);
     auto m = tensor::zeros(data.shape(), dtype::float64);
     auto v = tensor::zeros(data.shape(), dtype::float64);
-    for (int k = 0; k < 4; ++k)
-      detail::adam_update_with_ops(o, detail::adam_scalars(o, decoupled, k + 1), data, sample(100 + k), m, v);
+    for (int k = 0; k < 4; ++k) {
+      const double t = k + 1;
+      const adam_step_args step{o.beta1,
+                                o.beta2,
+                                o.eps,
+                                o.lr / (1.0 - std::pow(o.beta1, t)),
+                                std::sqrt(1.0 - std::pow(o.beta2, t)),
+                                decoupled ? 0.0 : o.weight_decay,
+                                decoupled ? 1.0 - o.lr * o.weight_decay : 1.0};
+      backend_for(data.where()).adam_step(data, sample(100 + static_cast<std::uint64_t>(k)), m, v, step);
+    }
     EXPECT_LE(max_abs_diff(data, p.data()), 1e-14) << (decoupled ? "adamw" : "adam");
     EXPECT_GT(max_abs_diff(data, sample(1)), 1e-3) << "the parameters moved";
   }
@@ -58,9 +72,11 @@ TEST(OptimTensorUpdates, SgdEqualsTheElementLoops) {
     run_loop(opt, p, 4);
 
     auto data = sample(2);
-    std::vector<tensor> state;
+    tensor buffer = o.momentum != 0.0 ? tensor::zeros(data.shape(), dtype::float64) : tensor{};
     for (int k = 0; k < 4; ++k)
-      detail::sgd_update_with_ops(o, data, sample(100 + k), state);
+      backend_for(data.where())
+        .sgd_step(data, sample(100 + static_cast<std::uint64_t>(k)), buffer,
+                  sgd_step_args{o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, k == 0});
     EXPECT_LE(max_abs_diff(data, p.data()), 1e-14)
       << "momentum " << o.momentum << " nesterov " << o.nesterov << " decay " << o.weight_decay;
   }

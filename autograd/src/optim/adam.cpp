@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "kernels.hpp"
-#include "tensor_updates.hpp"
+#include "troupe/tensor/backend.hpp"
 #include "troupe/tensor/error.hpp"
 
 namespace troupe::optim {
@@ -37,15 +37,17 @@ void adam::update(std::size_t, variable& parameter, const tensor& grad, std::vec
   }
   auto& step = *state[2].data<std::int64_t>();
   ++step;
-  const auto scalars = detail::adam_scalars(o, decoupled_, step);
+  const double t = static_cast<double>(step);
+  const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
+  const double l2 = decoupled_ ? 0.0 : o.weight_decay;
+  const double decay = decoupled_ ? 1.0 - o.lr * o.weight_decay : 1.0;
   if (!detail::on_host(data)) {
-    detail::adam_update_with_ops(o, scalars, data, grad, state[0], state[1]);
+    backend_for(data.where(), "adam")
+      .adam_step(data, grad, state[0], state[1],
+                 adam_step_args{o.beta1, o.beta2, o.eps, step_size, bias_correction2_sqrt, l2, decay});
     return;
   }
-  const double step_size = scalars.step_size;
-  const double bias_correction2_sqrt = scalars.bias_correction2_sqrt;
-  const double l2 = scalars.l2;
-  const double decay = scalars.decay;
   detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g, auto* m, auto* v) {
     using T = std::remove_pointer_t<decltype(p)>;
     for (std::int64_t i = 0; i < n; ++i) {

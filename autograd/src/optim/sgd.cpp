@@ -1,7 +1,7 @@
 #include "troupe/autograd/optim/sgd.hpp"
 
 #include "kernels.hpp"
-#include "tensor_updates.hpp"
+#include "troupe/tensor/backend.hpp"
 #include "troupe/tensor/error.hpp"
 
 namespace troupe::optim {
@@ -26,7 +26,13 @@ void sgd::update(std::size_t, variable& parameter, const tensor& grad, std::vect
   const auto& o = options_;
   tensor data = parameter.data();
   if (!detail::on_host(data)) {
-    detail::sgd_update_with_ops(o, data, grad, state);
+    const bool first = o.momentum != 0.0 && state.empty();
+    if (first)
+      state.push_back(tensor::zeros(data.shape(), data.type(), data.where()));
+    tensor none;
+    backend_for(data.where(), "sgd")
+      .sgd_step(data, grad, o.momentum != 0.0 ? state[0] : none,
+                sgd_step_args{o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, first});
     return;
   }
   // Arithmetic in the parameter's own type with the hyper-parameters hoisted

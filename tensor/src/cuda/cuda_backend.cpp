@@ -454,6 +454,23 @@ public:
     launch_fill_random(static_cast<distribution>(what), element_of(out), gen.seed, gen.offset, a, b, out.raw_data(),
                        out.numel(), d.stream());
   }
+
+  // -- optimizer steps -------------------------------------------------------------------
+
+  void adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& s) override {
+    on_device d(param, "adam_step");
+    launch_adam_step(element_of(param), param.raw_data(), grad.raw_data(), m.raw_data(), v.raw_data(),
+                     param.numel(),
+                     adam_scalars{s.beta1, s.beta2, s.eps, s.step_size, s.bias_correction2_sqrt, s.l2, s.decay},
+                     d.stream());
+  }
+
+  void sgd_step(tensor& param, const tensor& grad, tensor& buffer, const sgd_step_args& s) override {
+    on_device d(param, "sgd_step");
+    launch_sgd_step(element_of(param), param.raw_data(), grad.raw_data(),
+                    buffer.defined() ? buffer.raw_data() : nullptr, param.numel(),
+                    sgd_scalars{s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first}, d.stream());
+  }
 };
 
 } // namespace

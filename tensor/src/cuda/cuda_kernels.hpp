@@ -2,7 +2,7 @@
 // Private: the launchers of the CUDA kernels (cuda_kernels.cu: elementwise;
 // cuda_reduce.cu: rows, softmax, layer norm; cuda_index.cu: indexing and
 // embedding bags; cuda_conv.cu: im2col, col2im, pooling; cuda_random.cu:
-// Philox draws).
+// Philox draws; cuda_optim.cu: fused optimizer steps).
 // Plain C++ without troupe or fmt headers, so that nvcc compiles only the
 // kernels; cuda_backend.cpp turns tensors into these descriptions.
 //
@@ -152,6 +152,26 @@ enum class distribution : std::uint8_t { uniform, normal, integer, dropout };
 /// same numbers as the CPU (cpu_random.cpp).
 void launch_fill_random(distribution what, element type, std::uint64_t seed, std::uint64_t offset, double a,
                         double b, void* out, std::int64_t n, cudaStream_t stream);
+
+// -- optimizer steps (cuda_optim.cu) -------------------------------------------------------
+//
+// Contiguous float32 or float64 operands of n elements; the scalars mirror
+// troupe::adam_step_args and sgd_step_args (backend.hpp).
+
+struct adam_scalars {
+  double beta1, beta2, eps, step_size, bias_correction2_sqrt, l2, decay;
+};
+struct sgd_scalars {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov, first;
+};
+
+/// One Adam step of param, m and v in place (double per element).
+void launch_adam_step(element type, void* param, const void* grad, void* m, void* v, std::int64_t n,
+                      const adam_scalars& s, cudaStream_t stream);
+/// One SGD step of param and, when non-null, the momentum buffer.
+void launch_sgd_step(element type, void* param, const void* grad, void* buffer, std::int64_t n,
+                     const sgd_scalars& s, cudaStream_t stream);
 
 // -- batched GEMM has no kernel of ours: cuBLAS (cuda_backend.cpp) -------------------------
 

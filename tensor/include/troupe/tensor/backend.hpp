@@ -64,6 +64,32 @@ struct conv_geometry {
   std::int64_t out_w = 0;
 };
 
+/// One Adam or AdamW step (autograd/src/optim/adam.cpp has the formulas):
+/// m = beta1 m + (1 - beta1) g', v = beta2 v + (1 - beta2) g'^2 with
+/// g' = g + l2 p, then p = decay p - step_size m / (sqrt(v) /
+/// bias_correction2_sqrt + eps).
+struct adam_step_args {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double step_size = 0;             ///< lr / (1 - beta1^t)
+  double bias_correction2_sqrt = 1; ///< sqrt(1 - beta2^t)
+  double l2 = 0;                    ///< Adam's weight decay, added to the gradient
+  double decay = 1;                 ///< AdamW's factor on the parameter
+};
+
+/// One SGD step (autograd/src/optim/sgd.cpp): d = g + weight_decay p; with
+/// momentum, b = d on the first step, else momentum b + (1 - dampening) d,
+/// and the step is d + momentum b (Nesterov) or b; p -= lr step.
+struct sgd_step_args {
+  double lr = 0;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  bool first = false; ///< the momentum buffer is set from d, not updated
+};
+
 /// The kernels of one device kind. Every function is documented with what
 /// it computes; shapes are those ops.cpp has already checked.
 class backend {
@@ -175,6 +201,20 @@ public:
   /// counter gen.offset + i); the caller advances the generator.
   virtual void fill_random(random_distribution what, const generator& gen, double a, double b,
                            tensor& out) = 0;
+
+  // -- optimizer steps -----------------------------------------------------------------
+  //
+  // One update of a contiguous parameter from its gradient and state (same
+  // shape, dtype and device). The CPU's optimizers loop over host memory
+  // themselves; for other devices they call these. The defaults compose
+  // whole-tensor ops (about fifteen passes over the parameter's memory); a
+  // backend overrides them with one fused pass.
+
+  /// Updates `param`, `m` and `v` in place.
+  virtual void adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& step);
+  /// Updates `param` and, when `momentum_buffer` is defined (momentum > 0),
+  /// the buffer, in place.
+  virtual void sgd_step(tensor& param, const tensor& grad, tensor& momentum_buffer, const sgd_step_args& step);
 };
 
 /// The backend for `where`'s device kind; throws usage_error
