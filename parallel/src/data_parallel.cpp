@@ -3,10 +3,12 @@
 #include "troupe/parallel/data_parallel.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
 #include "troupe/autograd/backward.hpp"
+#include "troupe/job.hpp"
 #include "troupe/parallel/broadcast.hpp"
 #include "troupe/parallel/ring_allreduce.hpp"
 #include "troupe/tensor/error.hpp"
@@ -23,6 +25,28 @@ double ms(std::chrono::steady_clock::duration d) {
 }
 
 } // namespace
+
+std::string data_parallel_stats::summary() const {
+  return fmt::format("reduction hidden behind backward {:.0f}%", 100 * hidden_fraction());
+}
+
+expected<std::unique_ptr<data_parallel>> data_parallel::create(troupe::job& job, nn::named_variables parameters,
+                                                               data_parallel_options options) {
+  auto group = reducer_group::join(job);
+  if (!group)
+    return group.error();
+  auto dp = create(std::move(parameters), **group, std::move(options));
+  if (dp)
+    (*dp)->owned_group_ = std::move(*group);
+  return dp;
+}
+
+expected<bool> data_parallel::replicas_identical() {
+  std::vector<autograd::variable> values;
+  for (const auto& [name, parameter] : parameters_)
+    values.push_back(parameter);
+  return parallel::replicas_identical(group_, values);
+}
 
 expected<std::unique_ptr<data_parallel>> data_parallel::create(nn::named_variables parameters, reducer_group& group,
                                                                data_parallel_options options) {
@@ -267,6 +291,21 @@ expected<void> data_parallel::synchronize() {
 data_parallel_stats data_parallel::last_stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
+}
+
+expected<bool> replicas_identical(reducer_group& group, const std::vector<autograd::variable>& parameters) {
+  bool same = true;
+  for (const auto& parameter : parameters) {
+    auto root = parameter.data().contiguous().clone();
+    if (auto sent = broadcast(group, root, {.root = 0}); !sent)
+      return sent.error();
+    const auto mine = parameter.data().contiguous();
+    same = same && std::memcmp(mine.raw_data(), root.raw_data(), mine.nbytes()) == 0;
+  }
+  auto votes = tensor::full({1}, same ? 1.0 : 0.0, dtype::float64);
+  if (auto summed = ring_allreduce(group, votes); !summed)
+    return summed.error();
+  return votes.item() == static_cast<double>(group.size());
 }
 
 } // namespace troupe::parallel

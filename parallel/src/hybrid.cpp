@@ -5,7 +5,29 @@
 
 #include <fmt/format.h>
 
+#include "troupe/job.hpp"
+
 namespace troupe::parallel {
+
+expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(troupe::job& job, hybrid_options options) {
+  if (!options.recipe.model)
+    options.recipe = job.stages();
+  if (options.places.empty()) {
+    const auto places = job.places();
+    require(options.replicas >= 1 && places.size() % options.replicas == 0,
+            "hybrid_pipeline::create: replicas is {} but must divide the job's {} processes", options.replicas,
+            places.size());
+    const auto stages = places.size() / options.replicas;
+    for (std::size_t k = 0; k < options.replicas; ++k)
+      options.places.emplace_back(places.begin() + static_cast<std::ptrdiff_t>(k * stages),
+                                  places.begin() + static_cast<std::ptrdiff_t>((k + 1) * stages));
+  }
+  auto made = create(job.node(), std::move(options));
+  if (made)
+    for (auto& replica : (*made)->replicas_)
+      replica->stop_with(job);
+  return made;
+}
 
 expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(actors::node& node, hybrid_options options) {
   const auto replicas = options.places.size();

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "troupe/actors/node.hpp"
+#include "troupe/job.hpp"
 #include "troupe/actors/peer_monitor.hpp"
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/tensor_router.hpp"
@@ -65,7 +66,29 @@ struct pipeline::driver {
 pipeline::pipeline(caf::actor_system& system, pipeline_options options)
     : system_(system), options_(std::move(options)) {}
 
+std::vector<double> per_micro_batch_ms(const std::vector<stage_stats>& stats, std::size_t micro_batches) {
+  require(micro_batches > 0, "per_micro_batch_ms: micro_batches must be positive");
+  std::vector<double> out;
+  for (const auto& s : stats)
+    out.push_back(s.busy_ms / static_cast<double>(micro_batches));
+  return out;
+}
+
 pipeline::~pipeline() {
+  if (job_ != nullptr)
+    job_->forget_at_finish(finish_hook_);
+  shutdown();
+}
+
+void pipeline::stop_with(troupe::job& job) {
+  job_ = &job;
+  finish_hook_ = job.at_finish([this] { shutdown(); });
+}
+
+void pipeline::shutdown() {
+  if (shut_down_)
+    return;
+  shut_down_ = true;
   // With overlap_update the stages may still be updating the model, which
   // in one process the caller keeps: let them finish first.
   if (driver_ && !broken_)
@@ -82,6 +105,10 @@ pipeline::~pipeline() {
     if (!driver_place_.name.empty())
       (void)options_.node->unregister_actor(driver_place_);
   }
+  // The driver's scoped actor counts as a live actor of the system: a job
+  // finishing with this pipeline still in scope would wait for it.
+  stages_.clear();
+  driver_.reset();
 }
 
 expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
@@ -323,6 +350,8 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
           "pipeline::train_step: {} micro-batches for a batch of {}; every micro-batch needs a "
           "sample",
           m, batch);
+  if (shut_down_)
+    return make_error(errc::invalid_argument, "pipeline: its job has finished; the stages are stopped");
   if (broken_)
     return make_error(broken_->code(), "pipeline: an earlier step failed: {}", broken_->message());
 
@@ -474,6 +503,8 @@ expected<void> pipeline::synchronize() {
 }
 
 expected<void> pipeline::ready_for_query() {
+  if (shut_down_)
+    return make_error(errc::invalid_argument, "pipeline: its job has finished; the stages are stopped");
   // After an earlier failure the query reports whatever the stages hold, as
   // before that failure was known; otherwise the last step's updates first.
   const bool was_broken = broken_.has_value();
@@ -485,6 +516,8 @@ expected<void> pipeline::ready_for_query() {
 expected<tensor> pipeline::forward(const tensor& inputs) {
   require(inputs.defined() && inputs.rank() >= 1,
           "pipeline::forward: inputs need a batch dimension");
+  if (shut_down_)
+    return make_error(errc::invalid_argument, "pipeline: its job has finished; the stages are stopped");
   const auto batch = inputs.size(0);
   const auto m = std::min<std::int64_t>(static_cast<std::int64_t>(options_.micro_batches), batch);
   // Results and failures of the last step's updates first, not mistaken

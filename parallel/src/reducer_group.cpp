@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "troupe/actors/tensor_router.hpp"
+#include "troupe/job.hpp"
 
 #include "same_host_workspace.hpp"
 
@@ -73,6 +74,20 @@ tensor reducer_group::buffer(const dims& shape, dtype type) {
 }
 
 std::uint64_t reducer_group::next_id() noexcept { return (std::uint64_t{1} << 63) | ++next_id_; }
+
+expected<std::unique_ptr<reducer_group>> reducer_group::join(troupe::job& job, reducer_group_options options) {
+  if (options.places.empty()) {
+    options.rank = job.rank();
+    options.places = reducer_places(job.nodes());
+  }
+  auto made = join(job.node(), std::move(options));
+  if (made) {
+    auto* group = made->get();
+    group->job_ = &job;
+    group->finish_hook_ = job.at_finish([group] { group->shutdown(); });
+  }
+  return made;
+}
 
 expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node, reducer_group_options options) {
   if (options.places.empty() || options.rank >= options.places.size())
@@ -227,12 +242,24 @@ expected<void> reducer_group::offer_same_host() {
 }
 
 reducer_group::~reducer_group() {
+  if (job_ != nullptr)
+    job_->forget_at_finish(finish_hook_);
+  shutdown();
+}
+
+void reducer_group::shutdown() {
+  if (shut_down_)
+    return;
+  shut_down_ = true;
   workspace_.reset();
   if (peer_lost_handler_)
     node_.remove_peer_lost_handler(peer_lost_handler_);
   (void)node_.unregister_actor(places_[options_.rank]);
   if (reducer_)
     caf::anon_send_exit(reducer_, caf::exit_reason::user_shutdown);
+  // A strong handle keeps a stopped detached actor's thread waiting, and
+  // the actor system's shutdown with it (a group outliving its job).
+  reducer_ = nullptr;
 }
 
 expected<void> reducer_group::send_right(std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,

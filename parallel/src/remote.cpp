@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "troupe/actors/error_category.hpp"
+#include "troupe/job.hpp"
 #include "troupe/actors/trace.hpp"
 
 namespace troupe::parallel {
@@ -68,6 +69,22 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
                                       fmt::format("pipeline stage {}: {}", where.to_string(), e.what()));
       }
     });
+}
+
+expected<std::unique_ptr<pipeline>> pipeline::create(troupe::job& job, pipeline_options options) {
+  options.node = &job.node();
+  if (!options.model)
+    options.model = job.stages().model();
+  if (!options.optimizer)
+    options.optimizer = job.stages().optimizer;
+  if (!options.loss)
+    options.loss = job.stages().loss;
+  if (options.places.empty())
+    options.places = job.places();
+  auto made = create(job.node().system(), std::move(options));
+  if (made)
+    (*made)->stop_with(job);
+  return made;
 }
 
 pipeline_options remote_options(actors::node& node, const stage_recipe& recipe) {

@@ -7,6 +7,13 @@
 
 namespace troupe::parallel {
 
+schedule_kind schedule_named(std::string_view name) {
+  for (auto kind : {schedule_kind::gpipe, schedule_kind::one_f_one_b})
+    if (name == name_of(kind))
+      return kind;
+  throw usage_error(fmt::format("schedule '{}' is not gpipe or 1f1b", name));
+}
+
 schedule_policy policy_for(schedule_kind kind, std::size_t stage, std::size_t stages,
                            std::size_t micro_batches) {
   require(stage < stages, "schedule: stage {} of {} stages", stage, stages);

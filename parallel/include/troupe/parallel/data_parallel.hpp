@@ -67,16 +67,20 @@
 #include "troupe/parallel/reducer_group.hpp"
 #include "troupe/tensor/expected.hpp"
 
+namespace troupe {
+class job;
+}
+
 namespace troupe::parallel {
 
 class nccl_communicator;
 
 struct data_parallel_options {
-  bucket_options buckets;
+  bucket_options buckets{};
   /// Copy rank 0's parameters to every replica at creation.
   bool broadcast_parameters = true;
   /// For errors and traces; default "replica <rank>".
-  std::string name;
+  std::string name{};
   /// CUDA parameters: bound on NCCL's bootstrap and on each collective.
   std::chrono::milliseconds nccl_timeout{60000};
 };
@@ -94,6 +98,8 @@ struct data_parallel_stats {
   /// How long synchronize() waited after backward ended.
   double exposed_ms = 0;
   double hidden_fraction() const { return reduce_ms > 0 ? hidden_ms / reduce_ms : 0.0; }
+  /// "reduction hidden behind backward 94%", for progress lines.
+  std::string summary() const;
 };
 
 class data_parallel {
@@ -105,6 +111,14 @@ public:
   /// plan_buckets refuses; errors from the ring are values.
   static expected<std::unique_ptr<data_parallel>> create(nn::named_variables parameters, reducer_group& group,
                                                          data_parallel_options options = {});
+  /// Every rank of the job a replica: joins a reducer group of the whole
+  /// job (reducer_group::join(job)) that the object owns, then as above.
+  static expected<std::unique_ptr<data_parallel>> create(troupe::job& job, nn::named_variables parameters,
+                                                         data_parallel_options options = {});
+
+  /// Whether every replica's parameters equal rank 0's bit for bit (a
+  /// collective: replicas_identical below over this object's parameters).
+  expected<bool> replicas_identical();
 
   /// Removes the hooks, finishes the collective in progress (bounded by the
   /// group's timeout) and stops the reduction thread.
@@ -157,6 +171,8 @@ private:
   expected<void> nccl_broadcast(const tensor& flat);
 
   nn::named_variables parameters_;
+  /// The group made by create(job, ...): declared first, destroyed last.
+  std::unique_ptr<reducer_group> owned_group_;
   reducer_group& group_;
   device where_;                             ///< the parameters' device
   std::shared_ptr<nccl_communicator> nccl_;  ///< CUDA parameters only
@@ -183,5 +199,12 @@ private:
   data_parallel_stats stats_;
   std::thread reducer_thread_;
 };
+
+/// Whether every replica's `parameters` equal rank 0's bit for bit (a
+/// collective: every rank of `group` calls it with its own parameters, in
+/// the same order). Rank 0's values are broadcast and compared on each
+/// rank; the verdicts are summed over the ring, so every rank gets the
+/// same answer.
+expected<bool> replicas_identical(reducer_group& group, const std::vector<autograd::variable>& parameters);
 
 } // namespace troupe::parallel

@@ -40,15 +40,19 @@ namespace troupe::parallel {
 struct hybrid_options {
   /// What every process builds (register_stage_factory with the same recipe
   /// on every node that hosts a stage, this one included).
-  stage_recipe recipe;
+  stage_recipe recipe{};
   /// [replica][stage] places ("<node>/<device>"); at least two replicas,
   /// every replica with the same number of stages.
-  std::vector<std::vector<std::string>> places;
+  std::vector<std::vector<std::string>> places{};
+  /// With `places` empty (create from a job): the job's ranks cut into this
+  /// many replicas of consecutive ranks, replica k's stage s on rank
+  /// k * stages + s.
+  std::size_t replicas = 0;
   /// Stages' layers; empty: an even split.
-  partition split;
+  partition split{};
   schedule_kind schedule = schedule_kind::one_f_one_b;
   std::size_t micro_batches = 1;
-  std::vector<double> micro_batch_shares; ///< as pipeline_options's
+  std::vector<double> micro_batch_shares{}; ///< as pipeline_options's
   rematerialization remat = rematerialization::never;
   bool defer_weight_gradients = true;          ///< as pipeline_options's
   bool fill_idle_with_weight_gradients = true; ///< as pipeline_options's
@@ -66,6 +70,9 @@ public:
   /// Validates the layout (usage_error naming the value) and creates the
   /// replicas' pipelines.
   static expected<std::unique_ptr<hybrid_pipeline>> create(actors::node& node, hybrid_options options);
+  /// Over the job's processes: the recipe from job::host_stages when
+  /// `options.recipe` has no model, places from `replicas` when empty.
+  static expected<std::unique_ptr<hybrid_pipeline>> create(troupe::job& job, hybrid_options options);
 
   /// One synchronous step on the whole batch, cut into equal shards (rows a
   /// multiple of the replicas, each shard at least `micro_batches` rows, or

@@ -76,7 +76,7 @@ struct balance_options {
   std::size_t stages = 2;
   /// Memory cap of each stage's place in bytes (0: unlimited). Empty: no
   /// caps; otherwise one entry per stage.
-  std::vector<std::size_t> memory_caps;
+  std::vector<std::size_t> memory_caps{};
   /// Bytes a parameter costs on its stage, in multiples of its size: the
   /// value, its gradient and optimizer state (SGD with momentum: 3).
   double parameter_copies = 2.0;

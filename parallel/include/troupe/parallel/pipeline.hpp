@@ -60,6 +60,10 @@
 #include "troupe/parallel/stage.hpp"
 #include "troupe/tensor/expected.hpp"
 
+namespace troupe {
+class job;
+}
+
 namespace troupe::parallel {
 
 /// Rows of each micro-batch of a `batch`-row batch: `micro_batches` equal
@@ -101,11 +105,11 @@ struct pipeline_replication {
 struct pipeline_options {
   /// The model; stages hold slices sharing its modules, so after training
   /// `model` holds the trained parameters.
-  std::shared_ptr<nn::sequential> model;
+  std::shared_ptr<nn::sequential> model{};
   /// One place per stage: "<node>/<device>" ("worker0/cpu").
-  std::vector<std::string> places;
+  std::vector<std::string> places{};
   /// Stages' layers; empty boundaries: an even split over the places.
-  partition split;
+  partition split{};
   schedule_kind schedule = schedule_kind::one_f_one_b;
   std::size_t micro_batches = 1;
   /// Relative sizes of the micro-batches (one positive number each, so
@@ -113,9 +117,9 @@ struct pipeline_options {
   /// micro-batch fills the pipeline sooner while the others stay large
   /// enough for efficient GEMMs: on bench/pipeline's MLP, {3, 6.5, 6.5}
   /// (48, 104 and 104 of 256 rows) beat every equal split.
-  std::vector<double> micro_batch_shares;
-  optimizer_factory optimizer;
-  loss_function loss;
+  std::vector<double> micro_batch_shares{};
+  optimizer_factory optimizer{};
+  loss_function loss{};
   /// Which stages recompute their forward in backward.
   rematerialization remat = rematerialization::never;
   /// Each stage computes its linear layers' weight gradients once per step,
@@ -162,10 +166,14 @@ struct pipeline_options {
   actors::node* node = nullptr;
   /// Prefix of the stage names ("<name>.stage1"), so that several pipelines
   /// can have stages on one node; empty: "stage1".
-  std::string name;
+  std::string name{};
   /// Hybrid parallelism; none: the pipeline is not replicated.
-  std::optional<pipeline_replication> replication;
+  std::optional<pipeline_replication> replication{};
 };
+
+/// Each stage's busy time of the last step divided by its micro-batches:
+/// the "measured" column beside a partition's prediction (to_string).
+std::vector<double> per_micro_batch_ms(const std::vector<stage_stats>& stats, std::size_t micro_batches);
 
 class pipeline {
 public:
@@ -175,6 +183,10 @@ public:
   /// runtime (a stage that does not answer its wiring) are values.
   static expected<std::unique_ptr<pipeline>> create(caf::actor_system& system,
                                                     pipeline_options options);
+  /// A pipeline over the job's processes: what `options` leaves unset comes
+  /// from the job — the model, optimizer and loss from its stage recipe
+  /// (job::host_stages), one stage per rank in rank order.
+  static expected<std::unique_ptr<pipeline>> create(troupe::job& job, pipeline_options options);
 
   /// Stops the stages.
   ~pipeline();
@@ -212,6 +224,15 @@ public:
   std::uint64_t steps() const noexcept { return step_; }
 
 private:
+  friend class hybrid_pipeline;
+  /// Stops the stages and frees their names: the destructor's work, also
+  /// run by the job's finish() when the pipeline outlives it. Idempotent.
+  void shutdown();
+  /// Has the job stop this pipeline at its finish().
+  void stop_with(troupe::job& job);
+  troupe::job* job_ = nullptr;
+  std::uint64_t finish_hook_ = 0;
+  bool shut_down_ = false;
   pipeline(caf::actor_system& system, pipeline_options options);
   expected<void> start();
   /// Per stage, every replica's reducer place (empty without replication).

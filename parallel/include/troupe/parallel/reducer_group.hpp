@@ -58,6 +58,10 @@
 #include "troupe/tensor/expected.hpp"
 #include "troupe/tensor/tensor.hpp"
 
+namespace troupe {
+class job;
+}
+
 namespace troupe::parallel {
 
 class same_host_workspace;
@@ -73,7 +77,7 @@ struct reducer_group_options {
   std::uint32_t rank = 0;
   /// Every member's place, by rank (`<node>/cpu/reducer<k>`). places[rank]
   /// must be on this node. Several members may share a node (tests).
-  std::vector<std::string> places;
+  std::vector<std::string> places{};
   /// Bytes per chunk: each ring segment is cut into chunks this large so
   /// that sending chunk k+1 overlaps reducing chunk k.
   /// 1 MiB measured best of 256 KiB - 2 MiB with build/bench/allreduce
@@ -108,6 +112,9 @@ public:
   /// Spawns this rank's reducer (detached), registers it under its place,
   /// and waits (at most `timeout`) until every other member is registered.
   static expected<std::unique_ptr<reducer_group>> join(actors::node& node, reducer_group_options options);
+  /// Every rank of the job in one ring: rank and places (reducer_places of
+  /// the job's nodes) from the job when `options.places` is empty.
+  static expected<std::unique_ptr<reducer_group>> join(troupe::job& job, reducer_group_options options = {});
 
   /// Unregisters and stops this rank's reducer.
   ~reducer_group();
@@ -176,6 +183,11 @@ private:
   /// This member's place, as the sender of its chunks in traces.
   trace::name_id trace_name_;
   std::uint64_t peer_lost_handler_ = 0;
+  /// The destructor's work, also run by the job's finish() (idempotent).
+  void shutdown();
+  troupe::job* job_ = nullptr;
+  std::uint64_t finish_hook_ = 0;
+  bool shut_down_ = false;
   std::unique_ptr<same_host_workspace> workspace_;
 };
 

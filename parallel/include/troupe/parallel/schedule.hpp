@@ -42,6 +42,10 @@ constexpr std::string_view name_of(schedule_kind kind) {
   return kind == schedule_kind::gpipe ? "gpipe" : "1f1b";
 }
 
+/// The schedule called `name` ("gpipe" or "1f1b", as name_of writes them);
+/// usage_error for any other name.
+schedule_kind schedule_named(std::string_view name);
+
 /// One stage's local rule.
 struct schedule_policy {
   /// Micro-batches the stage may hold in flight (forward done, backward not).

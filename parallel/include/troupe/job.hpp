@@ -1,0 +1,173 @@
+#pragma once
+// One process of a troupe job: its command line, its node, its rank among
+// the others, and its lifecycle. Every distributed program starts here.
+//
+//   int main(int argc, char** argv) {
+//     troupe::job job(argc, argv);               // --troupe.* flags, TROUPE_* environment
+//     auto steps = job.flag("steps", 100, 1, 1'000'000);
+//     job.host_stages(recipe);                   // this process may hold pipeline stages
+//     job.start();                               // joins the others (or exits 1 / 2)
+//     if (!job.is_driver()) return job.serve();  // ranks > 0 serve until the driver is done
+//     auto pipe = troupe::parallel::pipeline::create(job, {...});
+//     ...
+//     return job.finish(0);                      // releases every rank, stops the node
+//   }
+//
+// Flags are `--name=value`, each checked when read: a bad value or an
+// argument nobody read is a usage error, reported by start() as
+// "<program>: --steps is 'x' but must be an integer in [1, 1000000]" with
+// exit code 2. A job that cannot start (no coordinator, TLS files missing)
+// prints why and exits 1. try_start() returns those errors instead.
+//
+// Ranks: rank 0 drives. Ranks that only host actors for the driver call
+// serve(), which returns 0 when the driver calls finish() (or its job object
+// goes away) and 1 when the driver's process is lost. Ranks that run their
+// own loop (data parallel) call finish() too. finish() never hangs: the
+// objects made from the job stop first, each serving rank is told within a
+// bounded time, then the node stops.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe {
+
+namespace actors {
+class node;
+}
+namespace parallel {
+struct stage_recipe;
+}
+
+class job {
+public:
+  /// One iteration of steps(): its number, from 1.
+  class step {
+  public:
+    std::int64_t number() const { return number_; }
+    operator std::int64_t() const { return number_; }
+    /// On the driver, prints "step N  loss L  samples/s S<extra>" at the
+    /// first step, every --print-every=K steps (default 10) and the last;
+    /// samples/s over the steps so far, timed from the loop's start.
+    void report(double loss, std::int64_t samples_per_step, std::string_view extra = {}) const;
+
+  private:
+    friend class job;
+    step(const job* owner, std::int64_t number, std::int64_t last, std::chrono::steady_clock::time_point start)
+      : owner_(owner), number_(number), last_(last), start_(start) {}
+    const job* owner_;
+    std::int64_t number_, last_;
+    std::chrono::steady_clock::time_point start_;
+  };
+  /// `for (auto step : job.steps(n))`: steps 1..n, timed from the loop's start.
+  class step_range {
+  public:
+    struct iterator {
+      const job* owner;
+      std::int64_t number, last;
+      std::chrono::steady_clock::time_point start;
+      step operator*() const { return {owner, number, last, start}; }
+      iterator& operator++() { ++number; return *this; }
+      bool operator!=(const iterator& other) const { return number != other.number; }
+    };
+    iterator begin() const { return {owner_, 1, count_, std::chrono::steady_clock::now()}; }
+    iterator end() const { return {owner_, count_ + 1, count_, {}}; }
+
+  private:
+    friend class job;
+    step_range(const job* owner, std::int64_t count) : owner_(owner), count_(count) {}
+    const job* owner_;
+    std::int64_t count_;
+  };
+
+  /// Keeps the command line; nothing starts before start().
+  job(int argc, char** argv);
+  /// finish(0) if the driver has not finished; a serving rank stops its node.
+  ~job();
+  job(job&&) noexcept;
+  job& operator=(job&&) noexcept;
+  job(const job&) = delete;
+  job& operator=(const job&) = delete;
+
+  /// `--name=value` as an integer in [low, high]; `fallback` when absent.
+  std::int64_t flag(std::string_view name, std::int64_t fallback, std::int64_t low, std::int64_t high);
+  /// `--name=value` as one of `allowed`; `fallback` when absent.
+  std::string flag(std::string_view name, std::string fallback, const std::vector<std::string>& allowed);
+  /// Records a usage error of the program's own (a flag that depends on
+  /// another); start() reports it like a bad flag.
+  void reject(std::string message);
+
+  /// This process may host pipeline stages built from `recipe` (the same on
+  /// every rank). Call before start().
+  void host_stages(const parallel::stage_recipe& recipe);
+
+  /// Checks the flags, starts the node and joins the job; the driver also
+  /// waits until every rank is ready. Prints the error and exits the
+  /// process with 2 (usage) or 1 (runtime) when that fails.
+  void start();
+  /// start() returning the error instead (invalid_argument: usage).
+  expected<void> try_start();
+
+  std::uint32_t rank() const;
+  std::uint32_t world_size() const;
+  bool is_driver() const { return rank() == 0; }
+  /// Every rank's node name, by rank.
+  const std::vector<std::string>& nodes() const;
+  /// Every rank's "<node>/<device>" place, by rank.
+  std::vector<std::string> places(std::string_view device = "cpu") const;
+  /// This process's node (for what the job does not wrap yet).
+  actors::node& node();
+  /// The recipe given to host_stages (usage_error without one).
+  const parallel::stage_recipe& stages() const;
+  /// The program name from argv[0], for messages.
+  const std::string& program() const;
+
+  /// Steps 1..count for a training loop, each with report().
+  step_range steps(std::int64_t count) const { return {this, count}; }
+
+  /// Ranks other than the driver: hosts actors until the driver finishes
+  /// (0) or its process is lost (1), then stops the node. finish(0).
+  int serve();
+  /// Ends this rank's part: stops the distributed objects made from the job
+  /// that are still alive (at_finish). The driver then releases every other
+  /// rank, each once it has reached its own finish() (at most a minute
+  /// each), and stops its node; the other ranks wait for that release (so
+  /// the driver's node outlives their last collective) or the driver's
+  /// loss. Returns `status`, or 1 when the driver was lost; in that case
+  /// the node is left to the process's exit. Idempotent; the destructor
+  /// calls it.
+  int finish(int status);
+
+  /// The value of `result`; on an error prints "<program>: <context>:
+  /// <message>", finishes the job and exits the process with 1. For a main
+  /// program's setup and steps; handle the expected yourself to recover.
+  template <class T> T must(expected<T> result, std::string_view context = {}) {
+    if (!result)
+      fail(result.error(), context);
+    return std::move(*result);
+  }
+  void must(expected<void> result, std::string_view context = {}) {
+    if (!result)
+      fail(result.error(), context);
+  }
+  /// Prints the error as must() does, finishes the job and exits with 1.
+  [[noreturn]] void fail(const error& why, std::string_view context = {});
+
+  /// For the distributed objects made from the job (pipelines, reducer
+  /// groups): `stop` runs at finish(), newest first, unless forgotten
+  /// before (an object destroyed first forgets its own). The job must
+  /// outlive them and stay where it is while they exist.
+  std::uint64_t at_finish(std::function<void()> stop);
+  void forget_at_finish(std::uint64_t id);
+
+private:
+  struct state;
+  std::unique_ptr<state> state_;
+};
+
+} // namespace troupe

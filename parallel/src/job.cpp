@@ -1,0 +1,394 @@
+#include "troupe/job.hpp"
+
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/actors/node.hpp"
+#include "troupe/parallel/remote.hpp"
+
+namespace troupe {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+/// How long the driver waits for one rank to reach its own finish() and
+/// take the release (a rank still computing then is a program error).
+constexpr auto release_timeout = 60s;
+
+/// The job actor of every rank: answers its rank (get), and takes the
+/// driver's release (delete) once this rank is ready for it (put, sent by
+/// its own finish()): the driver's node must outlive every rank's last
+/// collective, so a release that comes early is answered only then.
+/// Built-in atoms only, so no message type needs registering.
+caf::behavior job_actor(caf::event_based_actor* self, std::uint32_t rank, std::function<void()> released) {
+  struct pending_release {
+    bool ready = false;
+    std::optional<caf::response_promise> waiting;
+  };
+  auto state = std::make_shared<pending_release>();
+  return {
+    [rank](caf::get_atom) { return rank; },
+    [self, state, released](caf::delete_atom) -> caf::result<caf::ok_atom> {
+      if (state->ready) {
+        released();
+        return caf::ok_atom::value;
+      }
+      state->waiting = self->make_response_promise();
+      return caf::delegated<caf::ok_atom>{};
+    },
+    [state, released](caf::put_atom) {
+      state->ready = true;
+      if (state->waiting) {
+        released();
+        state->waiting->deliver(caf::ok_atom::value);
+        state->waiting.reset();
+      }
+    },
+  };
+}
+
+} // namespace
+
+struct job::state {
+  std::vector<std::string> args; // argv[1..]
+  std::set<std::size_t> used;
+  std::vector<std::string> usage_errors;
+  std::string program;
+  std::optional<parallel::stage_recipe> recipe;
+  std::unique_ptr<actors::node> node;
+  caf::actor self_actor;
+  caf::actor driver_watch; // ranks > 0: ends serve() when the driver is lost
+  std::vector<caf::actor> rank_actors; // by rank
+  std::vector<std::string> node_names; // by rank
+  std::promise<int> served;            // 0: released by the driver, 1: the driver is lost
+  std::mutex hooks_mutex;
+  std::vector<std::pair<std::uint64_t, std::function<void()>>> at_finish;
+  std::uint64_t next_hook = 1;
+  std::atomic<bool> serve_decided{false};
+  bool finished = false;
+  std::int64_t print_every = 10;
+
+  void decide(int code) {
+    if (!serve_decided.exchange(true))
+      served.set_value(code);
+  }
+
+  std::optional<std::string> take(std::string_view name) {
+    const auto prefix = "--" + std::string(name) + "=";
+    for (std::size_t i = 0; i < args.size(); ++i)
+      if (std::string_view(args[i]).starts_with(prefix)) {
+        used.insert(i);
+        return args[i].substr(prefix.size());
+      }
+    return std::nullopt;
+  }
+
+  /// Stops and forgets a node whose start failed half-way.
+  void abandon_node() {
+    stop_node();
+    node.reset();
+  }
+
+  void stop_node() {
+    for (auto* actor : {&self_actor, &driver_watch})
+      if (*actor) {
+        caf::anon_send_exit(*actor, caf::exit_reason::user_shutdown);
+        *actor = nullptr;
+      }
+    rank_actors.clear();
+    std::fflush(stdout);
+    if (node)
+      node->stop();
+  }
+};
+
+job::job(int argc, char** argv) : state_(std::make_unique<state>()) {
+  if (argc > 0 && argv[0] != nullptr) {
+    std::string_view path = argv[0];
+    state_->program = std::string(path.substr(path.find_last_of('/') + 1));
+  }
+  for (int i = 1; i < argc; ++i)
+    state_->args.emplace_back(argv[i]);
+}
+
+job::~job() {
+  if (state_ && !state_->finished && state_->node)
+    finish(0);
+}
+
+job::job(job&&) noexcept = default;
+job& job::operator=(job&&) noexcept = default;
+
+std::int64_t job::flag(std::string_view name, std::int64_t fallback, std::int64_t low, std::int64_t high) {
+  auto text = state_->take(name);
+  if (!text)
+    return fallback;
+  std::int64_t value = 0;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (ec != std::errc{} || end != text->data() + text->size() || value < low || value > high) {
+    reject(fmt::format("--{} is '{}' but must be an integer in [{}, {}]", name, *text, low, high));
+    return fallback;
+  }
+  return value;
+}
+
+std::string job::flag(std::string_view name, std::string fallback, const std::vector<std::string>& allowed) {
+  auto text = state_->take(name);
+  if (!text)
+    return fallback;
+  for (const auto& a : allowed)
+    if (*text == a)
+      return *text;
+  reject(fmt::format("--{} is '{}' but must be one of {}", name, *text, fmt::join(allowed, ", ")));
+  return fallback;
+}
+
+void job::reject(std::string message) {
+  state_->usage_errors.push_back(std::move(message));
+}
+
+void job::host_stages(const parallel::stage_recipe& recipe) {
+  require(!state_->node, "job::host_stages: call it before start()");
+  state_->recipe = recipe;
+}
+
+void job::start() {
+  auto started = try_start();
+  if (started)
+    return;
+  fmt::print(stderr, "{}: {}\n", state_->program, started.error().message());
+  std::fflush(stdout);
+  std::exit(started.error().code() == errc::invalid_argument ? 2 : 1);
+}
+
+expected<void> job::try_start() {
+  auto& st = *state_;
+  require(!st.node, "job::start: the job has started already");
+  st.print_every = flag("print-every", 10, 1, 1'000'000'000);
+  // Usage first, before anything listens: every flag was read by now.
+  for (std::size_t i = 0; i < st.args.size(); ++i)
+    if (!st.used.count(i) && !st.args[i].starts_with("--troupe."))
+      reject(fmt::format("unknown argument '{}'", st.args[i]));
+  if (!st.usage_errors.empty())
+    return make_error(errc::invalid_argument, "{}", fmt::join(st.usage_errors, "; "));
+  std::vector<const char*> argv{st.program.c_str()};
+  for (const auto& a : st.args)
+    argv.push_back(a.c_str());
+  auto options = actors::node_options::from(static_cast<int>(argv.size()), argv.data());
+  if (!options)
+    return options.error();
+
+  auto started = actors::node::start(*options);
+  if (!started)
+    return started.error();
+  st.node = std::move(*started);
+  auto& n = *st.node;
+  if (st.recipe)
+    parallel::register_stage_factory(n, *st.recipe);
+  // Registered after the factories: a rank whose job actor is found can
+  // host whatever the driver asks of it.
+  auto* raw = state_.get();
+  st.self_actor = n.system().spawn(job_actor, n.rank(), [raw] { raw->decide(0); });
+  auto own = actors::place::parse(n.name() + "/cpu/job");
+  if (!own) {
+    st.abandon_node();
+    return own.error();
+  }
+  if (auto ok = n.register_actor(*own, st.self_actor); !ok) {
+    st.abandon_node();
+    return ok.error();
+  }
+
+  // Every rank learns every rank's node name: ask each node's job actor.
+  const auto world = n.options().world_size;
+  auto fail = [&](const troupe::error& e) -> expected<void> {
+    st.abandon_node();
+    return e;
+  };
+  if (auto joined = n.wait_for_nodes(world, n.options().join_timeout); !joined)
+    return fail(joined.error());
+  auto names = n.nodes();
+  if (!names)
+    return fail(names.error());
+  st.node_names.assign(world, {});
+  st.rank_actors.assign(world, {});
+  // The scoped actor must be gone before a failure stops the node.
+  auto ask_ranks = [&]() -> expected<void> {
+    caf::scoped_actor self{n.system()};
+    for (const auto& name : *names) {
+      auto where = actors::place::parse(name + "/cpu/job");
+      if (!where)
+        return where.error();
+      auto found = n.await_actor(*where, n.options().join_timeout);
+      if (!found)
+        return found.error();
+      std::optional<std::uint32_t> rank;
+      std::string why;
+      self->request(*found, n.options().request_timeout, caf::get_atom::value)
+        .receive([&](std::uint32_t r) { rank = r; }, [&](caf::error& e) { why = n.system().render(e); });
+      if (!rank)
+        return make_error(errc::io_error, "job: node {} did not say its rank: {}", name, why);
+      if (*rank >= world || !st.node_names[*rank].empty())
+        return make_error(errc::invalid_argument, "job: node {} has rank {}, which is {} (world size {})", name,
+                          *rank, *rank >= world ? "out of range" : "taken", world);
+      st.node_names[*rank] = name;
+      st.rank_actors[*rank] = *found;
+    }
+    return {};
+  };
+  if (auto asked = ask_ranks(); !asked)
+    return fail(asked.error());
+  for (std::uint32_t r = 0; r < world; ++r)
+    if (st.node_names[r].empty())
+      return fail(troupe::error(errc::io_error, fmt::format("job: no node has rank {}", r)));
+  if (!is_driver()) {
+    // The registry reports lost peers, but it lives on the driver's node:
+    // the driver's own loss is seen by monitoring its job actor (the
+    // connection breaking, or heartbeats missing, end it).
+    st.driver_watch = n.system().spawn([raw, driver = st.rank_actors[0]](caf::event_based_actor* self) {
+      self->monitor(driver);
+      self->set_down_handler([raw, self](caf::down_msg&) {
+        raw->decide(1);
+        self->quit();
+      });
+      return caf::behavior{[](caf::ok_atom) {}};
+    });
+  }
+  return {};
+}
+
+std::uint32_t job::rank() const {
+  require(state_->node != nullptr, "job::rank: the job has not started");
+  return state_->node->rank();
+}
+
+std::uint32_t job::world_size() const {
+  require(state_->node != nullptr, "job::world_size: the job has not started");
+  return state_->node->options().world_size;
+}
+
+const std::vector<std::string>& job::nodes() const {
+  require(state_->node != nullptr, "job::nodes: the job has not started");
+  return state_->node_names;
+}
+
+std::vector<std::string> job::places(std::string_view device) const {
+  require(state_->node != nullptr, "job::places: the job has not started");
+  std::vector<std::string> out;
+  for (const auto& name : state_->node_names)
+    out.push_back(fmt::format("{}/{}", name, device));
+  return out;
+}
+
+actors::node& job::node() {
+  require(state_->node != nullptr, "job::node: the job has not started");
+  return *state_->node;
+}
+
+const std::string& job::program() const {
+  return state_->program;
+}
+
+const parallel::stage_recipe& job::stages() const {
+  require(state_->recipe.has_value(), "job: no stage recipe; call host_stages(recipe) before start()");
+  return *state_->recipe;
+}
+
+void job::fail(const error& why, std::string_view context) {
+  if (context.empty())
+    fmt::print(stderr, "{}: {}\n", state_->program, why.message());
+  else
+    fmt::print(stderr, "{}: {}: {}\n", state_->program, context, why.message());
+  if (state_->node && is_driver())
+    finish(1);
+  // A failing rank other than the driver must not wait for a release: it
+  // leaves, and the driver's collectives and pipelines report it lost.
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+void job::step::report(double loss, std::int64_t samples_per_step, std::string_view extra) const {
+  if (!owner_->is_driver())
+    return;
+  const auto every = owner_->state_->print_every;
+  if (number_ != 1 && number_ % every != 0 && number_ != last_)
+    return;
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
+  fmt::print("step {:4}  loss {:.4f}  samples/s {:.1f}{}\n", number_, loss,
+             static_cast<double>(number_ * samples_per_step) / elapsed.count(), extra);
+}
+
+int job::serve() {
+  require(state_->node != nullptr && !is_driver(), "job::serve: for started ranks other than the driver");
+  return finish(0);
+}
+
+std::uint64_t job::at_finish(std::function<void()> stop) {
+  std::lock_guard lock(state_->hooks_mutex);
+  const auto id = state_->next_hook++;
+  state_->at_finish.emplace_back(id, std::move(stop));
+  return id;
+}
+
+void job::forget_at_finish(std::uint64_t id) {
+  std::lock_guard lock(state_->hooks_mutex);
+  std::erase_if(state_->at_finish, [id](const auto& hook) { return hook.first == id; });
+}
+
+int job::finish(int status) {
+  auto& st = *state_;
+  require(st.node != nullptr, "job::finish: the job has not started");
+  if (st.finished)
+    return status;
+  st.finished = true;
+  std::fflush(stdout);
+  // Newest first: a data-parallel wrapper before its reducer group.
+  for (;;) {
+    std::function<void()> stop;
+    {
+      std::lock_guard lock(st.hooks_mutex);
+      if (st.at_finish.empty())
+        break;
+      stop = std::move(st.at_finish.back().second);
+      st.at_finish.pop_back();
+    }
+    stop();
+  }
+  if (is_driver()) {
+    { // the scoped actor must be gone before the node stops
+      caf::scoped_actor self{st.node->system()};
+      for (std::size_t r = 1; r < st.rank_actors.size(); ++r)
+        if (st.rank_actors[r])
+          self->request(st.rank_actors[r], release_timeout, caf::delete_atom::value)
+            .receive([](caf::ok_atom) {}, [](caf::error&) {}); // a rank already gone needs no release
+    }
+    st.stop_node();
+    return status;
+  }
+  // Other ranks wait for the driver's release (their last collective may
+  // still need the driver's node), or for the driver's loss.
+  caf::anon_send(st.self_actor, caf::put_atom::value);
+  if (st.served.get_future().get() == 0) {
+    st.stop_node();
+    return status;
+  }
+  // The driver's process is gone, and the coordinator with it: an orderly
+  // stop would wait on CAF's shutdown for a peer that no longer answers
+  // (seen: forever). The process is about to end; let the operating
+  // system reclaim the node.
+  std::fflush(stdout);
+  static_cast<void>(st.node.release());
+  return 1;
+}
+
+} // namespace troupe
