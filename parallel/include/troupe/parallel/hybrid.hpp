@@ -2,16 +2,14 @@
 // Hybrid parallelism (issue 5): R replicas of one pipeline, stage s of every
 // replica forming its own reducer ring, composed by placement alone.
 //
-//   // every process: node::start, then the same recipe as for a pipeline
-//   parallel::register_stage_factory(*node, recipe);
-//   // the driver's process:
-//   parallel::hybrid_options o;
-//   o.recipe = recipe;
-//   o.places = {{"worker0/cpu", "worker1/cpu"},    // replica 0: stage 0, stage 1
-//               {"worker2/cpu", "worker3/cpu"}};   // replica 1
-//   o.micro_batches = 4;
-//   auto hybrid = parallel::hybrid_pipeline::create(*node, o);
-//   auto loss = (*hybrid)->train_step(inputs, targets);   // the whole batch
+//   // every process, as for a pipeline (pipeline.hpp): job, host_stages,
+//   // start, serve on ranks > 0; then on the driver:
+//   auto hybrid = job.must(parallel::hybrid_pipeline::create(job, {.replicas = 2, .micro_batches = 4}));
+//   double loss = job.must(hybrid->train_step(inputs, targets));   // the whole batch
+//
+// examples/hybrid_demo.cpp is this program. With 4 processes and 2
+// replicas, replica 0 is ranks 0 and 1 (stage 0, stage 1), replica 1 ranks
+// 2 and 3; explicit `places` choose any other layout.
 //
 // Each replica is an ordinary pipeline (pipeline.hpp) named "r<k>" whose
 // stages are spawned on their places by the stage factory; stage s of

@@ -2,21 +2,18 @@
 // Pipeline-parallel training: a sequential model split into stage actors,
 // trained with micro-batches under a credit-based schedule (issue 4).
 //
-//   caf::actor_system_config config;
-//   actors::add_message_types(config);
-//   caf::actor_system system{config};
+//   troupe::job job(argc, argv);                  // troupe/job.hpp
+//   job.host_stages(recipe);                      // every process: the same model, seed, optimizer, loss
+//   job.start();
+//   if (!job.is_driver()) return job.serve();     // ranks > 0 host stages
+//   auto pipe = job.must(parallel::pipeline::create(job, {.micro_batches = 4}));  // a stage per rank
+//   for (auto step : job.steps(100))
+//     step.report(job.must(pipe->train_step(inputs, targets)), inputs.size(0));
+//   return job.finish(0);
 //
-//   parallel::pipeline_options options;
-//   options.model = model;                                  // nn::sequential
-//   options.places = {"worker0/cpu", "worker0/cpu"};        // one per stage
-//   options.split = parallel::from_balance({4, 4}, model->size());
-//   options.schedule = parallel::schedule_kind::one_f_one_b;
-//   options.micro_batches = 4;
-//   options.optimizer = parallel::sgd_factory({.lr = 0.05});
-//   options.loss = parallel::mse_loss_function();
-//   auto pipe = parallel::pipeline::create(system, std::move(options));
-//   auto loss = pipe->train_step(inputs, targets);           // expected<double>
-//   if (!loss) fmt::print("{}\n", loss.error_value().message());
+// examples/pipeline_demo.cpp is this program (compiled, and run by ctest).
+// In one process, create(caf::actor_system&, options) with places that name
+// the stages ("worker0/cpu") runs them as local actors (the tests do).
 //
 // A step is synchronous: the batch is cut into micro-batches along dim 0,
 // gradients accumulate over all of them (micro-batch j weighted by b_j / B),

@@ -5,15 +5,12 @@
 // builds the whole model, keeps its slice and sends tensors through the
 // node's tensor_router (UCX data plane, or CAF over TLS).
 //
-//   // on every process, after node::start:
 //   parallel::stage_recipe recipe{make_model, parallel::sgd_factory({.lr = 0.05}),
 //                                 parallel::mse_loss_function()};
-//   parallel::register_stage_factory(*node, recipe);
-//   // on the driver's process only:
-//   parallel::pipeline_options options = parallel::remote_options(*node, recipe);
-//   options.places = {"worker0/cpu", "worker1/cpu"};
-//   options.micro_batches = 4;
-//   auto pipe = parallel::pipeline::create(node->system(), std::move(options));
+//   job.host_stages(recipe);   // every process, before job.start() (job.hpp)
+//
+// job.host_stages registers the factory (register_stage_factory); a program
+// with a node of its own calls register_stage_factory and remote_options.
 #include <functional>
 #include <memory>
 
