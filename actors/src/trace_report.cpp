@@ -686,13 +686,54 @@ std::string render_svg(std::span<const trace_file> files, const svg_options& opt
   const double label_w = 210, right = 20, row_h = 22, group_h = 20, top = 64;
   const double width = std::max(400, options.width);
   const double plot_w = width - label_w - right;
-  double span = std::max<double>(1, static_cast<double>(t.end));
-  auto x_of = [&](std::int64_t ns) { return label_w + static_cast<double>(ns) / span * plot_w; };
 
-  // Rows: every non-data track, grouped by file, sorted by name.
+  // The window [w0, w1): explicit, the last steps, or the whole run.
+  std::int64_t w0 = 0, w1 = std::max<std::int64_t>(1, t.end);
+  std::string window_text = "the whole run";
+  std::uint32_t max_step = 0;
+  bool have_steps = false;
+  for (const auto& s : t.slices)
+    if (s.step != no_step) {
+      max_step = have_steps ? std::max(max_step, s.step) : s.step;
+      have_steps = true;
+    }
+  if (options.from_ms || options.to_ms) {
+    w0 = std::clamp<std::int64_t>(static_cast<std::int64_t>(options.from_ms.value_or(0) * 1e6), 0, t.end);
+    const auto to = options.to_ms ? static_cast<std::int64_t>(*options.to_ms * 1e6) : t.end;
+    w1 = std::clamp<std::int64_t>(to, w0 + 1, std::max<std::int64_t>(w0 + 1, t.end));
+    window_text = fmt::format("{:.3f} to {:.3f} ms", static_cast<double>(w0) / 1e6, static_cast<double>(w1) / 1e6);
+  } else if (options.last_steps > 0 && have_steps) {
+    const std::uint32_t first = max_step + 1 > options.last_steps ? max_step + 1 - options.last_steps : 0;
+    bool any = false;
+    for (const auto& s : t.slices)
+      if (s.step != no_step && s.step >= first) {
+        w0 = any ? std::min(w0, s.start) : s.start;
+        w1 = any ? std::max(w1, s.end) : s.end;
+        any = true;
+      }
+    w1 = std::max(w1, w0 + 1);
+    window_text = first == max_step ? fmt::format("step {}", max_step)
+                                    : fmt::format("steps {} to {}", first, max_step);
+  }
+  const double span = static_cast<double>(w1 - w0);
+  auto in_window = [&](std::int64_t a, std::int64_t b) { return b >= w0 && a <= w1; };
+  auto x_of = [&](std::int64_t ns) {
+    return label_w + static_cast<double>(std::clamp(ns, w0, w1) - w0) / span * plot_w;
+  };
+
+  // Rows: every non-data track with something in the window (and matching
+  // the actor filter), grouped by file, sorted by name.
+  std::vector<bool> busy(t.tracks.size(), false);
+  for (const auto& s : t.slices)
+    if (in_window(s.start, s.end))
+      busy[s.track] = true;
+  for (const auto& x : t.transfers)
+    if (in_window(x.start, x.end))
+      busy[x.actor_track] = true;
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < t.tracks.size(); ++i)
-    if (!t.tracks[i].data)
+    if (!t.tracks[i].data && busy[i] &&
+        (options.actors.empty() || t.tracks[i].name.find(options.actors) != std::string::npos))
       order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return std::tie(t.tracks[a].file, t.tracks[a].name) < std::tie(t.tracks[b].file, t.tracks[b].name);
@@ -730,8 +771,8 @@ std::string render_svg(std::span<const trace_file> files, const svg_options& opt
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
       width, height);
   out += fmt::format("<text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">troupe trace: "
-                     "{} process(es), {} actor(s), {:.3f} ms</text>\n",
-                     files.size(), order.size(), span / 1e6);
+                     "{} process(es), {} actor(s), {} ({:.3f} of {:.3f} ms)</text>\n",
+                     files.size(), order.size(), xml(window_text), span / 1e6, static_cast<double>(t.end) / 1e6);
 
   // Time axis: unit chosen by the span, ticks as vertical grid lines.
   double step = tick_step(span, 10);
@@ -740,7 +781,9 @@ std::string render_svg(std::span<const trace_file> files, const svg_options& opt
                        : span < 1e10 ? std::pair{"ms", 1e6}
                                      : std::pair{"s", 1e9};
   out += "<g class=\"axis\" stroke=\"#ccc\" stroke-width=\"1\">\n";
-  for (double tick = 0; tick <= span * 1.0001; tick += step) {
+  // Ticks at multiples of the step, labelled with the time since the trace's start.
+  for (double tick = std::ceil(static_cast<double>(w0) / step) * step; tick <= static_cast<double>(w1) * 1.0001;
+       tick += step) {
     double x = x_of(static_cast<std::int64_t>(tick));
     out += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.0f}\" x2=\"{0:.1f}\" y2=\"{2:.0f}\"/>"
                        "<text x=\"{0:.1f}\" y=\"{3:.0f}\" stroke=\"none\" fill=\"#333\" "
@@ -757,10 +800,12 @@ std::string render_svg(std::span<const trace_file> files, const svg_options& opt
   // same kind merged so that long traces stay small), transfer bars.
   std::vector<std::vector<const slice*>> slices_of(t.tracks.size());
   for (const auto& s : t.slices)
-    slices_of[s.track].push_back(&s);
+    if (in_window(s.start, s.end))
+      slices_of[s.track].push_back(&s);
   std::vector<std::vector<const transfer*>> transfers_of(t.tracks.size());
   for (const auto& x : t.transfers)
-    transfers_of[x.actor_track].push_back(&x);
+    if (in_window(x.start, x.end))
+      transfers_of[x.actor_track].push_back(&x);
   for (std::size_t k = 0; k < order.size(); ++k) {
     auto i = order[k];
     double ry = row_y[i];
@@ -808,13 +853,21 @@ std::string render_svg(std::span<const trace_file> files, const svg_options& opt
     out += "</g>\n";
   }
 
-  // Sends -> receives, evenly sampled beyond max_lines.
+  // Sends -> receives in the window between drawn rows, evenly sampled
+  // beyond max_lines.
+  std::vector<bool> drawn(t.tracks.size(), false);
+  for (auto i : order)
+    drawn[i] = true;
+  std::vector<std::pair<std::size_t, std::size_t>> flows;
+  for (auto [si, ri] : t.message_flows)
+    if (drawn[t.points[si].track] && drawn[t.points[ri].track] && in_window(t.points[si].ts, t.points[ri].ts))
+      flows.emplace_back(si, ri);
   out += "<g class=\"flows\" stroke=\"#222\" stroke-width=\"0.7\" stroke-opacity=\"0.45\">\n";
   std::size_t every = 1;
-  if (options.max_lines > 0 && t.message_flows.size() > options.max_lines)
-    every = (t.message_flows.size() + options.max_lines - 1) / options.max_lines;
-  for (std::size_t k = 0; k < t.message_flows.size(); k += every) {
-    auto [si, ri] = t.message_flows[k];
+  if (options.max_lines > 0 && flows.size() > options.max_lines)
+    every = (flows.size() + options.max_lines - 1) / options.max_lines;
+  for (std::size_t k = 0; k < flows.size(); k += every) {
+    auto [si, ri] = flows[k];
     const auto& s = t.points[si];
     const auto& r = t.points[ri];
     out += fmt::format("<line x1=\"{:.2f}\" y1=\"{:.1f}\" x2=\"{:.2f}\" y2=\"{:.1f}\"/>\n",
@@ -845,8 +898,7 @@ std::string render_svg(std::span<const trace_file> files, const svg_options& opt
                        label_w, ly + (col ? 28 : 10));
   out += "</g>\n</svg>\n";
   if (every > 1)
-    warnings.push_back(fmt::format("svg: drew every {}th of {} send -> receive lines", every,
-                                   t.message_flows.size()));
+    warnings.push_back(fmt::format("svg: drew every {}th of {} send -> receive lines", every, flows.size()));
   return out;
 }
 

@@ -1,6 +1,8 @@
 // troupe-trace: merges, summarises and draws the per-process trace files that
 // a traced run writes (TROUPE_TRACE_DIR=dir, or trace::start). Run
 // `troupe-trace --help` for the commands.
+#include <cmath>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -36,15 +38,24 @@ commands:
                                data-plane transfer time hidden behind compute
                                (overlapping handlers of other actors on the
                                same node).
-  svg -o OUT.svg [--width PX] INPUT...
+  svg -o OUT.svg [--width PX] [--steps N | --from-ms A --to-ms B] [--actors TEXT] INPUT...
                                An SVG timeline: a row per actor, handler spans
                                coloured by message kind (legend below), send ->
                                receive lines, data-plane transfers as dark bars.
+                               By default the last 2 training steps (from the
+                               step numbers messages carry; the whole run if
+                               none), so that a schedule can be read; actors
+                               with nothing in the window are left out.
 
 options:
   -o PATH      output file ('-' = stdout)
   --json       machine-readable summary
   --width PX   SVG width in pixels (default 1400)
+  --steps N    draw the last N steps (0: the whole run; default 2)
+  --from-ms A, --to-ms B
+               draw the window [A, B) in ms since the trace's start
+  --actors TEXT
+               draw only the actors whose name contains TEXT
   -q           no warnings on stderr
   -h, --help   this text
 
@@ -118,6 +129,27 @@ int main(int argc, char** argv) {
       }
       if (svg.width < 400 || svg.width > 20000)
         return usage_error(fmt::format("--width is {} but must be in [400, 20000]", svg.width));
+    } else if (a == "--steps" || a == "--from-ms" || a == "--to-ms" || a == "--actors") {
+      if (++i == args.size())
+        return usage_error(fmt::format("{} needs a value", a));
+      const auto& v = args[i];
+      if (a == "--actors") {
+        svg.actors = v;
+        continue;
+      }
+      double number = 0;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), number);
+      if (ec != std::errc{} || end != v.data() + v.size() || !(number >= 0) || number > 1e12)
+        return usage_error(fmt::format("{} is '{}' but must be a number >= 0", a, v));
+      if (a == "--steps") {
+        if (number != std::floor(number) || number > 1e9)
+          return usage_error(fmt::format("--steps is '{}' but must be a whole number", v));
+        svg.last_steps = static_cast<std::uint32_t>(number);
+      } else if (a == "--from-ms") {
+        svg.from_ms = number;
+      } else {
+        svg.to_ms = number;
+      }
     } else if (a.starts_with("-") && a != "-") {
       return usage_error(fmt::format("unknown option '{}'", a));
     } else {
@@ -126,6 +158,8 @@ int main(int argc, char** argv) {
   }
   if (inputs.empty())
     return usage_error("no input files or directories");
+  if (svg.from_ms && svg.to_ms && *svg.from_ms >= *svg.to_ms)
+    return usage_error(fmt::format("--from-ms ({}) must be below --to-ms ({})", *svg.from_ms, *svg.to_ms));
   if (command != "summary" && output.empty())
     return usage_error(fmt::format("{} needs -o OUTPUT", command));
 

@@ -118,6 +118,46 @@ double ts_of(const std::string& json, const std::string& needle) {
   return std::stod(m[1]);
 }
 
+/// The actors drawn as rows of `svg`, in order.
+std::vector<std::string> svg_rows(const std::string& svg) {
+  std::regex row(R"x(<g class="row" data-actor="([^"]+)">)x");
+  std::vector<std::string> rows;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), row); it != std::sregex_iterator(); ++it)
+    rows.push_back((*it)[1]);
+  return rows;
+}
+
+// The default window is the last steps (the synthetic trace has steps 0 and
+// 1); a window can be chosen in ms, and actors filtered by name; actors with
+// nothing in the window are left out.
+TEST(TraceReport, SvgDrawsAWindowOfStepsOrTimeAndChosenActors) {
+  auto files = synthetic_trace();
+  std::vector<std::string> warnings;
+  auto both = trace::render_svg(files, {}, warnings);
+  EXPECT_NE(both.find("steps 0 to 1"), std::string::npos);
+  trace::svg_options last;
+  last.last_steps = 1;
+  auto one = trace::render_svg(files, last, warnings);
+  EXPECT_NE(one.find("step 1 ("), std::string::npos);
+  // Step 1 begins at 2000 ns: stage0's step-0 forward (0 to 1000 ns) is out.
+  EXPECT_EQ(std::count(one.begin(), one.end(), '\n') < std::count(both.begin(), both.end(), '\n'), true);
+  EXPECT_EQ(svg_rows(one), (std::vector<std::string>{"optimizer", "stage0", "stage1"}));
+
+  trace::svg_options early;
+  early.from_ms = 0.0001; // 100 to 200 ns: only stage0's first forward
+  early.to_ms = 0.0002;
+  auto window = trace::render_svg(files, early, warnings);
+  EXPECT_EQ(svg_rows(window), (std::vector<std::string>{"stage0"}));
+  EXPECT_NE(window.find("0.000 to 0.000 ms"), std::string::npos);
+
+  trace::svg_options stages;
+  stages.actors = "stage";
+  EXPECT_EQ(svg_rows(trace::render_svg(files, stages, warnings)), (std::vector<std::string>{"stage0", "stage1"}));
+  trace::svg_options none;
+  none.actors = "no such actor";
+  EXPECT_TRUE(svg_rows(trace::render_svg(files, none, warnings)).empty());
+}
+
 } // namespace
 
 TEST(TraceReport, SummaryMatchesHandComputedValues) {

@@ -90,6 +90,16 @@ std::string summary_json(const trace_summary& summary);
 struct svg_options {
   int width = 1400;            ///< pixels, labels included
   std::size_t max_lines = 3000; ///< send -> receive lines drawn at most (evenly sampled)
+  /// The window drawn: the last `last_steps` training steps (from the step
+  /// numbers messages carry), so that a schedule is readable rather than a
+  /// hundred steps squeezed into a blur; 0, or a trace without steps: the
+  /// whole run. An explicit [from_ms, to_ms) (since the trace's start)
+  /// overrides it.
+  std::uint32_t last_steps = 2;
+  std::optional<double> from_ms, to_ms;
+  /// Only actors whose name contains this text (empty: all). Actors with
+  /// nothing in the window are left out either way.
+  std::string actors;
 };
 
 /// An SVG timeline: a row per actor (grouped by process), handler spans as
