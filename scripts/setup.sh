@@ -53,7 +53,12 @@ jobs=$(nproc)
 if [[ ! -f build/build.ninja ]]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WERROR=ON >/dev/null
 fi
-cmake --build build -j "$jobs"
+if [[ $action == demo ]]; then
+  # Only what the demo runs: a first run need not wait for every test and benchmark.
+  cmake --build build -j "$jobs" --target pipeline_demo troupe-launch troupe-trace
+else
+  cmake --build build -j "$jobs"
+fi
 
 # One compute thread per process, as in every figure in docs/baselines.md.
 export OPENBLAS_NUM_THREADS=1
