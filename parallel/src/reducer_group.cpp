@@ -13,6 +13,10 @@
 
 namespace troupe::parallel {
 
+struct reducer_group::reducer_actor {
+  caf::actor handle;
+};
+
 using namespace std::chrono_literals;
 
 struct reducer_group::state {
@@ -115,7 +119,8 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
   // The reducer actor only files arriving chunks; the collective that
   // waits for them runs on its caller's thread.
   auto st = group->state_;
-  group->reducer_ = node.system().spawn<caf::detached>([st](caf::event_based_actor*) -> caf::behavior {
+  group->reducer_ = std::make_unique<reducer_actor>();
+  group->reducer_->handle = node.system().spawn<caf::detached>([st](caf::event_based_actor*) -> caf::behavior {
     return {[st](const actors::tensor_message& m) { st->put(m); }};
   });
   // Attach before the registry learns the place, so that a neighbour that
@@ -124,13 +129,13 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
   // one thread hand-off fewer per chunk); the actor stays registered so
   // that members find the place and anything routed through the registry
   // still arrives.
-  router->attach(mine.to_string(), group->reducer_);
+  router->attach(mine.to_string(), group->reducer_->handle);
   std::weak_ptr<state> sink_state = group->state_;
   router->attach_sink(mine.to_string(), [sink_state](actors::tensor_message m) {
     if (auto s = sink_state.lock())
       s->put(m);
   });
-  if (auto ok = node.register_actor(mine, group->reducer_); !ok)
+  if (auto ok = node.register_actor(mine, group->reducer_->handle); !ok)
     return make_error(ok.error().code(), "reducer_group: registering {} failed: {}", mine.to_string(),
                       ok.error().message());
 
@@ -255,11 +260,11 @@ void reducer_group::shutdown() {
   if (peer_lost_handler_)
     node_.remove_peer_lost_handler(peer_lost_handler_);
   (void)node_.unregister_actor(places_[options_.rank]);
-  if (reducer_)
-    caf::anon_send_exit(reducer_, caf::exit_reason::user_shutdown);
+  if (reducer_ && reducer_->handle)
+    caf::anon_send_exit(reducer_->handle, caf::exit_reason::user_shutdown);
   // A strong handle keeps a stopped detached actor's thread waiting, and
   // the actor system's shutdown with it (a group outliving its job).
-  reducer_ = nullptr;
+  reducer_.reset();
 }
 
 expected<void> reducer_group::send_right(std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,

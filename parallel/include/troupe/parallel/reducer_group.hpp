@@ -49,7 +49,6 @@
 #include <tuple>
 #include <vector>
 
-#include <caf/actor.hpp>
 
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/place.hpp"
@@ -178,7 +177,10 @@ private:
   reducer_group_options options_;
   std::vector<actors::place> places_;
   std::shared_ptr<state> state_;
-  caf::actor reducer_;
+  /// This rank's reducer actor (defined in reducer_group.cpp: no CAF type
+  /// in this header).
+  struct reducer_actor;
+  std::unique_ptr<reducer_actor> reducer_;
   std::uint64_t next_id_ = 0;
   /// This member's place, as the sender of its chunks in traces.
   trace::name_id trace_name_;
