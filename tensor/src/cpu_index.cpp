@@ -1,6 +1,8 @@
 // CPU indexing kernels. ops.cpp has validated every index, so the loops
 // here index memory without checks. Accumulating kernels visit indices in
 // order, so repeated indices add up deterministically.
+#include <cstring>
+
 #include "cpu_backend.hpp"
 #include "dispatch.hpp"
 
@@ -24,10 +26,28 @@ std::pair<std::int64_t, std::int64_t> bag_range(const std::int64_t* offsets, std
 
 } // namespace
 
+// Rows of contiguous tensors along dim 0 (embeddings, their gradients) are
+// copied and added as flat runs; a view per row cost more than the row's
+// arithmetic at GPT widths. Other layouts go through views.
+namespace {
+bool rows_are_flat(const tensor& a, std::int64_t dim, const tensor& b) {
+  return dim == 0 && a.is_contiguous() && b.is_contiguous() && a.type() == b.type() && a.rank() >= 1;
+}
+} // namespace
+
 void cpu_backend::index_select(const tensor& a, std::int64_t dim, const tensor& index,
                                tensor& out) {
   const auto* at = base_of<std::int64_t>(index) + index.offset();
   const auto step = index.strides()[0];
+  if (rows_are_flat(a, dim, out) && a.size(0) > 0) {
+    const auto row_bytes = a.nbytes() / static_cast<std::size_t>(a.size(0));
+    const auto* src = static_cast<const std::byte*>(a.raw_data());
+    auto* dst = static_cast<std::byte*>(out.raw_data());
+    for (std::int64_t j = 0; j < index.numel(); ++j)
+      std::memcpy(dst + static_cast<std::size_t>(j) * row_bytes,
+                  src + static_cast<std::size_t>(at[j * step]) * row_bytes, row_bytes);
+    return;
+  }
   for (std::int64_t j = 0; j < index.numel(); ++j) {
     auto dst = out.select(dim, j);
     dst.copy_from(a.select(dim, at[j * step]));
@@ -74,6 +94,22 @@ void cpu_backend::scatter_add_(tensor& out, std::int64_t dim, const tensor& inde
 void cpu_backend::index_add_(tensor& a, std::int64_t dim, const tensor& index, const tensor& src) {
   const auto* at = base_of<std::int64_t>(index) + index.offset();
   const auto step = index.strides()[0];
+  if (rows_are_flat(a, dim, src) && a.size(0) > 0 && (a.type() == dtype::float32 || a.type() == dtype::float64)) {
+    // The same additions in the same order as the per-row axpy below.
+    const auto row = a.numel() / a.size(0);
+    dispatch_floating(a.type(), "index_add_", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T* y = a.data<T>();
+      const T* x = src.data<T>();
+      for (std::int64_t j = 0; j < index.numel(); ++j) {
+        T* dst = y + at[j * step] * row;
+        const T* from = x + j * row;
+        for (std::int64_t k = 0; k < row; ++k)
+          dst[k] += from[k];
+      }
+    });
+    return;
+  }
   for (std::int64_t j = 0; j < index.numel(); ++j) {
     auto dst = a.select(dim, at[j * step]);
     axpy(dst, src.select(dim, j), 1.0);
