@@ -138,14 +138,19 @@ void cpu_backend::layer_norm(const tensor& input, const tensor& weight, const te
       const T inv = T(1) / std::sqrt(var + static_cast<T>(eps));
       mu[r] = m;
       rs[r] = inv;
-      for (std::int64_t j = 0; j < d; ++j) {
-        T v = (xr[j] - m) * inv;
-        if (w != nullptr)
-          v *= w[j];
-        if (b != nullptr)
-          v += b[j];
-        yr[j] = v;
-      }
+      // One loop per affine case: a branch inside kept GCC from vectorising.
+      if (w != nullptr && b != nullptr)
+        for (std::int64_t j = 0; j < d; ++j)
+          yr[j] = (xr[j] - m) * inv * w[j] + b[j];
+      else if (w != nullptr)
+        for (std::int64_t j = 0; j < d; ++j)
+          yr[j] = (xr[j] - m) * inv * w[j];
+      else if (b != nullptr)
+        for (std::int64_t j = 0; j < d; ++j)
+          yr[j] = (xr[j] - m) * inv + b[j];
+      else
+        for (std::int64_t j = 0; j < d; ++j)
+          yr[j] = (xr[j] - m) * inv;
     }
   });
 }
@@ -175,18 +180,28 @@ void cpu_backend::layer_norm_backward(const tensor& grad, const tensor& input, c
       T* dr = gx + r * d;
       // With xhat = (x - mean) * rstd and gxhat = grad * weight:
       // dx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
+      // The row's statistics in locals: read through pointers that the
+      // stores below might alias, they kept the loops scalar.
+      const T m = mu[r];
+      const T s = rs[r];
+      T* gh = gxhat.data();
+      T* pr = product.data();
+      if (w != nullptr)
+        for (std::int64_t j = 0; j < d; ++j)
+          gh[j] = gr[j] * w[j];
+      else
+        std::copy(gr, gr + d, gh);
       for (std::int64_t j = 0; j < d; ++j) {
-        const T xhat = (xr[j] - mu[r]) * rs[r];
-        gxhat[j] = w != nullptr ? gr[j] * w[j] : gr[j];
-        product[j] = gxhat[j] * xhat;
+        const T xhat = (xr[j] - m) * s;
+        pr[j] = gh[j] * xhat;
         gw[j] += gr[j] * xhat;
         gb[j] += gr[j];
       }
-      const T mean_g = row_sum(gxhat.data(), d, 1) / static_cast<T>(d);
-      const T mean_gx = row_sum(product.data(), d, 1) / static_cast<T>(d);
+      const T mean_g = row_sum(gh, d, 1) / static_cast<T>(d);
+      const T mean_gx = row_sum(pr, d, 1) / static_cast<T>(d);
       for (std::int64_t j = 0; j < d; ++j) {
-        const T xhat = (xr[j] - mu[r]) * rs[r];
-        dr[j] = rs[r] * (gxhat[j] - mean_g - xhat * mean_gx);
+        const T xhat = (xr[j] - m) * s;
+        dr[j] = s * (gh[j] - mean_g - xhat * mean_gx);
       }
     }
   });
