@@ -2,16 +2,25 @@
 // One process of a troupe job: its command line, its node, its rank among
 // the others, and its lifecycle. Every distributed program starts here.
 //
-//   int main(int argc, char** argv) {
-//     troupe::job job(argc, argv);               // --troupe.* flags, TROUPE_* environment
-//     auto steps = job.flag("steps", 100, 1, 1'000'000);
-//     job.host_stages(recipe);                   // this process may hold pipeline stages
-//     job.start();                               // joins the others (or exits 1 / 2)
-//     if (!job.is_driver()) return job.serve();  // ranks > 0 serve until the driver is done
-//     auto pipe = troupe::parallel::pipeline::create(job, {...});
-//     ...
-//     return job.finish(0);                      // releases every rank, stops the node
+// From examples/pipeline_demo.cpp:
+//
+//   job job(argc, argv);
+//   const auto steps = job.flag("steps", 100, 1, 1'000'000);
+//   ...
+//   job.host_stages(corpus.recipe()); // every rank: the same model from the same seed
+//   job.start();
+//   if (!job.is_driver()) return job.serve();
+//   ...
+//   for (auto step : job.steps(steps)) {
+//     auto [x, y] = corpus.batch(data, batch, seq);
+//     step.report(job.must(pipe->train_step(x, y), fmt::format("step {}", step.number())), batch);
 //   }
+//   ...
+//   return job.finish(0);
+//
+// The job reads the `--troupe.*` flags and TROUPE_* environment, start()
+// joins the other ranks, serve() hosts stages on ranks > 0 until the driver
+// is done, finish() releases every rank and stops the node.
 //
 // Flags are `--name=value`, each checked when read: a bad value or an
 // argument nobody read is a usage error, reported by start() as

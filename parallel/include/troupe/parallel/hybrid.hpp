@@ -2,12 +2,14 @@
 // Hybrid parallelism (issue 5): R replicas of one pipeline, stage s of every
 // replica forming its own reducer ring, composed by placement alone.
 //
-//   // every process, as for a pipeline (pipeline.hpp): job, host_stages,
-//   // start, serve on ranks > 0; then on the driver:
-//   auto hybrid = job.must(parallel::hybrid_pipeline::create(job, {.replicas = 2, .micro_batches = 4}));
-//   double loss = job.must(hybrid->train_step(inputs, targets));   // the whole batch
+// Every process as for a pipeline (pipeline.hpp); then on the driver.
+// From examples/hybrid_demo.cpp:
 //
-// examples/hybrid_demo.cpp is this program. With 4 processes and 2
+//   auto hybrid = job.must(parallel::hybrid_pipeline::create(
+//     job, {.replicas = std::size_t(replicas), .split = split, .schedule = parallel::schedule_named(schedule),
+//           .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
+//
+// train_step takes the whole batch. With 4 processes and 2
 // replicas, replica 0 is ranks 0 and 1 (stage 0, stage 1), replica 1 ranks
 // 2 and 3; explicit `places` choose any other layout.
 //

@@ -2,16 +2,18 @@
 // Pipeline-parallel training: a sequential model split into stage actors,
 // trained with micro-batches under a credit-based schedule (issue 4).
 //
-//   troupe::job job(argc, argv);                  // troupe/job.hpp
-//   job.host_stages(recipe);                      // every process: the same model, seed, optimizer, loss
-//   job.start();
-//   if (!job.is_driver()) return job.serve();     // ranks > 0 host stages
-//   auto pipe = job.must(parallel::pipeline::create(job, {.micro_batches = 4}));  // a stage per rank
-//   for (auto step : job.steps(100))
-//     step.report(job.must(pipe->train_step(inputs, targets)), inputs.size(0));
-//   return job.finish(0);
+// The job as in troupe/job.hpp; one stage per rank, the model, optimizer
+// and loss from job.host_stages' recipe.
+// From examples/pipeline_demo.cpp:
 //
-// examples/pipeline_demo.cpp is this program (compiled, and run by ctest).
+//   auto pipe = job.must(parallel::pipeline::create(
+//     job, {.model = model, .split = split, .schedule = parallel::schedule_named(schedule),
+//           .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
+//   for (auto step : job.steps(steps)) {
+//     auto [x, y] = corpus.batch(data, batch, seq);
+//     step.report(job.must(pipe->train_step(x, y), fmt::format("step {}", step.number())), batch);
+//   }
+//
 // In one process, create(caf::actor_system&, options) with places that name
 // the stages ("worker0/cpu") runs them as local actors (the tests do).
 //

@@ -5,9 +5,11 @@
 // builds the whole model, keeps its slice and sends tensors through the
 // node's tensor_router (UCX data plane, or CAF over TLS).
 //
-//   parallel::stage_recipe recipe{make_model, parallel::sgd_factory({.lr = 0.05}),
-//                                 parallel::mse_loss_function()};
-//   job.host_stages(recipe);   // every process, before job.start() (job.hpp)
+// Every process gives the job the recipe before job.start() (job.hpp).
+// From examples/license_corpus.hpp:
+//
+//   return {[config] { return std::static_pointer_cast<nn::sequential>(std::make_shared<nn::gpt>(config)); },
+//           parallel::adam_factory({.lr = 3e-3, .weight_decay = 0.01}, true),
 //
 // job.host_stages registers the factory (register_stage_factory); a program
 // with a node of its own calls register_stage_factory and remote_options.
