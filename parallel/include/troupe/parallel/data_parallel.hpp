@@ -171,7 +171,8 @@ private:
   expected<void> nccl_broadcast(const tensor& flat);
 
   nn::named_variables parameters_;
-  /// The group made by create(job, ...): declared first, destroyed last.
+  /// The group made by create(job, ...): declared before the members that
+  /// use it (the NCCL communicator, the buckets), so destroyed after them.
   std::unique_ptr<reducer_group> owned_group_;
   reducer_group& group_;
   device where_;                             ///< the parameters' device
