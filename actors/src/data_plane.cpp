@@ -616,7 +616,11 @@ private:
         continue;
       if (status != UCS_OK)
         log("ucp_worker_arm failed: {}", status_text(status));
-      int n = ::epoll_wait(epoll_fd_, events, 2, -1);
+      // Bounded sleep: UCX handles the end of a stranger's connection to its
+      // TCP listener only inside progress, and the worker's event fd does not
+      // always wake us for it; without this, closed connections kept their
+      // file descriptors until the next transfer (docs/design.md).
+      int n = ::epoll_wait(epoll_fd_, events, 2, idle_progress_ms);
       if (n < 0 && errno != EINTR)
         log("epoll_wait failed: {}", std::strerror(errno));
     }
@@ -1418,6 +1422,7 @@ private:
   std::vector<std::byte> address_;
   int wake_fd_ = -1;
   int epoll_fd_ = -1;
+  static constexpr int idle_progress_ms = 200;
   std::thread thread_;
 
   mutable std::mutex mutex_; // peers_ (the list and each queue), commands_, stats_

@@ -14,7 +14,6 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <caf/openssl/all.hpp>
 
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/message_types.hpp"
@@ -22,6 +21,10 @@
 #include "troupe/actors/registry.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace.hpp"
+
+#include "control_plane_connect.hpp"
+#include "control_plane_listener.hpp"
+#include "control_plane_tls.hpp"
 
 // Scheduler defaults, measured on the 2-core development machine (Node.
 // DISABLED_SmallMessageRoundTrip in tests/actors/node_test.cpp: median round
@@ -51,6 +54,10 @@ struct node::state {
   caf::actor registry;
   std::chrono::milliseconds request_timeout{10000};
   std::shared_ptr<tensor_router> router;
+  /// What a control-plane connection must show: the job token in its
+  /// preamble and, with TLS, a certificate from the job's CA.
+  std::uint64_t control_token = 0;
+  std::shared_ptr<const control_plane::tls_context> tls;
   /// Why the coordinator's registry went down, once it has (empty before).
   std::string registry_gone;
 
@@ -262,22 +269,32 @@ caf::behavior node_agent(caf::event_based_actor* self, std::shared_ptr<node::sta
   };
 }
 
-// The data plane's per-job token. It is made by the coordinator and handed to
-// every node at join (registry, job_token): random per job, so frames from an
-// earlier job on the same ports (or a stray client that knows the
-// coordinator's address) are dropped. TROUPE_JOB_TOKEN on the coordinator
-// pins it (hashed), for tools that must join a job. It is not a secret
-// against an eavesdropper: UCX sends it in the clear; TLS is the answer to that.
-std::uint64_t make_job_token() {
-  std::uint64_t token = 0;
-  if (const char* text = std::getenv("TROUPE_JOB_TOKEN"); text && *text) {
-    token = 0xcbf29ce484222325ull; // FNV-1a
-    for (const char* c = text; *c; ++c)
-      token = (token ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
-  } else {
-    std::random_device device;
-    token = (std::uint64_t{device()} << 32) ^ device();
-  }
+std::uint64_t hash_token(std::string_view text) {
+  std::uint64_t token = 0xcbf29ce484222325ull; // FNV-1a
+  for (char c : text)
+    token = (token ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return token == 0 ? 1 : token;
+}
+
+// The token every control-plane connection carries in its preamble
+// (control_plane_preamble.hpp): the job's secret (TROUPE_JOB_TOKEN, set by
+// troupe-launch for every rank), or without one a fixed value that still
+// keeps every client that does not speak troupe away from BASP.
+std::uint64_t control_plane_token(const node_options& options) {
+  return hash_token(options.job_token.empty() ? std::string_view("troupe: no job token configured")
+                                              : std::string_view(options.job_token));
+}
+
+// The data plane's per-job token, handed to every node at join (registry,
+// job_token): the job's secret when one is configured, random per job
+// otherwise, so frames from an earlier job on the same ports are dropped.
+// It is not a secret against an eavesdropper: UCX sends it in the clear;
+// TLS is the answer to that.
+std::uint64_t data_plane_token(const node_options& options) {
+  if (!options.job_token.empty())
+    return hash_token(options.job_token);
+  std::random_device device;
+  auto token = (std::uint64_t{device()} << 32) ^ device();
   return token == 0 ? 1 : token;
 }
 
@@ -323,16 +340,16 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
       return troupe::error(ok.error().code(), fmt::format("node {}: {}", opts.name, ok.error().message()));
     self->traced_ = trace::enabled();
   }
+  // TLS is troupe's, not CAF's OpenSSL module (control_plane_tls.hpp).
+  self->state_->control_token = control_plane_token(opts);
+  if (tls) {
+    auto context = control_plane::tls_context::load(opts.tls);
+    if (!context)
+      return troupe::error(context.error().code(), fmt::format("node {}: {}", opts.name, context.error().message()));
+    self->state_->tls = std::move(*context);
+  }
   auto config = std::make_unique<caf::actor_system_config>();
   config->load<caf::io::middleman>();
-  if (tls) {
-    config->load<caf::openssl::manager>();
-    config->set("openssl.certificate", opts.tls.certificate);
-    config->set("openssl.key", opts.tls.key);
-    config->set("openssl.cafile", opts.tls.ca_file);
-    if (!opts.tls.passphrase.empty())
-      config->set("openssl.passphrase", opts.tls.passphrase);
-  }
   add_message_types(*config);
   config->set("scheduler.policy", caf::atom_from_string(opts.scheduler.policy));
   auto threads = opts.scheduler.max_threads > 0 ? opts.scheduler.max_threads
@@ -359,13 +376,15 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
 
 troupe::expected<void> node::join() {
   auto& sys = *system_;
-  const bool tls = options_.tls.requested();
-  const char* address = options_.listen_address.empty() ? nullptr : options_.listen_address.c_str();
   auto listen = [&](const caf::actor& whom, std::uint16_t port) -> troupe::expected<std::uint16_t> {
-    auto result = tls ? caf::openssl::publish(whom, port, address, true) : sys.middleman().publish(whom, port, address, true);
+    control_plane::listener_options guard;
+    guard.node_name = options_.name;
+    guard.token = state_->control_token;
+    guard.tls = state_->tls;
+    auto result = control_plane::publish(sys, whom, port, options_.listen_address, std::move(guard));
     if (!result)
       return make_error(errc::io_error, "node {} could not listen on port {}: {}", options_.name, port,
-                        sys.render(result.error()));
+                        result.error().message());
     return *result;
   };
   std::map<std::string, std::string> maps;
@@ -373,33 +392,29 @@ troupe::expected<void> node::join() {
     maps[destination] = map.to_string();
 
   if (options_.is_coordinator()) {
-    registry_ = spawn_registry(sys, options_.name, make_job_token());
+    registry_ = spawn_registry(sys, options_.name, data_plane_token(options_));
     auto port = listen(registry_, options_.coordinator.port);
     if (!port)
       return port.error();
     port_ = *port;
   } else {
-    // Connect through a request with a deadline, never remote_actor(): that
-    // blocks forever on a stopped peer. A refused connection is retried
-    // (the launcher starts every rank at once) until the join timeout.
+    // Connect with a deadline (CAF's remote_actor() blocks forever on a
+    // stopped peer), through the guarded control plane. A refused
+    // connection is retried (the launcher starts every rank at once) until
+    // the join timeout.
     auto coordinator = options_.coordinator;
-    auto manager = tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
     auto deadline = std::chrono::steady_clock::now() + options_.join_timeout;
     std::string last_error = "no attempt";
     for (;;) {
       auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (remaining <= 0ms)
         break;
-      caf::scoped_actor self{sys};
-      self->request(manager, remaining, caf::connect_atom::value, coordinator.host, coordinator.port)
-        .receive(
-          [&](caf::node_id&, caf::strong_actor_ptr& registry, std::set<std::string>&) {
-            if (registry)
-              registry_ = caf::actor_cast<caf::actor>(std::move(registry));
-            else
-              last_error = "nothing is published on that port";
-          },
-          [&](caf::error& err) { last_error = sys.render(err); });
+      auto registry = control_plane::connect(sys, coordinator.host, coordinator.port, state_->control_token,
+                                             state_->tls, remaining);
+      if (registry)
+        registry_ = std::move(*registry);
+      else
+        last_error = registry.error().message();
       if (registry_ || std::chrono::steady_clock::now() + 100ms >= deadline)
         break;
       std::this_thread::sleep_for(100ms);

@@ -187,6 +187,12 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
     tls.passphrase = value;
     return {};
   }
+  if (key == "job-token") {
+    if (value.empty())
+      return make_error(errc::invalid_argument, "{} is empty (leave it unset for no job token)", source);
+    job_token = value;
+    return {};
+  }
   if (key == "scheduler.policy") {
     if (value != "sharing" && value != "stealing")
       return make_error(errc::invalid_argument, "{}=\"{}\" must be sharing or stealing", source, value);
@@ -232,7 +238,7 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
   return make_error(errc::invalid_argument,
                     "{}: unknown option \"{}\" (known: name, rank, world-size, coordinator, port, listen-address, "
                     "heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout, tls.certificate, "
-                    "tls.key, tls.ca, tls.passphrase, scheduler.policy, scheduler.max-threads, middleman.workers, "
+                    "tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy, scheduler.max-threads, middleman.workers, "
                     "arena-bytes, arena-copy-min-bytes, data-plane-spin, device-map.<node>, config)",
                     source, key);
 }
@@ -281,11 +287,12 @@ troupe::expected<node_options> node_options::from(int argc, const char* const* a
   if (rv->node_name)
     if (auto ok = options.set("name", *rv->node_name, env_node_name); !ok)
       return ok.error();
-  const std::pair<const char*, const char*> tls_vars[] = {{"TROUPE_TLS_CERTIFICATE", "tls.certificate"},
+  const std::pair<const char*, const char*> secret_vars[] = {{"TROUPE_TLS_CERTIFICATE", "tls.certificate"},
                                                           {"TROUPE_TLS_KEY", "tls.key"},
                                                           {"TROUPE_TLS_CA", "tls.ca"},
-                                                          {"TROUPE_TLS_PASSPHRASE", "tls.passphrase"}};
-  for (auto [var, key] : tls_vars)
+                                                          {"TROUPE_TLS_PASSPHRASE", "tls.passphrase"},
+                                                          {"TROUPE_JOB_TOKEN", "job-token"}};
+  for (auto [var, key] : secret_vars)
     if (auto i = env.find(var); i != env.end())
       if (auto ok = options.set(key, i->second, var); !ok)
         return ok.error();

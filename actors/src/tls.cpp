@@ -1,5 +1,7 @@
 #include "troupe/actors/tls.hpp"
 
+#include "tls_files.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -45,7 +47,7 @@ troupe::expected<void> readable(const std::string& path, std::string_view what) 
 
 } // namespace
 
-troupe::expected<void> validate(const tls_options& tls) {
+troupe::expected<SSL_CTX*> load_ssl_context(const tls_options& tls) {
   // All three or nothing: with only some keys CAF would still verify peers,
   // and with none it silently uses anonymous ciphers.
   const std::pair<const std::string*, std::string_view> required[] = {
@@ -57,7 +59,7 @@ troupe::expected<void> validate(const tls_options& tls) {
                         what);
   for (auto [path, what] : {std::pair{&tls.certificate, "certificate"}, {&tls.key, "key"}, {&tls.ca_file, "CA"}})
     if (auto ok = readable(*path, what); !ok)
-      return ok;
+      return ok.error();
 
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> context(SSL_CTX_new(TLS_method()), &SSL_CTX_free);
   if (!context)
@@ -99,6 +101,17 @@ troupe::expected<void> validate(const tls_options& tls) {
     return make_error(errc::invalid_argument, "TLS certificate \"{}\" is not signed by CA \"{}\": {}",
                       tls.certificate, tls.ca_file,
                       X509_verify_cert_error_string(X509_STORE_CTX_get_error(check.get())));
+  // The key is loaded; the callback's pointer to `tls` must not outlive it.
+  SSL_CTX_set_default_passwd_cb(context.get(), nullptr);
+  SSL_CTX_set_default_passwd_cb_userdata(context.get(), nullptr);
+  return context.release();
+}
+
+troupe::expected<void> validate(const tls_options& tls) {
+  auto context = load_ssl_context(tls);
+  if (!context)
+    return context.error();
+  SSL_CTX_free(*context);
   return {};
 }
 

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -64,6 +65,15 @@ void on_signal(int sig) {
   char byte = 0;
   [[maybe_unused]] auto n = write(signal_pipe[1], &byte, 1);
   errno = saved;
+}
+
+// 128 random bits as hex, from the kernel's generator.
+std::string random_token() {
+  std::random_device device;
+  std::string token;
+  for (int i = 0; i < 4; ++i)
+    token += fmt::format("{:08x}", device());
+  return token;
 }
 
 std::uint16_t free_port() {
@@ -281,6 +291,12 @@ int main(int argc, char** argv) {
   char cwd[4096];
   if (getcwd(cwd, sizeof cwd))
     request.working_directory = cwd;
+  // One secret per job, so that only this job's ranks pass each other's
+  // control-plane guard; an exported TROUPE_JOB_TOKEN is passed on instead.
+  if (const char* given = std::getenv("TROUPE_JOB_TOKEN"); given && *given)
+    request.job_token = given;
+  else
+    request.job_token = dry_run ? "<random per job>" : random_token();
   auto plan = plan_launch(request);
   if (!plan)
     return bad_arguments(plan.error().message());

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -65,6 +66,8 @@ TEST(LaunchPlan, LocalRanksGetTheRendezvousVariables) {
   EXPECT_EQ(rank2.env, (std::vector<std::string>{"TROUPE_COORDINATOR=127.0.0.1:4242", "TROUPE_RANK=2",
                                                  "TROUPE_WORLD_SIZE=3", "TROUPE_NODE_NAME=worker2"}));
   EXPECT_EQ(rank2.argv, request.program);
+  request.job_token = "s3cret";
+  EXPECT_EQ((*plan_launch(request))[1].env.back(), "TROUPE_JOB_TOKEN=s3cret");
 }
 
 TEST(LaunchPlan, RemoteRanksRunOverSshWithQuotedCommands) {
@@ -202,7 +205,41 @@ TEST(Launcher, DryRunPrintsSshCommandsWithoutRunningThem) {
   auto& out = run.output();
   EXPECT_NE(out.find("rank 0 on 127.0.0.1: env TROUPE_COORDINATOR="), std::string::npos) << out;
   EXPECT_NE(out.find("rank 2 on far-away-host: ssh -o BatchMode=yes far-away-host -- "), std::string::npos) << out;
-  EXPECT_NE(out.find("TROUPE_RANK=2 TROUPE_WORLD_SIZE=3 TROUPE_NODE_NAME=far-away-host-1 ./train"),
+  // The secret is not made up for a dry run; the line says where it goes.
+  EXPECT_NE(out.find("TROUPE_RANK=2 TROUPE_WORLD_SIZE=3 TROUPE_NODE_NAME=far-away-host-1 "
+                     "'\\''TROUPE_JOB_TOKEN=<random per job>'\\'' ./train"),
             std::string::npos)
     << out;
+}
+
+TEST(Launcher, EveryRankOfAJobGetsTheSameRandomJobTokenAndEachJobADifferentOne) {
+  unsetenv("TROUPE_JOB_TOKEN");
+  std::vector<std::string> tokens;
+  for (int job = 0; job < 2; ++job) {
+    auto run = launch({"-n", "2", "--", "/bin/sh", "-c", "echo \"token=$TROUPE_JOB_TOKEN.\""});
+    auto status = run.exited(20s);
+    ASSERT_TRUE(status) << run.output();
+    auto& out = run.output();
+    std::string first;
+    for (int rank = 0; rank < 2; ++rank) {
+      auto at = out.find("[" + std::to_string(rank) + "] token=");
+      ASSERT_NE(at, std::string::npos) << out;
+      auto start = at + 10, end = out.find('.', start);
+      auto token = out.substr(start, end - start);
+      EXPECT_EQ(token.size(), 32u) << out; // 128 bits in hex
+      EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << out;
+      if (rank == 0)
+        first = token;
+      else
+        EXPECT_EQ(token, first) << out;
+    }
+    tokens.push_back(first);
+  }
+  EXPECT_NE(tokens[0], tokens[1]);
+  // An exported token is the job's, passed on unchanged.
+  setenv("TROUPE_JOB_TOKEN", "chosen-by-the-user", 1);
+  auto run = launch({"-n", "1", "--", "/bin/sh", "-c", "echo \"token=$TROUPE_JOB_TOKEN.\""});
+  ASSERT_TRUE(run.exited(20s));
+  EXPECT_NE(run.output().find("[0] token=chosen-by-the-user."), std::string::npos) << run.output();
+  unsetenv("TROUPE_JOB_TOKEN");
 }

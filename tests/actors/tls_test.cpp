@@ -11,6 +11,7 @@
 
 #include "node_child.hpp"
 #include "process_support.hpp"
+#include "test_certs.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/tls.hpp"
 
@@ -21,21 +22,8 @@ using troupe::test::child_process;
 
 namespace {
 
-// The test certificates (scripts/make_test_certs.sh), made once per run.
-const std::string& cert_dir() {
-  static const std::string dir = [] {
-    auto path = std::filesystem::temp_directory_path() / ("troupe_tls_test_" + std::to_string(getpid()));
-    auto command = std::string(TROUPE_SOURCE_DIR) + "/scripts/make_test_certs.sh " + path.string();
-    if (std::system(command.c_str()) != 0)
-      ADD_FAILURE() << "make_test_certs.sh failed";
-    return path.string();
-  }();
-  return dir;
-}
-
-struct remove_certs : ::testing::Environment {
-  void TearDown() override { std::filesystem::remove_all(cert_dir()); }
-};
+using troupe::test::cert_dir;
+using troupe::test::remove_certs;
 
 tls_options certs(const std::string& node, const std::string& ca = "ca") {
   return {cert_dir() + "/" + node + ".pem", cert_dir() + "/" + node + ".key", cert_dir() + "/" + ca + ".pem", ""};

@@ -36,6 +36,9 @@ struct launch_request {
   std::uint16_t port = 0;            ///< the coordinator's port
   std::vector<std::string> program;  ///< program and arguments
   std::string working_directory;     ///< where remote ranks cd to
+  /// The job's secret, given to every rank as TROUPE_JOB_TOKEN (node_options
+  /// job_token); empty: none.
+  std::string job_token;
 };
 
 /// How to start one rank.

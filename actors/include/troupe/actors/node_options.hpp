@@ -51,6 +51,12 @@ struct node_options {
   std::chrono::milliseconds request_timeout{10000};
 
   tls_options tls;
+  /// The job's shared secret (TROUPE_JOB_TOKEN; troupe-launch makes a random
+  /// one per job): every control-plane connection must carry it before CAF
+  /// sees a byte, and the data plane's frames carry it too. Empty: a fixed
+  /// value, which still turns away clients that do not speak troupe but
+  /// proves no membership; a job reachable from other hosts sets one.
+  std::string job_token;
   scheduler_options scheduler;
   /// Per destination node: where tensors from this node's devices land.
   std::map<std::string, device_map> device_maps;
@@ -75,7 +81,7 @@ struct node_options {
   /// world-size, coordinator (host:port), port, listen-address,
   /// heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout
   /// (durations: 500ms, 5s, 1.5s, 2m; a bare number is milliseconds),
-  /// tls.certificate, tls.key, tls.ca, tls.passphrase, scheduler.policy,
+  /// tls.certificate, tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy,
   /// scheduler.max-threads, middleman.workers, arena-bytes,
   /// arena-copy-min-bytes (byte counts), data-plane-spin (a duration, `50us`;
   /// at most 10ms), device-map.<node>

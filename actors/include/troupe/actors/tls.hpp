@@ -1,9 +1,8 @@
 #pragma once
-// Mutual TLS between nodes through CAF's OpenSSL module. CAF silently falls
-// back to anonymous TLS when no key is configured, and a wrong passphrase
-// throws inside the module and hangs the client (docs/api-notes.md), so troupe
-// checks the files itself before the module starts and refuses to run with
-// anything less than certificate + key + CA.
+// Mutual TLS between nodes. troupe does the TLS of the control plane itself
+// (docs/design.md, "Trust at the edges"); these settings name the files, and
+// troupe refuses to run with anything less than certificate + key + CA
+// (an anonymous fallback would authenticate nobody).
 #include <string>
 
 #include "troupe/tensor/expected.hpp"

@@ -1,0 +1,215 @@
+#include "control_plane_tls.hpp"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+#include <caf/io/network/stream_impl.hpp>
+
+#include "tls_files.hpp"
+
+namespace troupe::actors::control_plane {
+
+namespace {
+
+namespace net = caf::io::network;
+
+// Empties this thread's OpenSSL error queue and returns its first entry as
+// text: called after every failed call, so no stale entry can make a later
+// call on another session of this thread look fatal.
+std::string drain_errors() {
+  std::string first;
+  while (auto code = ERR_get_error()) {
+    if (first.empty()) {
+      char text[256];
+      ERR_error_string_n(code, text, sizeof text);
+      first = text;
+    }
+  }
+  return first;
+}
+
+std::string failure_reason(SSL* ssl, int code) {
+  std::string why;
+  switch (code) {
+    case SSL_ERROR_ZERO_RETURN:
+      why = "the peer closed the TLS session";
+      break;
+    case SSL_ERROR_SYSCALL:
+      why = "the connection closed during TLS";
+      break;
+    default:
+      why = "TLS failed";
+  }
+  auto detail = drain_errors();
+  if (!detail.empty())
+    why += ": " + detail;
+  if (auto verify = SSL_get_verify_result(ssl); verify != X509_V_OK)
+    why += fmt::format(" (certificate: {})", X509_verify_cert_error_string(verify));
+  return why;
+}
+
+tls_step step_of(SSL* ssl, int result, std::string& why) {
+  switch (int code = SSL_get_error(ssl, result)) {
+    case SSL_ERROR_WANT_READ:
+      return tls_step::want_read;
+    case SSL_ERROR_WANT_WRITE:
+      return tls_step::want_write;
+    default:
+      why = failure_reason(ssl, code);
+      return tls_step::failed;
+  }
+}
+
+// CAF's stream calls these on the middleman thread; the session was
+// established before the scribe existed.
+class session_policy {
+public:
+  explicit session_policy(ssl_ptr session) : session_(std::move(session)) {}
+
+  caf::io::network::rw_state read_some(std::size_t& result, net::native_socket, void* buffer, std::size_t length) {
+    return transfer(result, length, [&] { return SSL_read(session_.get(), buffer, static_cast<int>(length)); });
+  }
+
+  caf::io::network::rw_state write_some(std::size_t& result, net::native_socket, const void* buffer,
+                                        std::size_t length) {
+    return transfer(result, length, [&] { return SSL_write(session_.get(), buffer, static_cast<int>(length)); });
+  }
+
+  // Decrypted bytes OpenSSL holds are invisible to poll(): read them now.
+  bool must_read_more(net::native_socket, std::size_t threshold) {
+    return static_cast<std::size_t>(SSL_pending(session_.get())) >= threshold;
+  }
+
+private:
+  template <class Call> caf::io::network::rw_state transfer(std::size_t& result, std::size_t length, Call call) {
+    result = 0;
+    if (length == 0)
+      return caf::io::network::rw_state::indeterminate;
+    ERR_clear_error();
+    auto n = call();
+    if (n > 0) {
+      result = static_cast<std::size_t>(n);
+      return caf::io::network::rw_state::success;
+    }
+    switch (SSL_get_error(session_.get(), n)) {
+      case SSL_ERROR_WANT_READ:
+      case SSL_ERROR_WANT_WRITE:
+        return caf::io::network::rw_state::success; // poll again
+      default:
+        drain_errors();
+        return caf::io::network::rw_state::failure;
+    }
+  }
+
+  ssl_ptr session_;
+};
+
+// CAF's own scribe_impl with the session in place of plain TCP.
+class tls_scribe final : public caf::io::scribe {
+public:
+  tls_scribe(net::default_multiplexer& backend, int fd, ssl_ptr session)
+    : scribe(net::conn_hdl_from_socket(fd)), stream_(backend, fd, std::move(session)) {}
+
+  void configure_read(caf::io::receive_policy::config config) override {
+    stream_.configure_read(config);
+    if (!launched_) {
+      launched_ = true;
+      stream_.start(this);
+    }
+  }
+  void ack_writes(bool enable) override { stream_.ack_writes(enable); }
+  std::vector<char>& wr_buf() override { return stream_.wr_buf(); }
+  std::vector<char>& rd_buf() override { return stream_.rd_buf(); }
+  void graceful_shutdown() override {
+    stream_.graceful_shutdown();
+    detach(&stream_.backend(), false);
+  }
+  void flush() override { stream_.flush(this); }
+  std::string addr() const override {
+    auto x = net::remote_addr_of_fd(stream_.fd());
+    return x ? *x : std::string{};
+  }
+  std::uint16_t port() const override {
+    auto x = net::remote_port_of_fd(stream_.fd());
+    return x ? *x : 0;
+  }
+  void add_to_loop() override { stream_.activate(this); }
+  void remove_from_loop() override { stream_.passivate(); }
+
+private:
+  bool launched_ = false;
+  net::stream_impl<session_policy> stream_;
+};
+
+} // namespace
+
+void ssl_deleter::operator()(SSL* ssl) const noexcept {
+  SSL_free(ssl);
+}
+
+troupe::expected<std::shared_ptr<tls_context>> tls_context::load(const tls_options& options) {
+  auto context = load_ssl_context(options);
+  if (!context)
+    return context.error();
+  SSL_CTX_set_min_proto_version(*context, TLS1_2_VERSION);
+  // Mutual: a peer without a certificate signed by the job's CA is refused
+  // during the handshake, on both sides.
+  SSL_CTX_set_verify(*context, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  // CAF's stream may retry a write from a reallocated buffer.
+  SSL_CTX_set_mode(*context, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  return std::shared_ptr<tls_context>(new tls_context(*context));
+}
+
+tls_context::~tls_context() {
+  SSL_CTX_free(context_);
+}
+
+troupe::expected<ssl_ptr> tls_context::session(int fd, bool server) const {
+  ERR_clear_error();
+  ssl_ptr ssl(SSL_new(context_));
+  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1)
+    return make_error(errc::io_error, "TLS: cannot create a session: {}", drain_errors());
+  if (server)
+    SSL_set_accept_state(ssl.get());
+  else
+    SSL_set_connect_state(ssl.get());
+  return ssl;
+}
+
+tls_step handshake_step(SSL* ssl, bool server, std::string& why) {
+  ERR_clear_error();
+  auto result = server ? SSL_accept(ssl) : SSL_connect(ssl);
+  if (result == 1)
+    return tls_step::done;
+  return step_of(ssl, result, why);
+}
+
+namespace {
+
+template <class Call> long io_step(SSL* ssl, tls_step& step, std::string& why, Call call) {
+  ERR_clear_error();
+  auto n = call();
+  if (n > 0) {
+    step = tls_step::done;
+    return n;
+  }
+  step = step_of(ssl, n, why);
+  return step == tls_step::failed ? -1 : 0;
+}
+
+} // namespace
+
+long read_step(SSL* ssl, void* buffer, std::size_t length, tls_step& step, std::string& why) {
+  return io_step(ssl, step, why, [&] { return SSL_read(ssl, buffer, static_cast<int>(length)); });
+}
+
+long write_step(SSL* ssl, const void* buffer, std::size_t length, tls_step& step, std::string& why) {
+  return io_step(ssl, step, why, [&] { return SSL_write(ssl, buffer, static_cast<int>(length)); });
+}
+
+caf::io::scribe_ptr make_tls_scribe(caf::io::network::default_multiplexer& backend, int fd, ssl_ptr session) {
+  return caf::make_counted<tls_scribe>(backend, fd, std::move(session));
+}
+
+} // namespace troupe::actors::control_plane
