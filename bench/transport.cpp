@@ -23,6 +23,7 @@
 // The benchmark re-executes itself as the second process (--child=...).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -33,6 +34,7 @@
 #include <thread>
 
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
 
 #include "baselines.hpp"
 #include "peer_process.hpp"
@@ -249,6 +251,36 @@ int child_node(int argc, char** argv) {
   return 0;
 }
 
+// CAF as shipped, without troupe's guard: the same scheduler and heartbeat
+// settings as a node, an echo published with the middleman's own publish().
+void configure_like_a_node(caf::actor_system_config& config) {
+  config.load<caf::io::middleman>();
+  node_options defaults;
+  config.set("scheduler.policy", caf::atom_from_string(defaults.scheduler.policy));
+  config.set("scheduler.max-threads", static_cast<std::size_t>(std::max(1u, std::thread::hardware_concurrency())));
+  config.set("middleman.heartbeat-interval", caf::timespan{defaults.heartbeat_interval});
+  config.set("middleman.connection-timeout", caf::timespan{defaults.heartbeat_timeout});
+}
+
+int child_unguarded_caf() {
+  caf::actor_system_config config;
+  configure_like_a_node(config);
+  caf::actor_system sys{config};
+  auto echo = sys.spawn([]() -> caf::behavior { return {[](int x) { return x; }}; });
+  auto port = sys.middleman().publish(echo, 0, "127.0.0.1", true);
+  if (!port) {
+    fmt::print("ERROR {}\n", sys.render(port.error()));
+    return 3;
+  }
+  fmt::print("READY {}\n", *port);
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line) && line != "quit") {
+  }
+  caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
 // -- parent side ------------------------------------------------------------------------
 
 struct sizes_and_counts {
@@ -437,6 +469,20 @@ private:
   std::vector<std::uint64_t> released_;
 };
 
+/// Median round trip in µs of an int to `echo` and back, after 100 warm-up
+/// requests.
+double median_round_trip_us(caf::actor_system& system, const caf::actor& echo, int count) {
+  caf::scoped_actor self{system};
+  std::vector<double> samples;
+  for (int i = 0; i < count + 100; ++i) {
+    auto start = bench::now_seconds();
+    self->request(echo, 5s, i).receive([](int) {}, [](caf::error&) {});
+    if (i >= 100)
+      samples.push_back((bench::now_seconds() - start) * 1e6);
+  }
+  return bench::median(samples);
+}
+
 /// Two CAF nodes (this process is the coordinator), optionally over TLS.
 class node_session {
 public:
@@ -478,17 +524,7 @@ public:
     node_->stop();
   }
 
-  double round_trip_us(int count) {
-    caf::scoped_actor self{node_->system()};
-    std::vector<double> samples;
-    for (int i = 0; i < count + 100; ++i) {
-      auto start = bench::now_seconds();
-      self->request(echo_, 5s, i).receive([](int) {}, [](caf::error&) {});
-      if (i >= 100)
-        samples.push_back((bench::now_seconds() - start) * 1e6);
-    }
-    return bench::median(samples);
-  }
+  double round_trip_us(int count) { return median_round_trip_us(node_->system(), echo_, count); }
 
   /// One-way GB/s of tensor_messages through CAF (BASP, or TLS), four in
   /// flight, each acknowledged by the sink.
@@ -524,6 +560,38 @@ private:
   std::unique_ptr<bench::peer_process> child_;
   caf::actor echo_;
   caf::actor sink_;
+};
+
+/// The same round trip between two plain CAF systems, connected with CAF's
+/// own publish/remote_actor: no guard, no preamble (the figure the guard is
+/// compared with).
+class unguarded_caf_session {
+public:
+  unguarded_caf_session() {
+    configure_like_a_node(config_);
+    system_ = std::make_unique<caf::actor_system>(config_);
+    child_ = std::make_unique<bench::peer_process>(std::vector<std::string>{self_path(), "--child=caf"});
+    auto line = child_->read_line(30'000).value_or("");
+    if (!line.starts_with("READY "))
+      throw std::runtime_error("CAF child did not start: " + line);
+    auto port = static_cast<std::uint16_t>(std::stoi(line.substr(6)));
+    auto echo = system_->middleman().remote_actor("127.0.0.1", port);
+    if (!echo)
+      throw std::runtime_error("remote_actor: " + system_->render(echo.error()));
+    echo_ = *echo;
+  }
+  ~unguarded_caf_session() {
+    echo_ = nullptr;
+    child_.reset();
+  }
+
+  double round_trip_us(int count) { return median_round_trip_us(*system_, echo_, count); }
+
+private:
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::unique_ptr<bench::peer_process> child_;
+  caf::actor echo_;
 };
 
 /// Two nodes on this host through their tensor_routers (the user's path):
@@ -746,6 +814,30 @@ int parent(int argc, char** argv) {
     node_session caf_plain(std::nullopt);
     auto rtt = caf_plain.round_trip_us(rtt_count);
     out.add({"control plane RTT (CAF)", "round trip", rtt, "us", "PyTorch rpc_sync (uv)", torch_figure("rtt/uv"), ""});
+    // The guard is out of the path once a connection is handed over: the
+    // guarded round trip against CAF's own publish/remote_actor, sessions
+    // alternated, the ratio per round.
+    {
+      unguarded_caf_session unguarded;
+      std::vector<double> guarded_us, unguarded_us, ratios;
+      for (int round = 0; round < rounds; ++round) {
+        bool guarded_first = round % 2 == 0;
+        double g = 0, u = 0;
+        if (guarded_first)
+          g = caf_plain.round_trip_us(rtt_count / 2);
+        u = unguarded.round_trip_us(rtt_count / 2);
+        if (!guarded_first)
+          g = caf_plain.round_trip_us(rtt_count / 2);
+        guarded_us.push_back(g);
+        unguarded_us.push_back(u);
+        ratios.push_back(g / u);
+      }
+      std::sort(ratios.begin(), ratios.end());
+      out.add({"control plane RTT, guarded (troupe)", "round trip", bench::median(guarded_us), "us",
+               "CAF publish/remote_actor, no guard", bench::median(unguarded_us),
+               fmt::format("{} rounds alternated; guarded/unguarded median {:.3f}, range {:.3f}-{:.3f}", rounds,
+                           bench::median(ratios), ratios.front(), ratios.back())});
+    }
     for (auto [bytes, count] : cases) {
       out.add({fmt::format("CAF remote, {}", human(bytes)), "throughput", caf_plain.throughput_gbps(bytes, count / 2 + 2),
                "GB/s", "", {}, "tensor_message through CAF (BASP)"});
@@ -982,6 +1074,8 @@ int main(int argc, char** argv) {
     }
     if (arg == "--child=node")
       return child_node(argc, argv);
+    if (arg == "--child=caf")
+      return child_unguarded_caf();
   }
   try {
     return parent(argc, argv);

@@ -128,12 +128,23 @@ def main():
     parser.add_argument("--max-connections", type=int, default=5000)
     parser.add_argument("--held-open", type=int, default=64, help="silent connections held for the whole run")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--until-pid", type=int, default=0, help="also stop once this process has ended")
+    parser.add_argument("--wait-ports", type=int, default=1,
+                        help="wait (at most 30 s) until the processes listen on this many ports in all")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     targets = []
-    for pid in args.pids.split(","):
-        for address, port, family in listening_ports(int(pid)):
-            targets.append((address, port, family))
+    wait_until = time.monotonic() + 30
+    while True:
+        targets = []
+        for pid in args.pids.split(","):
+            try:
+                targets.extend(listening_ports(int(pid)))
+            except OSError:
+                pass  # the process has ended
+        if len(targets) >= args.wait_ports or time.monotonic() > wait_until:
+            break
+        time.sleep(0.1)
     if not targets:
         print("stray_clients: the processes listen on no TCP port", file=sys.stderr)
         return 1
@@ -167,7 +178,18 @@ def main():
     total = 0
     start = time.monotonic()
     next_slow = start
+    def watched_alive():
+        if not args.until_pid:
+            return True
+        try:
+            os.kill(args.until_pid, 0)
+            return True
+        except OSError:
+            return False
+
     while time.monotonic() - start < args.seconds and total < args.max_connections:
+        if total % 64 == 0 and not watched_alive():
+            break
         address, port, family = targets[total % len(targets)]
         kind = KINDS[rng.randrange(len(KINDS))]
         counts[kind][one_connection(address, port, family, kind, rng, anonymous_tls)] += 1

@@ -50,7 +50,9 @@ done
 tool=$(pgrep -P "$launcher" | head -1) # timeout -> troupe-launch -> the ranks
 ranks=$(pgrep -d, -P "${tool:-0}")
 if [[ -z $ranks ]]; then cat "$work/noisy.txt"; echo "no rank processes found"; exit 1; fi
-timeout 60 python3 "$source_dir/tests/actors/stray_clients.py" --pids "$ranks" --seconds 8 \
+ports=4
+[[ $mode == tls ]] && ports=2 # with TLS the data plane (UCX) is not used
+timeout 60 python3 "$source_dir/tests/actors/stray_clients.py" --pids "$ranks" --seconds 8 --wait-ports "$ports" \
   --max-connections 60000 >"$work/strangers.txt" 2>&1 &
 pids+=($!)
 hammer=${pids[-1]}
