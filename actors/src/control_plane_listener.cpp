@@ -1,10 +1,8 @@
 #include "control_plane_listener.hpp"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -15,7 +13,6 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -195,7 +192,6 @@ private:
   void refuse(pending& p, const std::string& why) {
     ::close(p.fd);
     p.fd = -1;
-    ++refused_;
     auto now = clock::now();
     if (now - last_log_ < options_.log_interval && last_log_ != clock::time_point{}) {
       ++unreported_;
@@ -294,27 +290,22 @@ private:
       }
       p.received += static_cast<std::size_t>(n);
       // A stranger usually fails the magic: say so without waiting for 32 bytes.
-      if (p.received >= 8 && p.received < preamble_size) {
-        std::array<std::byte, preamble_size> probe = encode_preamble(1);
-        if (std::memcmp(p.preamble.data(), probe.data(), 8) != 0) {
-          refuse(p, "no troupe preamble (the first 8 bytes are not \"TROUPEcp\")");
+      if (p.received >= 8 && p.received < preamble_size)
+        if (auto ok = check_preamble_start(std::span(p.preamble).first(p.received)); !ok) {
+          refuse(p, ok.error().message());
           return;
         }
-      }
     }
     if (auto ok = check_preamble(p.preamble, options_.token); !ok) {
       refuse(p, ok.error().message());
       return;
     }
-    ++accepted_;
     int fd = p.fd;
     p.fd = -1;
     // The intrusive pointer keeps the doorman alive until the event loop
     // has run this; stop() joins this thread before the doorman can die.
     caf::intrusive_ptr<guarded_doorman> self{this};
-    backend_.post([self, fd, tls = std::make_shared<ssl_ptr>(std::move(p.tls))]() mutable {
-      self->hand_over(fd, std::move(*tls));
-    });
+    backend_.post([self, fd, tls = std::move(p.tls)]() mutable { self->hand_over(fd, std::move(tls)); });
   }
 
   void run() {
@@ -360,7 +351,7 @@ private:
   std::atomic<bool> stopping_{false};
   std::atomic<bool> paused_{false};
   std::deque<pending> pending_;
-  std::uint64_t accepted_ = 0, refused_ = 0, unreported_ = 0;
+  std::uint64_t unreported_ = 0; // refusals since the last log line
   clock::time_point last_log_{};
 };
 

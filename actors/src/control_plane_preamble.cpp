@@ -30,11 +30,17 @@ std::array<std::byte, preamble_size> encode_preamble(std::uint64_t token) {
   return out;
 }
 
+troupe::expected<void> check_preamble_start(std::span<const std::byte> first) {
+  if (first.size() < sizeof magic || std::memcmp(first.data(), magic, sizeof magic) != 0)
+    return make_error(errc::malformed_message, "no troupe preamble (the first 8 bytes are not \"TROUPEcp\")");
+  return {};
+}
+
 troupe::expected<void> check_preamble(std::span<const std::byte> bytes, std::uint64_t token) {
   if (bytes.size() != preamble_size)
     return make_error(errc::malformed_message, "the preamble has {} bytes, not {}", bytes.size(), preamble_size);
-  if (std::memcmp(bytes.data(), magic, sizeof magic) != 0)
-    return make_error(errc::malformed_message, "no troupe preamble (the first 8 bytes are not \"TROUPEcp\")");
+  if (auto ok = check_preamble_start(bytes); !ok)
+    return ok;
   if (auto version = get_le(bytes.data() + 8, 2); version != preamble_version)
     return make_error(errc::malformed_message, "preamble version {} (this node speaks {})", version,
                       preamble_version);

@@ -29,6 +29,10 @@ inline constexpr std::uint16_t preamble_version = 1;
 
 std::array<std::byte, preamble_size> encode_preamble(std::uint64_t token);
 
+/// Checks the magic of the first bytes received (at least 8), so that a
+/// stranger is refused before it has sent all 32.
+troupe::expected<void> check_preamble_start(std::span<const std::byte> first);
+
 /// Checks a received preamble against this job's token. The error names the
 /// first thing wrong: its length, the magic, the version, a reserved field,
 /// a missing or a wrong token (never the expected token itself).

@@ -68,12 +68,16 @@ public:
   explicit session_policy(ssl_ptr session) : session_(std::move(session)) {}
 
   caf::io::network::rw_state read_some(std::size_t& result, net::native_socket, void* buffer, std::size_t length) {
-    return transfer(result, length, [&] { return SSL_read(session_.get(), buffer, static_cast<int>(length)); });
+    return transfer(result, length, [&](tls_step& step, std::string& why) {
+      return read_step(session_.get(), buffer, length, step, why);
+    });
   }
 
   caf::io::network::rw_state write_some(std::size_t& result, net::native_socket, const void* buffer,
                                         std::size_t length) {
-    return transfer(result, length, [&] { return SSL_write(session_.get(), buffer, static_cast<int>(length)); });
+    return transfer(result, length, [&](tls_step& step, std::string& why) {
+      return write_step(session_.get(), buffer, length, step, why);
+    });
   }
 
   // Decrypted bytes OpenSSL holds are invisible to poll(): read them now.
@@ -82,24 +86,17 @@ public:
   }
 
 private:
-  template <class Call> caf::io::network::rw_state transfer(std::size_t& result, std::size_t length, Call call) {
+  template <class Step> caf::io::network::rw_state transfer(std::size_t& result, std::size_t length, Step step_once) {
     result = 0;
     if (length == 0)
       return caf::io::network::rw_state::indeterminate;
-    ERR_clear_error();
-    auto n = call();
-    if (n > 0) {
-      result = static_cast<std::size_t>(n);
-      return caf::io::network::rw_state::success;
-    }
-    switch (SSL_get_error(session_.get(), n)) {
-      case SSL_ERROR_WANT_READ:
-      case SSL_ERROR_WANT_WRITE:
-        return caf::io::network::rw_state::success; // poll again
-      default:
-        drain_errors();
-        return caf::io::network::rw_state::failure;
-    }
+    tls_step step;
+    std::string why;
+    auto n = step_once(step, why);
+    if (n < 0)
+      return caf::io::network::rw_state::failure;
+    result = static_cast<std::size_t>(n); // 0: would block, poll again
+    return caf::io::network::rw_state::success;
   }
 
   ssl_ptr session_;

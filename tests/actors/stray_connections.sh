@@ -70,6 +70,7 @@ if [[ $status -ne 0 ]]; then
 fi
 if ! diff <(losses "$work/quiet.txt") <(losses "$work/noisy.txt") >"$work/diff.txt"; then
   head -20 "$work/diff.txt"
+  grep -h "stage [0-9]: layers" "$work/quiet.txt" "$work/noisy.txt"
   echo "FAILED: the losses differ from the undisturbed run"
   exit 1
 fi
