@@ -68,7 +68,14 @@ if [[ $status -ne 0 ]]; then
   echo "FAILED: the job ended with status $status while strangers connected"
   exit 1
 fi
-if ! diff <(losses "$work/quiet.txt") <(losses "$work/noisy.txt") >"$work/diff.txt"; then
+# Equal within float rounding: two undisturbed-looking runs once differed in
+# one printed 4th decimal (step 211, 2.0360 against 2.0361, same partition,
+# every later step equal); where the rounding difference arises is not yet
+# known. More than one unit of that digit, a missing step, or a failed job
+# is a disturbance.
+if ! paste -d' ' <(losses "$work/quiet.txt") <(losses "$work/noisy.txt") |
+  awk '$1 != $3 || ($2 - $4 > 0.00011) || ($4 - $2 > 0.00011) { print; bad = 1 } END { exit bad }' \
+    >"$work/diff.txt" || [[ $(losses "$work/quiet.txt" | wc -l) -ne $(losses "$work/noisy.txt" | wc -l) ]]; then
   head -20 "$work/diff.txt"
   grep -h "stage [0-9]: layers" "$work/quiet.txt" "$work/noisy.txt"
   echo "FAILED: the losses differ from the undisturbed run"
@@ -86,4 +93,4 @@ for rank in 0 1; do
 done
 echo "refusal lines: $(grep -c 'refused a control-plane connection' "$work/noisy.txt") (rate-limited)"
 grep -E '^\[0\] step +'"$steps"' ' "$work/quiet.txt" "$work/noisy.txt"
-echo "PASSED ($mode): $steps equal losses with $connections stray connections during training"
+echo "PASSED ($mode): $steps losses equal (within 1e-4) with $connections stray connections during training"
