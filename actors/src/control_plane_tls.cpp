@@ -1,5 +1,11 @@
 #include "control_plane_tls.hpp"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <mutex>
+
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -27,6 +33,60 @@ std::string drain_errors() {
     }
   }
   return first;
+}
+
+// A socket BIO whose writes never raise SIGPIPE. OpenSSL's own socket BIO
+// writes with write(2): a peer that closed first (a stranger mid-handshake, a
+// node that stopped) would kill the whole process with SIGPIPE. send(2) with
+// MSG_NOSIGNAL reports EPIPE instead, which fails only this session. The fd
+// is the caller's to close.
+int socket_write(BIO* bio, const char* data, int length) {
+  BIO_clear_retry_flags(bio);
+  auto n = ::send(static_cast<int>(BIO_get_fd(bio, nullptr)), data, static_cast<std::size_t>(length),
+                  MSG_NOSIGNAL);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    BIO_set_retry_write(bio);
+  return static_cast<int>(n);
+}
+
+int socket_read(BIO* bio, char* data, int length) {
+  BIO_clear_retry_flags(bio);
+  auto n = ::recv(static_cast<int>(BIO_get_fd(bio, nullptr)), data, static_cast<std::size_t>(length), 0);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    BIO_set_retry_read(bio);
+  return static_cast<int>(n);
+}
+
+long socket_ctrl(BIO* bio, int command, long number, void* pointer) {
+  switch (command) {
+    case BIO_C_SET_FD:
+      BIO_set_data(bio, reinterpret_cast<void*>(static_cast<std::intptr_t>(*static_cast<int*>(pointer))));
+      BIO_set_init(bio, 1);
+      return 1;
+    case BIO_C_GET_FD:
+      if (!BIO_get_init(bio))
+        return -1;
+      if (pointer)
+        *static_cast<int*>(pointer) = static_cast<int>(reinterpret_cast<std::intptr_t>(BIO_get_data(bio)));
+      return static_cast<long>(reinterpret_cast<std::intptr_t>(BIO_get_data(bio)));
+    case BIO_CTRL_FLUSH:
+      return 1;
+    default:
+      (void)number;
+      return 0;
+  }
+}
+
+const BIO_METHOD* nosignal_socket_method() {
+  static BIO_METHOD* method = [] {
+    auto* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+                           "troupe socket without SIGPIPE");
+    BIO_meth_set_write(m, socket_write);
+    BIO_meth_set_read(m, socket_read);
+    BIO_meth_set_ctrl(m, socket_ctrl);
+    return m;
+  }();
+  return method;
 }
 
 std::string failure_reason(SSL* ssl, int code) {
@@ -165,8 +225,11 @@ tls_context::~tls_context() {
 troupe::expected<ssl_ptr> tls_context::session(int fd, bool server) const {
   ERR_clear_error();
   ssl_ptr ssl(SSL_new(context_));
-  if (!ssl || SSL_set_fd(ssl.get(), fd) != 1)
+  BIO* bio = ssl ? BIO_new(nosignal_socket_method()) : nullptr;
+  if (!bio)
     return make_error(errc::io_error, "TLS: cannot create a session: {}", drain_errors());
+  BIO_set_fd(bio, fd, BIO_NOCLOSE);
+  SSL_set_bio(ssl.get(), bio, bio); // the session owns the BIO from here
   if (server)
     SSL_set_accept_state(ssl.get());
   else

@@ -14,6 +14,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -25,6 +27,7 @@
 #include "troupe/serialization/decode.hpp"
 #include "troupe/serialization/encoded_message.hpp"
 #include "troupe/tensor/host_allocator.hpp"
+#include "ucx_handshake_deadline.hpp"
 
 // Flow control, step by step (one edge: sender S -> receiver R):
 //  1. S's send() encodes the message (header frame + a span of the tensor's
@@ -265,6 +268,10 @@ public:
     if (options_.credit_window_bytes == 0 || options_.max_queued_sends == 0)
       return make_error(errc::invalid_argument,
                         "data plane: credit window and send queue must be positive");
+    // UCX opens its TCP listener in ucp_worker_create; the listeners that
+    // appear meanwhile are its (this thread is the only one starting sockets
+    // here), and the handshake deadline watches their ports.
+    auto listeners_before = detail::listening_tcp_sockets();
     ucp_config_t* config = nullptr;
     if (auto s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK)
       return make_error(errc::io_error, "data plane: ucp_config_read: {}", status_text(s));
@@ -306,6 +313,13 @@ public:
     if (s = ucp_worker_get_address(worker_, &address, &length); s != UCS_OK)
       return make_error(errc::io_error, "data plane: ucp_worker_get_address: {}",
                         status_text(s));
+    std::set<std::uint16_t> ucx_ports;
+    for (auto& [inode, port] : detail::listening_tcp_sockets())
+      if (!listeners_before.contains(inode))
+        ucx_ports.insert(port);
+    detail::handshake_deadline_options deadline;
+    deadline.deadline = options_.handshake_deadline;
+    handshake_deadline_.emplace(std::move(ucx_ports), deadline);
     address_.assign(reinterpret_cast<const std::byte*>(address),
                     reinterpret_cast<const std::byte*>(address) + length);
     ucp_worker_release_address(worker_, address);
@@ -575,7 +589,12 @@ private:
 
   void run() {
     epoll_event events[2];
+    auto next_sweep = clock_type::now() + sweep_interval;
     for (;;) {
+      if (auto now = clock_type::now(); now >= next_sweep) {
+        sweep_silent_connections(now);
+        next_sweep = now + sweep_interval;
+      }
       while (ucp_worker_progress(worker_) != 0) {
       }
       // Sends first: an echo or reply leaves before the ack for the message
@@ -624,6 +643,23 @@ private:
       if (n < 0 && errno != EINTR)
         log("epoll_wait failed: {}", std::strerror(errno));
     }
+  }
+
+  /// Closes connections to UCX's listener that never sent its handshake,
+  /// with one log line per sweep (so at most one a second).
+  void sweep_silent_connections(clock_type::time_point now) {
+    if (!handshake_deadline_)
+      return;
+    auto swept = handshake_deadline_->sweep(now);
+    if (swept.empty())
+      return;
+    {
+      std::lock_guard guard(mutex_);
+      stats_.silent_connections_closed += swept.size();
+    }
+    log("closed {} connection(s) to UCX's listener: {} {}{}", swept.size(), swept.front().peer,
+        swept.front().reason,
+        swept.size() > 1 ? fmt::format(" (and {} more)", swept.size() - 1) : std::string());
   }
 
   bool transfers_under_way() const {
@@ -1423,6 +1459,8 @@ private:
   int wake_fd_ = -1;
   int epoll_fd_ = -1;
   static constexpr int idle_progress_ms = 200;
+  static constexpr std::chrono::seconds sweep_interval{1};
+  std::optional<detail::ucx_handshake_deadline> handshake_deadline_; // transport thread after init
   std::thread thread_;
 
   mutable std::mutex mutex_; // peers_ (the list and each queue), commands_, stats_

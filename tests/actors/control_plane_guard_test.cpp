@@ -325,6 +325,27 @@ TEST(ControlPlaneGuard, WithTlsFailedHandshakesOfStrangersNeverBreakAMembersLink
   EXPECT_TRUE(answers(*client.system, *remote));
 }
 
+// A peer that closed first (a stranger mid-handshake, a node that stopped)
+// must fail only that session: OpenSSL's socket BIO writes with write(2),
+// whose SIGPIPE would end the whole process (seen once in ctest).
+TEST(ControlPlaneTls, WritingToAPeerThatClosedFailsTheSessionWithoutSigpipe) {
+  auto context = tls_of("node");
+  ASSERT_TRUE(context);
+  int pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
+  ::close(pair[1]); // the peer is gone before the first byte
+  auto session = context->session(pair[0], false);
+  ASSERT_TRUE(session) << session.error().message();
+  std::string why;
+  EXPECT_EQ(cp::handshake_step(session->get(), false, why), cp::tls_step::failed);
+  EXPECT_FALSE(why.empty());
+  cp::tls_step step{};
+  char byte = 'x';
+  EXPECT_EQ(cp::write_step(session->get(), &byte, 1, step, why), -1);
+  EXPECT_EQ(step, cp::tls_step::failed);
+  ::close(pair[0]);
+}
+
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   testing::AddGlobalTestEnvironment(new remove_certs);

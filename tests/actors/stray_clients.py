@@ -129,6 +129,9 @@ def main():
     parser.add_argument("--held-open", type=int, default=64, help="silent connections held for the whole run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--until-pid", type=int, default=0, help="also stop once this process has ended")
+    parser.add_argument("--expect-closed-within", type=float, default=0.0,
+                        help="fail unless every held-open and slow connection is closed by the node "
+                             "within this many seconds of being opened (0: only report)")
     parser.add_argument("--wait-ports", type=int, default=1,
                         help="wait (at most 30 s) until the processes listen on this many ports in all")
     args = parser.parse_args()
@@ -154,13 +157,14 @@ def main():
     anonymous_tls.verify_mode = ssl.CERT_NONE
 
     held = []
+    held_since = time.monotonic()
     for i in range(args.held_open):
         address, port, family = targets[i % len(targets)]
         s = socket.socket(family, socket.SOCK_STREAM)
         s.settimeout(1.0)
         try:
             s.connect((address, port))
-            held.append(s)
+            held.append((s, port))
         except OSError:
             s.close()
     # One "slow" client per port: a byte of a preamble every 200 ms.
@@ -170,9 +174,38 @@ def main():
         s.settimeout(1.0)
         try:
             s.connect((address, port))
-            slow.append([s, 0])
+            slow.append([s, 0, port])
         except OSError:
             s.close()
+
+    pids = [int(p) for p in args.pids.split(",")]
+
+    def all_alive():
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return False
+        return True
+
+    def closed_now(s):
+        try:
+            s.setblocking(False)
+            return s.recv(1) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    # A connection counts as closed by the node only if it was seen closed
+    # while every node process was still running (an ended job closes all).
+    seen_closed = set()
+
+    def observe_closures():
+        candidates = [s for s, _ in held] + [entry[0] for entry in slow if entry[0] is not None]
+        closed = [s for s in candidates if id(s) not in seen_closed and closed_now(s)]
+        if closed and all_alive():
+            seen_closed.update(id(s) for s in closed)
 
     counts = {k: {"sent": 0, "refused": 0, "error": 0} for k in KINDS}
     total = 0
@@ -196,30 +229,34 @@ def main():
         total += 1
         if time.monotonic() >= next_slow:
             next_slow += 0.2
+            observe_closures()
             for entry in slow:
-                if entry[0] is None:
+                if id(entry[0]) in seen_closed:
                     continue
                 try:
                     entry[0].send(b"TROUPEcp"[entry[1] % 8:entry[1] % 8 + 1])
                     entry[1] += 1
                 except OSError:
-                    entry[0].close()
-                    entry[0] = None
+                    if all_alive():
+                        seen_closed.add(id(entry[0]))
     elapsed = time.monotonic() - start
-    closed_slow = sum(1 for entry in slow if entry[0] is None)
+
+    # The node must close silent and slow clients by itself (a bounded
+    # handshake time on every port): wait for it, within the given bound.
+    deadline = held_since + args.expect_closed_within
+    while time.monotonic() < deadline:
+        observe_closures()
+        if len(seen_closed) == len(held) + len(slow) or not all_alive():
+            break
+        time.sleep(0.2)
+    observe_closures()
+    open_ports = [port for s, port in held if id(s) not in seen_closed]
+    open_ports += [entry[2] for entry in slow if id(entry[0]) not in seen_closed]
+    held_closed = sum(1 for s, _ in held if id(s) in seen_closed)
+    closed_slow = sum(1 for entry in slow if id(entry[0]) in seen_closed)
     for entry in slow:
-        if entry[0] is not None:
-            entry[0].close()
-    held_closed = 0
-    for s in held:
-        try:
-            s.setblocking(False)
-            if s.recv(1) == b"":
-                held_closed += 1
-        except BlockingIOError:
-            pass
-        except OSError:
-            held_closed += 1
+        entry[0].close()
+    for s, _ in held:
         s.close()
     for kind in KINDS:
         c = counts[kind]
@@ -227,6 +264,11 @@ def main():
     print(f"stray_clients: {total} connections in {elapsed:.1f} s ({total / max(elapsed, 1e-9):.0f}/s); "
           f"held open {len(held)}, closed by the node {held_closed}; slow clients {len(slow)}, "
           f"closed by the node {closed_slow}", flush=True)
+    if args.expect_closed_within > 0 and open_ports:
+        print(f"stray_clients: FAILED: {len(open_ports)} silent or slow connection(s) still open "
+              f"{args.expect_closed_within:.0f} s after connecting, on port(s) "
+              + " ".join(str(p) for p in sorted(set(open_ports))), flush=True)
+        return 1
     return 0
 
 

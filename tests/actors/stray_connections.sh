@@ -13,7 +13,7 @@ set -uo pipefail
 build=${1:?usage: stray_connections.sh BUILD_DIR SOURCE_DIR [tls]}
 source_dir=${2:?usage: stray_connections.sh BUILD_DIR SOURCE_DIR [tls]}
 mode=${3:-plain}
-steps=${STRAY_STEPS:-400}
+steps=${STRAY_STEPS:-600}
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -53,12 +53,13 @@ if [[ -z $ranks ]]; then cat "$work/noisy.txt"; echo "no rank processes found"; 
 ports=4
 [[ $mode == tls ]] && ports=2 # with TLS the data plane (UCX) is not used
 timeout 60 python3 "$source_dir/tests/actors/stray_clients.py" --pids "$ranks" --seconds 8 --wait-ports "$ports" \
-  --max-connections 60000 >"$work/strangers.txt" 2>&1 &
+  --expect-closed-within 12 --max-connections 60000 >"$work/strangers.txt" 2>&1 &
 pids+=($!)
 hammer=${pids[-1]}
 status=0
 wait "$launcher" || status=$?
-wait "$hammer"
+hammer_status=0
+wait "$hammer" || hammer_status=$?
 cat "$work/strangers.txt"
 pids=()
 
@@ -91,6 +92,19 @@ for rank in 0 1; do
     exit 1
   fi
 done
+if [[ $hammer_status -ne 0 ]]; then
+  echo "FAILED: silent or slow connections were not closed by the nodes (stray_clients exit $hammer_status)"
+  exit 1
+fi
+if [[ $mode == plain ]]; then # UCX's listener, guarded by the data plane's handshake deadline
+  for rank in 0 1; do
+    if ! grep -q "^\[$rank\] troupe data plane \[worker$rank\]: closed [0-9]* connection(s) to UCX's listener" \
+      "$work/noisy.txt"; then
+      echo "FAILED: rank $rank closed no silent connection to UCX's listener"
+      exit 1
+    fi
+  done
+fi
 echo "refusal lines: $(grep -c 'refused a control-plane connection' "$work/noisy.txt") (rate-limited)"
 grep -E '^\[0\] step +'"$steps"' ' "$work/quiet.txt" "$work/noisy.txt"
 echo "PASSED ($mode): $steps losses equal (within 1e-4) with $connections stray connections during training"

@@ -76,6 +76,9 @@ struct data_plane_stats {
   std::uint64_t dropped_oversized = 0;  ///< above max_message_bytes
   std::uint64_t dropped_bad_token = 0;  ///< missing or wrong job token
   std::uint64_t dropped_unknown_peer = 0;
+  /// Connections to UCX's TCP listener closed for not sending UCX's
+  /// handshake within data_plane_options::handshake_deadline.
+  std::uint64_t silent_connections_closed = 0;
   std::uint64_t back_pressure_refusals = 0; ///< send() refused: queue full
   std::uint64_t arena_handoffs_sent = 0;     ///< send_by_reference() frames completed
   std::uint64_t arena_handoffs_received = 0; ///< handed to on_arena

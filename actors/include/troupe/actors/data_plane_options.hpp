@@ -44,6 +44,9 @@ struct data_plane_options {
   /// Largest payload accepted or sent; larger messages are refused on send
   /// and dropped on receive.
   std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
+  /// A connection to UCX's TCP listener that has not sent UCX's connection
+  /// handshake within this time is closed (UCX itself never gives up on it).
+  std::chrono::milliseconds handshake_deadline{5000};
   /// Bytes (header + payload) a sender may have unacknowledged per peer.
   std::size_t credit_window_bytes = std::size_t{64} << 20;
   /// Sends waiting for credits per peer; beyond it send() refuses
