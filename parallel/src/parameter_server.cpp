@@ -1,0 +1,1057 @@
+#include "troupe/parallel/parameter_server.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/place.hpp"
+#include "troupe/actors/tensor_router.hpp"
+#include "troupe/autograd/grad_mode.hpp"
+#include "troupe/autograd/node.hpp"
+#include "troupe/job.hpp"
+#include "troupe/tensor/error.hpp"
+
+#include "ps_shard.hpp"
+#include "ps_wire.hpp"
+
+namespace troupe::parallel {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::string shard_place(const parameter_server_options& o, std::uint32_t k) {
+  return fmt::format("{}/ps{}", o.servers.at(k), k);
+}
+
+std::string client_place(const parameter_server_options& o, std::uint32_t i) {
+  return fmt::format("{}/ps_client{}", o.trainers.at(i), i);
+}
+
+std::string node_of(const std::string& place_text) {
+  return place_text.substr(0, place_text.find('/'));
+}
+
+expected<void> check_options(const parameter_server_options& o) {
+  if (o.tables.empty())
+    return make_error(errc::invalid_argument, "parameter server: no tables");
+  if (o.servers.empty() || o.trainers.empty())
+    return make_error(errc::invalid_argument, "parameter server: {} servers and {} trainers; both must be at least 1",
+                      o.servers.size(), o.trainers.size());
+  if (o.tables.size() > 65535)
+    return make_error(errc::invalid_argument, "parameter server: {} tables, at most 65535", o.tables.size());
+  for (std::size_t t = 0; t < o.tables.size(); ++t) {
+    const auto& spec = o.tables[t];
+    if (spec.name.empty())
+      return make_error(errc::invalid_argument, "parameter server: table {} has no name", t);
+    for (std::size_t u = 0; u < t; ++u)
+      if (o.tables[u].name == spec.name)
+        return make_error(errc::invalid_argument, "parameter server: two tables are named '{}'", spec.name);
+    if (spec.rows <= 0 || spec.dim <= 0 || spec.dim > (1 << 24))
+      return make_error(errc::invalid_argument, "parameter server: table '{}' is {} x {}; rows must be positive and dim in [1, 2^24]",
+                        spec.name, spec.rows, spec.dim);
+    if (!(spec.optimizer.lr > 0))
+      return make_error(errc::invalid_argument, "parameter server: table '{}' has learning rate {}", spec.name,
+                        spec.optimizer.lr);
+  }
+  for (const auto& text : o.servers)
+    if (auto p = actors::place::parse(text); !p)
+      return make_error(errc::invalid_argument, "parameter server: server place '{}': {}", text, p.error().message());
+  for (const auto& text : o.trainers)
+    if (auto p = actors::place::parse(text); !p)
+      return make_error(errc::invalid_argument, "parameter server: trainer place '{}': {}", text, p.error().message());
+  return {};
+}
+
+/// Registers `where` on the node as an actor whose messages go to `sink`,
+/// and as a router sink (no thread hand-off on delivery).
+expected<caf::actor> attach_place(actors::node& node, const std::string& where,
+                                  std::function<void(const actors::tensor_message&)> sink) {
+  auto router = node.router();
+  if (!router)
+    return make_error(errc::invalid_argument, "parameter server: the node has no tensor router");
+  auto parsed = actors::place::parse_named(where);
+  if (!parsed)
+    return make_error(errc::invalid_argument, "parameter server: {}", parsed.error().message());
+  auto handle = node.system().spawn([sink](caf::event_based_actor*) -> caf::behavior {
+    return {[sink](const actors::tensor_message& m) { sink(m); }};
+  });
+  router->attach(where, handle);
+  router->attach_sink(where, [sink](actors::tensor_message m) { sink(m); });
+  if (auto ok = node.register_actor(*parsed, handle); !ok) {
+    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+    return make_error(ok.error().code(), "parameter server: registering {} failed: {}", where, ok.error().message());
+  }
+  return handle;
+}
+
+void detach_place(actors::node& node, const std::string& where, caf::actor& handle) {
+  if (auto router = node.router())
+    router->detach(where);
+  if (auto parsed = actors::place::parse_named(where))
+    (void)node.unregister_actor(*parsed);
+  if (handle)
+    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+  handle = nullptr;
+}
+
+expected<void> await_places(actors::node& node, const std::vector<std::string>& places,
+                            std::chrono::milliseconds timeout) {
+  auto deadline = clock_type::now() + timeout;
+  for (const auto& where : places) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    auto found = node.await_actor(*actors::place::parse_named(where), std::max(left, 1ms));
+    if (!found)
+      return make_error(errc::io_error, "parameter server: {} was not registered within {} ms ({})", where,
+                        timeout.count(), found.error().message());
+  }
+  return {};
+}
+
+actors::tensor_message reply_message(message_kind kind, std::uint64_t step, std::uint32_t shard,
+                                     std::uint64_t request, tensor value) {
+  actors::tensor_message m;
+  m.meta.kind = kind;
+  m.meta.step = step;
+  m.meta.micro_batch = shard;
+  m.meta.context_id = request;
+  m.value = std::move(value);
+  return m;
+}
+
+} // namespace
+
+// -- the server shard actor -----------------------------------------------------------------
+
+/// One shard: a thread owning its rows, fed through a queue by the router.
+struct shard_actor {
+  struct item {
+    actors::tensor_message message;
+    std::optional<std::uint32_t> lost_trainer; // instead of a message
+    std::string lost_reason;
+  };
+  struct waiting_lookup {
+    actors::tensor_message message;
+    clock_type::time_point since;
+  };
+  struct table_state {
+    std::uint64_t applied = 0;                    // synchronous: the last step applied
+    std::vector<std::uint64_t> applied_by;        // per trainer: its last step applied
+    std::map<std::uint64_t, std::vector<tensor>> pending; // synchronous: step -> request per trainer
+    std::deque<waiting_lookup> waiting;
+  };
+
+  const parameter_server_options& options;
+  std::uint32_t index;
+  std::string place;
+  std::shared_ptr<actors::tensor_router> router;
+  std::vector<table_shard> tables;
+  std::vector<table_state> states;
+  std::vector<std::optional<std::string>> lost; // per trainer: why it was lost
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<item> queue;
+  std::mutex rows_mutex; // held by the thread while it handles items; read_rows takes it
+  bool stopping = false;
+  parameter_server_stats stats; // under mutex
+  std::thread thread;
+  caf::actor handle;
+
+  shard_actor(const parameter_server_options& o, std::uint32_t k, std::shared_ptr<actors::tensor_router> r)
+      : options(o), index(k), place(shard_place(o, k)), router(std::move(r)), lost(o.trainers.size()) {
+    for (const auto& spec : o.tables) {
+      tables.emplace_back(spec, k, static_cast<std::uint32_t>(o.servers.size()));
+      table_state s;
+      s.applied_by.assign(o.trainers.size(), 0);
+      states.push_back(std::move(s));
+      stats.table_bytes += tables.back().table_bytes();
+      stats.state_bytes += tables.back().state_bytes();
+    }
+  }
+
+  void post(item i) {
+    {
+      std::lock_guard lock(mutex);
+      queue.push_back(std::move(i));
+    }
+    wake.notify_one();
+  }
+
+  void run() {
+    for (;;) {
+      std::deque<item> batch;
+      {
+        std::unique_lock lock(mutex);
+        wake.wait_for(lock, 100ms, [&] { return stopping || !queue.empty(); });
+        if (stopping)
+          return;
+        batch.swap(queue);
+      }
+      std::lock_guard rows(rows_mutex);
+      for (auto& i : batch) {
+        if (i.lost_trainer)
+          trainer_lost(*i.lost_trainer, i.lost_reason);
+        else
+          handle_message(i.message);
+      }
+      expire_waiting();
+    }
+  }
+
+  void count(auto&& update) {
+    std::lock_guard lock(mutex);
+    update(stats);
+  }
+
+  void send_error(std::uint32_t trainer, const actors::tensor_message& request, const std::string& why) {
+    count([](auto& s) { ++s.rejected; });
+    if (trainer >= options.trainers.size())
+      return;
+    (void)router->send(*actors::place::parse_named(client_place(options, trainer)),
+                       reply_message(message_kind::control, request.meta.step, index, request.meta.context_id,
+                                     ps_wire::encode_text(fmt::format("{}: {}", place, why))));
+  }
+
+  void handle_message(const actors::tensor_message& m) {
+    auto decoded = ps_wire::decode(m.value);
+    if (!decoded) {
+      count([](auto& s) { ++s.rejected; });
+      fmt::print(stderr, "troupe: {} dropped a request: {}\n", place, decoded.error().message());
+      return;
+    }
+    const auto& r = *decoded;
+    const auto trainer = r.kind == ps_wire::op::lookup ? r.lookup.trainer : r.gradients.trainer;
+    const auto table = r.kind == ps_wire::op::lookup ? r.lookup.table : r.gradients.table;
+    if (trainer >= options.trainers.size()) {
+      count([](auto& s) { ++s.rejected; });
+      fmt::print(stderr, "troupe: {} dropped a request from trainer {} of {}\n", place, trainer, options.trainers.size());
+      return;
+    }
+    if (table >= tables.size())
+      return send_error(trainer, m, fmt::format("table {} does not exist ({} tables)", table, tables.size()));
+    if (m.meta.step == 0)
+      return send_error(trainer, m, "step 0 (steps start at 1)");
+    if (r.kind == ps_wire::op::lookup) {
+      if (auto ok = tables[table].check_ids(r.lookup.ids); !ok)
+        return send_error(trainer, m, ok.error().message());
+      if (lookup_may_run(table, m.meta.step))
+        answer_lookup(m, r.lookup);
+      else if (auto why = blocked_by_lost_trainer(table); why)
+        send_error(trainer, m, *why);
+      else
+        states[table].waiting.push_back({m, clock_type::now()});
+      return;
+    }
+    receive_gradients(m, r.gradients);
+  }
+
+  /// Whether a lookup for `step` may see the table now (its consistency).
+  bool lookup_may_run(std::uint16_t table, std::uint64_t step) const {
+    const auto& spec = tables[table].spec();
+    const auto& s = states[table];
+    switch (spec.consistency.type) {
+      case consistency::kind::asynchronous:
+        return true;
+      case consistency::kind::synchronous:
+        return step <= s.applied + 1;
+      case consistency::kind::bounded: {
+        auto slowest = *std::min_element(s.applied_by.begin(), s.applied_by.end());
+        return step <= slowest + 1 + spec.consistency.staleness;
+      }
+    }
+    return true;
+  }
+
+  std::optional<std::string> blocked_by_lost_trainer(std::uint16_t table) const {
+    if (tables[table].spec().consistency.type == consistency::kind::asynchronous)
+      return std::nullopt;
+    for (std::size_t t = 0; t < lost.size(); ++t)
+      if (lost[t])
+        return fmt::format("table '{}' waits for trainer {} ({}), which was lost: {}", tables[table].spec().name, t,
+                           options.trainers[t], *lost[t]);
+    return std::nullopt;
+  }
+
+  void answer_lookup(const actors::tensor_message& m, const ps_wire::lookup_request& r) {
+    const auto& shard = tables[r.table];
+    auto out = tensor::zeros({static_cast<std::int64_t>(r.offsets.size()), shard.dim()});
+    shard.pool(r.offsets, r.ids, r.weights, out.data<float>());
+    count([&](auto& s) {
+      ++s.lookups;
+      s.ids_looked_up += r.ids.size();
+    });
+    (void)router->send(*actors::place::parse_named(client_place(options, r.trainer)),
+                       reply_message(message_kind::parameters, m.meta.step, index, m.meta.context_id, std::move(out)));
+  }
+
+  void receive_gradients(const actors::tensor_message& m, const ps_wire::gradients_request& r) {
+    auto& shard = tables[r.table];
+    auto& s = states[r.table];
+    const auto& spec = shard.spec();
+    if (r.dim != shard.dim())
+      return send_error(r.trainer, m, fmt::format("table '{}': gradient rows of width {}, the table's is {}", spec.name,
+                                                  r.dim, shard.dim()));
+    if (auto ok = shard.check_ids(r.ids); !ok)
+      return send_error(r.trainer, m, ok.error().message());
+    for (std::size_t i = 1; i < r.ids.size(); ++i)
+      if (r.ids[i] <= r.ids[i - 1])
+        return send_error(r.trainer, m, fmt::format("table '{}': gradient ids must increase (coalesced), but id {} "
+                                                    "follows {} at position {}",
+                                                    spec.name, r.ids[i], r.ids[i - 1], i));
+    const auto step = m.meta.step;
+    if (step <= s.applied_by[r.trainer])
+      return send_error(r.trainer, m, fmt::format("table '{}': trainer {} sent step {} again (its last was {})",
+                                                  spec.name, r.trainer, step, s.applied_by[r.trainer]));
+    count([&](auto& st) { ++st.gradient_pushes; });
+    const float scale = spec.average_over_trainers ? 1.0f / static_cast<float>(options.trainers.size()) : 1.0f;
+    if (spec.consistency.type == consistency::kind::synchronous) {
+      auto& slots = s.pending[step];
+      slots.resize(options.trainers.size());
+      slots[r.trainer] = m.value;
+      s.applied_by[r.trainer] = step;
+      apply_complete_steps(r.table, scale);
+    } else {
+      shard.apply(r.ids, r.rows.data(), scale);
+      s.applied_by[r.trainer] = step;
+      count([&](auto& st) {
+        ++st.updates_applied;
+        st.rows_updated += r.ids.size();
+      });
+    }
+    serve_waiting(r.table);
+  }
+
+  /// Synchronous: applies every step for which all trainers' rows are in,
+  /// in step order, summing the trainers' rows of each id (in trainer order).
+  void apply_complete_steps(std::uint16_t table, float scale) {
+    auto& s = states[table];
+    auto& shard = tables[table];
+    const auto dim = shard.dim();
+    for (;;) {
+      auto it = s.pending.find(s.applied + 1);
+      if (it == s.pending.end())
+        return;
+      auto& slots = it->second;
+      if (std::any_of(slots.begin(), slots.end(), [](const tensor& t) { return !t.defined(); }))
+        return;
+      std::vector<ps_wire::gradients_request> parts;
+      std::size_t total = 0;
+      for (auto& bytes : slots) {
+        parts.push_back(ps_wire::decode(bytes)->gradients); // decoded and checked on arrival
+        total += parts.back().ids.size();
+      }
+      // Merge the sorted id lists; equal ids are summed in trainer order.
+      std::vector<std::int64_t> ids;
+      std::vector<float> rows;
+      ids.reserve(total);
+      rows.reserve(total * static_cast<std::size_t>(dim));
+      std::vector<std::size_t> at(parts.size(), 0);
+      for (;;) {
+        std::int64_t next = -1;
+        for (std::size_t p = 0; p < parts.size(); ++p)
+          if (at[p] < parts[p].ids.size() && (next < 0 || parts[p].ids[at[p]] < next))
+            next = parts[p].ids[at[p]];
+        if (next < 0)
+          break;
+        ids.push_back(next);
+        rows.resize(rows.size() + static_cast<std::size_t>(dim), 0.0f);
+        float* row = rows.data() + rows.size() - static_cast<std::size_t>(dim);
+        for (std::size_t p = 0; p < parts.size(); ++p)
+          if (at[p] < parts[p].ids.size() && parts[p].ids[at[p]] == next) {
+            const float* g = parts[p].rows.data() + at[p] * static_cast<std::size_t>(dim);
+            for (std::int64_t c = 0; c < dim; ++c)
+              row[c] += g[c];
+            ++at[p];
+          }
+      }
+      shard.apply(ids, rows.data(), scale);
+      ++s.applied;
+      s.pending.erase(it);
+      count([&](auto& st) {
+        ++st.updates_applied;
+        st.rows_updated += ids.size();
+      });
+    }
+  }
+
+  void serve_waiting(std::uint16_t table) {
+    auto& waiting = states[table].waiting;
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if (lookup_may_run(table, it->message.meta.step)) {
+        auto r = ps_wire::decode(it->message.value);
+        answer_lookup(it->message, r->lookup);
+        it = waiting.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  /// A waiting lookup is never kept longer than the timeout: it fails naming
+  /// the trainers whose gradients are missing.
+  void expire_waiting() {
+    auto now = clock_type::now();
+    for (std::uint16_t t = 0; t < states.size(); ++t) {
+      auto& waiting = states[t].waiting;
+      while (!waiting.empty() && now - waiting.front().since >= options.timeout) {
+        auto& w = waiting.front();
+        std::string missing;
+        const auto need = w.message.meta.step - 1 -
+                          (tables[t].spec().consistency.type == consistency::kind::bounded
+                               ? std::min<std::uint64_t>(w.message.meta.step - 1, tables[t].spec().consistency.staleness)
+                               : 0);
+        for (std::size_t k = 0; k < options.trainers.size(); ++k)
+          if (states[t].applied_by[k] < need)
+            missing += fmt::format("{}trainer {} ({}, at step {})", missing.empty() ? "" : ", ", k, options.trainers[k],
+                                   states[t].applied_by[k]);
+        auto trainer = ps_wire::decode(w.message.value)->lookup.trainer;
+        send_error(trainer, w.message,
+                   fmt::format("table '{}': a lookup for step {} waited {} ms for step {}'s gradients from {}",
+                               tables[t].spec().name, w.message.meta.step, options.timeout.count(), need,
+                               missing.empty() ? "(none missing)" : missing));
+        waiting.pop_front();
+      }
+    }
+  }
+
+  void trainer_lost(std::uint32_t trainer, const std::string& reason) {
+    lost[trainer] = reason;
+    for (std::uint16_t t = 0; t < states.size(); ++t) {
+      auto why = blocked_by_lost_trainer(t);
+      if (!why)
+        continue;
+      for (auto& w : states[t].waiting)
+        send_error(ps_wire::decode(w.message.value)->lookup.trainer, w.message, *why);
+      states[t].waiting.clear();
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    if (thread.joinable())
+      thread.join();
+  }
+};
+
+struct parameter_server::state {
+  actors::node* node = nullptr;
+  parameter_server_options options;
+  std::vector<std::unique_ptr<shard_actor>> shards;
+  std::uint64_t peer_lost_handler = 0;
+  bool stopped = false;
+};
+
+expected<std::unique_ptr<parameter_server>> parameter_server::host(troupe::job& job,
+                                                                   parameter_server_options options) {
+  auto made = host(job.node(), std::move(options));
+  if (made) {
+    auto* server = made->get();
+    server->job_ = &job;
+    server->finish_hook_ = job.at_finish([server] { server->stop(); });
+  }
+  return made;
+}
+
+expected<std::unique_ptr<parameter_server>> parameter_server::host(actors::node& node,
+                                                                   parameter_server_options options) {
+  if (auto ok = check_options(options); !ok)
+    return ok.error();
+  auto st = std::make_shared<state>();
+  st->node = &node;
+  st->options = std::move(options);
+  std::unique_ptr<parameter_server> server(new parameter_server(st));
+  const auto& o = st->options;
+  for (std::uint32_t k = 0; k < o.servers.size(); ++k) {
+    if (node_of(o.servers[k]) != node.name())
+      continue;
+    auto shard = std::make_unique<shard_actor>(o, k, node.router());
+    auto* raw = shard.get();
+    auto handle = attach_place(node, raw->place, [raw](const actors::tensor_message& m) { raw->post({m, {}, {}}); });
+    if (!handle)
+      return handle.error();
+    raw->handle = *handle;
+    raw->thread = std::thread([raw] { raw->run(); });
+    st->shards.push_back(std::move(shard));
+  }
+  if (st->shards.empty())
+    return make_error(errc::invalid_argument, "parameter server: no server place is on node {}", node.name());
+  std::weak_ptr<state> weak = st;
+  st->peer_lost_handler = node.on_peer_lost([weak](const actors::peer_lost& lost) {
+    auto s = weak.lock();
+    if (!s)
+      return;
+    for (std::uint32_t t = 0; t < s->options.trainers.size(); ++t)
+      if (node_of(s->options.trainers[t]) == lost.node)
+        for (auto& shard : s->shards)
+          shard->post({{}, t, fmt::format("node {} went away ({})", lost.node, lost.reason)});
+  });
+  std::vector<std::string> clients;
+  for (std::uint32_t i = 0; i < o.trainers.size(); ++i)
+    clients.push_back(client_place(o, i));
+  if (auto ok = await_places(node, clients, o.timeout); !ok)
+    return ok.error();
+  return server;
+}
+
+parameter_server::~parameter_server() {
+  if (job_ != nullptr)
+    job_->forget_at_finish(finish_hook_);
+  stop();
+}
+
+void parameter_server::stop() {
+  if (state_->stopped)
+    return;
+  state_->stopped = true;
+  if (state_->peer_lost_handler)
+    state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
+  for (auto& shard : state_->shards) {
+    detach_place(*state_->node, shard->place, shard->handle);
+    shard->stop();
+  }
+}
+
+parameter_server_stats parameter_server::stats() const {
+  parameter_server_stats total;
+  for (auto& shard : state_->shards) {
+    std::lock_guard lock(shard->mutex);
+    const auto& s = shard->stats;
+    total.lookups += s.lookups;
+    total.ids_looked_up += s.ids_looked_up;
+    total.gradient_pushes += s.gradient_pushes;
+    total.rows_updated += s.rows_updated;
+    total.updates_applied += s.updates_applied;
+    total.rejected += s.rejected;
+    total.table_bytes += s.table_bytes;
+    total.state_bytes += s.state_bytes;
+  }
+  return total;
+}
+
+expected<tensor> parameter_server::read_rows(const std::string& table, std::int64_t first, std::int64_t count) const {
+  const auto& o = state_->options;
+  for (std::size_t t = 0; t < o.tables.size(); ++t) {
+    if (o.tables[t].name != table)
+      continue;
+    shard_map map{o.tables[t].rows, static_cast<std::uint32_t>(o.servers.size()), o.tables[t].shard_by};
+    if (first < 0 || count < 0 || first + count > o.tables[t].rows)
+      return make_error(errc::invalid_argument, "table '{}': rows [{}, {}) are outside [0, {})", table, first,
+                        first + count, o.tables[t].rows);
+    auto out = tensor::empty({count, o.tables[t].dim});
+    for (std::int64_t i = 0; i < count; ++i) {
+      auto k = map.shard_of(first + i);
+      auto it = std::find_if(state_->shards.begin(), state_->shards.end(), [&](auto& s) { return s->index == k; });
+      if (it == state_->shards.end())
+        return make_error(errc::invalid_argument, "table '{}': row {} is on shard {}, not on this node", table,
+                          first + i, k);
+      // The shard's thread writes rows: stop it from doing so meanwhile.
+      std::lock_guard lock((*it)->rows_mutex);
+      auto row = (*it)->tables[t].read(first + i, 1);
+      if (!row)
+        return row.error();
+      std::memcpy(out.data<float>() + i * o.tables[t].dim, row->raw_data(),
+                  static_cast<std::size_t>(o.tables[t].dim) * sizeof(float));
+    }
+    return out;
+  }
+  return make_error(errc::invalid_argument, "parameter server: no table '{}'", table);
+}
+
+// -- the trainer's client -----------------------------------------------------------------------
+
+struct parameter_client::state {
+  actors::node* node = nullptr;
+  std::shared_ptr<actors::tensor_router> router;
+  parameter_server_options options;
+  std::uint32_t trainer = 0;
+  std::string place;
+  caf::actor handle;
+  std::vector<shard_map> maps;
+  std::vector<actors::place> shard_places;
+  std::uint64_t peer_lost_handler = 0;
+
+  std::mutex mutex;
+  std::condition_variable arrived;
+  struct reply {
+    tensor value;
+    std::optional<std::string> error;
+    bool done = false;
+  };
+  std::map<std::uint64_t, reply> replies; // by request id
+  std::optional<std::string> failure;     // sticky: a lost server shard
+  std::uint64_t next_request = 1;
+  std::uint64_t step = 1;
+  bool stopped = false;
+
+  /// This step's gradient rows per table, coalesced as they are recorded.
+  struct accumulated {
+    std::unordered_map<std::int64_t, std::size_t> slot; // id -> row index
+    std::vector<std::int64_t> ids;
+    std::vector<float> rows;
+  };
+  std::vector<accumulated> gradients;
+
+  void on_reply(const actors::tensor_message& m) {
+    {
+      std::lock_guard lock(mutex);
+      auto it = replies.find(m.meta.context_id);
+      if (it == replies.end())
+        return; // a late reply to a request that already failed
+      if (m.meta.kind == message_kind::control)
+        it->second.error = ps_wire::decode_text(m.value);
+      else
+        it->second.value = m.value;
+      it->second.done = true;
+    }
+    arrived.notify_all();
+  }
+
+  expected<std::uint16_t> table_index(const std::string& name) const {
+    for (std::size_t t = 0; t < options.tables.size(); ++t)
+      if (options.tables[t].name == name)
+        return static_cast<std::uint16_t>(t);
+    return make_error(errc::invalid_argument, "parameter client: no table '{}'", name);
+  }
+};
+
+namespace {
+
+tensor int64_vector(const tensor& t) {
+  return t.contiguous();
+}
+
+/// Checks a lookup's ids, offsets and weights against the table.
+expected<void> check_bags(const table_spec& spec, const tensor& ids, const tensor& offsets, const tensor& weights) {
+  if (!ids.defined() || ids.type() != dtype::int64 || ids.rank() != 1)
+    return make_error(errc::invalid_argument, "table '{}': ids must be an int64 vector, got {}", spec.name,
+                      ids.defined() ? fmt::format("{} {}", ids.type(), ids.shape()) : std::string("nothing"));
+  if (!offsets.defined() || offsets.type() != dtype::int64 || offsets.rank() != 1)
+    return make_error(errc::invalid_argument, "table '{}': offsets must be an int64 vector", spec.name);
+  if (weights.defined() && (weights.type() != dtype::float32 || weights.shape() != ids.shape()))
+    return make_error(errc::invalid_argument, "table '{}': per-sample weights must be float32 {}, got {} {}",
+                      spec.name, ids.shape(), weights.type(), weights.shape());
+  const auto* id = ids.data<std::int64_t>();
+  for (std::int64_t i = 0; i < ids.numel(); ++i)
+    if (id[i] < 0 || id[i] >= spec.rows)
+      return make_error(errc::invalid_argument, "table '{}': ids[{}] = {} is outside [0, {})", spec.name, i, id[i],
+                        spec.rows);
+  const auto* off = offsets.data<std::int64_t>();
+  if (offsets.numel() == 0 && ids.numel() != 0)
+    return make_error(errc::invalid_argument, "table '{}': {} ids but no offsets", spec.name, ids.numel());
+  for (std::int64_t b = 0; b < offsets.numel(); ++b) {
+    if (b == 0 && off[0] != 0)
+      return make_error(errc::invalid_argument, "table '{}': offsets[0] is {}, not 0", spec.name, off[0]);
+    if (b > 0 && off[b] < off[b - 1])
+      return make_error(errc::invalid_argument, "table '{}': offsets[{}] = {} is below offsets[{}] = {}", spec.name, b,
+                        off[b], b - 1, off[b - 1]);
+    if (off[b] > ids.numel())
+      return make_error(errc::invalid_argument, "table '{}': offsets[{}] = {} is past the {} ids", spec.name, b, off[b],
+                        ids.numel());
+  }
+  return {};
+}
+
+} // namespace
+
+expected<std::unique_ptr<parameter_client>> parameter_client::connect(troupe::job& job,
+                                                                      parameter_server_options options) {
+  auto made = connect(job.node(), std::move(options));
+  if (made) {
+    auto* client = made->get();
+    client->job_ = &job;
+    client->finish_hook_ = job.at_finish([st = client->state_] {
+      std::lock_guard lock(st->mutex);
+      st->stopped = true;
+    });
+  }
+  return made;
+}
+
+expected<std::unique_ptr<parameter_client>> parameter_client::connect(actors::node& node,
+                                                                      parameter_server_options options,
+                                                                      std::int64_t trainer) {
+  if (auto ok = check_options(options); !ok)
+    return ok.error();
+  auto st = std::make_shared<state>();
+  st->node = &node;
+  st->router = node.router();
+  st->options = std::move(options);
+  const auto& o = st->options;
+  if (trainer < 0) {
+    auto mine = std::find_if(o.trainers.begin(), o.trainers.end(), [&](auto& t) { return node_of(t) == node.name(); });
+    if (mine == o.trainers.end())
+      return make_error(errc::invalid_argument, "parameter client: no trainer place is on node {}", node.name());
+    trainer = mine - o.trainers.begin();
+  }
+  if (trainer >= static_cast<std::int64_t>(o.trainers.size()) || node_of(o.trainers[trainer]) != node.name())
+    return make_error(errc::invalid_argument, "parameter client: trainer {} is not placed on node {}", trainer,
+                      node.name());
+  st->trainer = static_cast<std::uint32_t>(trainer);
+  st->place = client_place(o, st->trainer);
+  for (const auto& spec : o.tables)
+    st->maps.push_back({spec.rows, static_cast<std::uint32_t>(o.servers.size()), spec.shard_by});
+  st->gradients.resize(o.tables.size());
+  std::vector<std::string> shards;
+  for (std::uint32_t k = 0; k < o.servers.size(); ++k) {
+    shards.push_back(shard_place(o, k));
+    st->shard_places.push_back(*actors::place::parse_named(shards.back()));
+  }
+  std::weak_ptr<state> weak = st;
+  auto handle = attach_place(node, st->place, [weak](const actors::tensor_message& m) {
+    if (auto s = weak.lock())
+      s->on_reply(m);
+  });
+  if (!handle)
+    return handle.error();
+  st->handle = *handle;
+  std::unique_ptr<parameter_client> client(new parameter_client(st));
+  st->peer_lost_handler = node.on_peer_lost([weak](const actors::peer_lost& lost) {
+    auto s = weak.lock();
+    if (!s)
+      return;
+    for (std::uint32_t k = 0; k < s->options.servers.size(); ++k)
+      if (node_of(s->options.servers[k]) == lost.node) {
+        {
+          std::lock_guard lock(s->mutex);
+          if (!s->failure)
+            s->failure = fmt::format("parameter server shard {} ({}) was lost: node {} went away ({})", k,
+                                     s->shard_places[k].to_string(), lost.node, lost.reason);
+        }
+        s->arrived.notify_all();
+        return;
+      }
+  });
+  if (auto ok = await_places(node, shards, o.timeout); !ok)
+    return ok.error();
+  return client;
+}
+
+parameter_client::~parameter_client() {
+  if (job_ != nullptr)
+    job_->forget_at_finish(finish_hook_);
+  if (state_->peer_lost_handler)
+    state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
+  detach_place(*state_->node, state_->place, state_->handle);
+}
+
+std::uint64_t parameter_client::current_step() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->step;
+}
+
+const parameter_server_options& parameter_client::options() const { return state_->options; }
+std::uint32_t parameter_client::trainer_index() const { return state_->trainer; }
+
+expected<tensor> parameter_client::lookup(const std::string& table, const tensor& ids_in, const tensor& offsets_in,
+                                          bag_mode mode, const tensor& weights_in) {
+  auto& st = *state_;
+  auto t = st.table_index(table);
+  if (!t)
+    return t.error();
+  const auto& spec = st.options.tables[*t];
+  auto ids = ids_in.defined() ? int64_vector(ids_in) : ids_in;
+  auto offsets = offsets_in.defined() ? int64_vector(offsets_in) : offsets_in;
+  auto weights = weights_in.defined() ? weights_in.contiguous() : weights_in;
+  if (auto ok = check_bags(spec, ids, offsets, weights); !ok)
+    return ok.error();
+  const auto& map = st.maps[*t];
+  const auto shards = map.shards;
+  const auto bags = offsets.numel();
+  const auto n = ids.numel();
+  const auto* id = ids.data<std::int64_t>();
+  const auto* off = offsets.data<std::int64_t>();
+  const float* w = weights.defined() ? weights.data<float>() : nullptr;
+
+  // Each shard gets the ids it holds, bag by bag (every bag, so that replies
+  // line up), with their weights.
+  std::vector<std::vector<std::int64_t>> shard_ids(shards), shard_offsets(shards);
+  std::vector<std::vector<float>> shard_weights(shards);
+  for (std::int64_t b = 0; b < bags; ++b) {
+    for (std::uint32_t k = 0; k < shards; ++k)
+      shard_offsets[k].push_back(static_cast<std::int64_t>(shard_ids[k].size()));
+    auto end = b + 1 < bags ? off[b + 1] : n;
+    for (auto i = off[b]; i < end; ++i) {
+      auto k = map.shard_of(id[i]);
+      shard_ids[k].push_back(id[i]);
+      if (w)
+        shard_weights[k].push_back(w[i]);
+    }
+  }
+  std::vector<std::uint64_t> requests;
+  std::uint64_t step = 0;
+  {
+    std::lock_guard lock(st.mutex);
+    if (st.failure)
+      return make_error(errc::io_error, "{}", *st.failure);
+    step = st.step;
+    for (std::uint32_t k = 0; k < shards; ++k)
+      if (!shard_ids[k].empty()) {
+        requests.push_back(st.next_request++);
+        st.replies[requests.back()];
+      } else {
+        requests.push_back(0);
+      }
+  }
+  auto forget = [&] {
+    std::lock_guard lock(st.mutex);
+    for (auto r : requests)
+      st.replies.erase(r);
+  };
+  for (std::uint32_t k = 0; k < shards; ++k) {
+    if (requests[k] == 0)
+      continue;
+    auto bytes = ps_wire::encode_lookup(*t, st.trainer, shard_offsets[k], shard_ids[k], shard_weights[k]);
+    auto sent = st.router->send(st.shard_places[k],
+                                reply_message(message_kind::parameters, step, k, requests[k], std::move(bytes)));
+    if (!sent) {
+      forget();
+      return make_error(errc::io_error, "table '{}': sending a lookup to shard {} ({}) failed: {}", table, k,
+                        st.shard_places[k].to_string(), sent.error().message());
+    }
+  }
+  // Wait for every shard involved (bounded), then sum the partial bags.
+  std::vector<tensor> parts;
+  {
+    std::unique_lock lock(st.mutex);
+    auto all_done = [&] {
+      if (st.failure)
+        return true;
+      for (auto r : requests)
+        if (r != 0 && !st.replies[r].done)
+          return false;
+      return true;
+    };
+    // Twice the servers' bound: a server that holds a lookup (consistency)
+    // answers with why it gave up first, naming the trainers it waited for.
+    if (!st.arrived.wait_for(lock, 2 * st.options.timeout, all_done)) {
+      for (auto r : requests)
+        st.replies.erase(r);
+      return make_error(errc::io_error, "table '{}': no reply to a lookup for step {} within {} ms", table, step,
+                        2 * st.options.timeout.count());
+    }
+    std::optional<std::string> error = st.failure;
+    for (auto r : requests) {
+      if (r == 0)
+        continue;
+      auto& reply = st.replies[r];
+      if (!error && reply.error)
+        error = *reply.error;
+      if (reply.done && !reply.error)
+        parts.push_back(std::move(reply.value));
+      st.replies.erase(r);
+    }
+    if (error)
+      return make_error(errc::io_error, "table '{}': {}", table, *error);
+  }
+  tensor out;
+  for (auto& part : parts) {
+    if (part.type() != dtype::float32 || part.shape() != dims{bags, spec.dim})
+      return make_error(errc::malformed_message, "table '{}': a shard replied {} {} to {} bags of width {}", table,
+                        part.type(), part.shape(), bags, spec.dim);
+    if (!out.defined()) {
+      out = part;
+      continue;
+    }
+    auto* o = out.data<float>();
+    const auto* p = part.data<float>();
+    for (std::int64_t i = 0; i < bags * spec.dim; ++i)
+      o[i] += p[i];
+  }
+  if (!out.defined())
+    out = tensor::zeros({bags, spec.dim});
+  // The replies are ours alone (the server keeps nothing it sent): sums
+  // and the mean's division happen in place.
+  if (mode == bag_mode::mean) {
+    auto* o = out.data<float>();
+    for (std::int64_t b = 0; b < bags; ++b) {
+      auto len = (b + 1 < bags ? off[b + 1] : n) - off[b];
+      if (len > 0)
+        for (std::int64_t c = 0; c < spec.dim; ++c)
+          o[b * spec.dim + c] /= static_cast<float>(len);
+    }
+  }
+  return out;
+}
+
+expected<void> parameter_client::record_gradient(const std::string& table, const tensor& ids_in,
+                                                 const tensor& offsets_in, bag_mode mode, const tensor& weights_in,
+                                                 const tensor& grad_in) {
+  auto& st = *state_;
+  auto t = st.table_index(table);
+  if (!t)
+    return t.error();
+  const auto& spec = st.options.tables[*t];
+  auto ids = int64_vector(ids_in);
+  auto offsets = int64_vector(offsets_in);
+  auto weights = weights_in.defined() ? weights_in.contiguous() : weights_in;
+  if (auto ok = check_bags(spec, ids, offsets, weights); !ok)
+    return ok.error();
+  const auto bags = offsets.numel();
+  if (!grad_in.defined() || grad_in.shape() != dims{bags, spec.dim})
+    return make_error(errc::invalid_argument, "table '{}': the gradient of {} bags must be [{}, {}], got {}", table,
+                      bags, bags, spec.dim, grad_in.defined() ? fmt::format("{}", grad_in.shape()) : "nothing");
+  auto grad = grad_in.to(dtype::float32).contiguous();
+  const auto* g = grad.data<float>();
+  const auto* id = ids.data<std::int64_t>();
+  const auto* off = offsets.data<std::int64_t>();
+  const float* w = weights.defined() ? weights.data<float>() : nullptr;
+  const auto n = ids.numel();
+  const auto dim = spec.dim;
+  std::lock_guard lock(st.mutex);
+  auto& acc = st.gradients[*t];
+  for (std::int64_t b = 0; b < bags; ++b) {
+    auto end = b + 1 < bags ? off[b + 1] : n;
+    const float bag_scale = mode == bag_mode::mean && end > off[b] ? 1.0f / static_cast<float>(end - off[b]) : 1.0f;
+    for (auto i = off[b]; i < end; ++i) {
+      auto [slot, fresh] = acc.slot.try_emplace(id[i], acc.ids.size());
+      if (fresh) {
+        acc.ids.push_back(id[i]);
+        acc.rows.resize(acc.rows.size() + static_cast<std::size_t>(dim), 0.0f);
+      }
+      float* row = acc.rows.data() + slot->second * static_cast<std::size_t>(dim);
+      const float scale = (w ? w[i] : 1.0f) * bag_scale;
+      for (std::int64_t c = 0; c < dim; ++c)
+        row[c] += scale * g[b * dim + c];
+    }
+  }
+  return {};
+}
+
+expected<void> parameter_client::step() {
+  auto& st = *state_;
+  std::uint64_t step = 0;
+  std::vector<state::accumulated> gradients(st.options.tables.size());
+  {
+    std::lock_guard lock(st.mutex);
+    if (st.failure)
+      return make_error(errc::io_error, "{}", *st.failure);
+    step = st.step++;
+    gradients.swap(st.gradients);
+    st.gradients.resize(st.options.tables.size());
+  }
+  for (std::uint16_t t = 0; t < gradients.size(); ++t) {
+    const auto& map = st.maps[t];
+    const auto dim = st.options.tables[t].dim;
+    auto& acc = gradients[t];
+    // Ascending ids (the servers require coalesced, sorted rows).
+    std::vector<std::size_t> order(acc.ids.size());
+    for (std::size_t i = 0; i < order.size(); ++i)
+      order[i] = i;
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return acc.ids[a] < acc.ids[b]; });
+    std::vector<std::int64_t> per_shard(map.shards, 0);
+    for (auto id : acc.ids)
+      ++per_shard[map.shard_of(id)];
+    std::vector<ps_wire::gradients_buffer> buffers;
+    std::vector<std::int64_t> filled(map.shards, 0);
+    for (std::uint32_t k = 0; k < map.shards; ++k)
+      buffers.push_back(ps_wire::make_gradients(t, st.trainer, per_shard[k], dim));
+    for (auto i : order) {
+      auto k = map.shard_of(acc.ids[i]);
+      auto& b = buffers[k];
+      b.ids[filled[k]] = acc.ids[i];
+      std::memcpy(b.rows + filled[k] * dim, acc.rows.data() + i * static_cast<std::size_t>(dim),
+                  static_cast<std::size_t>(dim) * sizeof(float));
+      ++filled[k];
+    }
+    for (std::uint32_t k = 0; k < map.shards; ++k) {
+      auto sent = st.router->send(st.shard_places[k],
+                                  reply_message(message_kind::parameters, step, k, 0, std::move(buffers[k].bytes)));
+      if (!sent)
+        return make_error(errc::io_error, "table '{}': sending step {}'s gradients to shard {} ({}) failed: {}",
+                          st.options.tables[t].name, step, k, st.shard_places[k].to_string(), sent.error().message());
+    }
+  }
+  return {};
+}
+
+void parameter_client::zero_grad() {
+  std::lock_guard lock(state_->mutex);
+  state_->gradients.assign(state_->options.tables.size(), {});
+}
+
+// -- autograd and the optimizer -----------------------------------------------------------------
+
+namespace {
+
+/// Backward of a remote lookup: records the sparse gradient with the client.
+class remote_lookup_backward final : public autograd::node {
+public:
+  remote_lookup_backward(parameter_client& client, std::string table, tensor ids, tensor offsets, tensor weights,
+                         bag_mode mode)
+      : client_(&client), table_(std::move(table)), ids_(std::move(ids)), offsets_(std::move(offsets)),
+        weights_(std::move(weights)), mode_(mode) {
+    set_next_edges({});
+  }
+  std::vector<tensor> apply(std::vector<tensor> grads) override {
+    require(ids_.defined(), "remote_embedding_bag_backward: its saved ids were released");
+    if (!grads.empty() && grads[0].defined()) {
+      auto ok = client_->record_gradient(table_, ids_, offsets_, mode_, weights_, grads[0]);
+      if (!ok)
+        throw std::runtime_error(ok.error().message());
+    }
+    return {};
+  }
+  std::string name() const override { return "remote_embedding_bag_backward"; }
+  void release_saved() override {
+    ids_ = {};
+    offsets_ = {};
+    weights_ = {};
+  }
+
+private:
+  parameter_client* client_;
+  std::string table_;
+  tensor ids_, offsets_, weights_;
+  bag_mode mode_;
+};
+
+} // namespace
+
+autograd::variable remote_embedding_bag::operator()(const tensor& ids, const tensor& offsets,
+                                                    const tensor& per_sample_weights) {
+  auto out = client_->lookup(table_, ids, offsets, mode_, per_sample_weights);
+  if (!out) {
+    if (out.error().code() == errc::invalid_argument)
+      throw usage_error(out.error().message());
+    throw std::runtime_error(out.error().message());
+  }
+  if (!autograd::grad_enabled())
+    return autograd::variable(std::move(*out));
+  auto fn = std::make_shared<remote_lookup_backward>(*client_, table_, ids.contiguous(), offsets.contiguous(),
+                                                     per_sample_weights.defined() ? per_sample_weights.contiguous()
+                                                                                  : tensor{},
+                                                     mode_);
+  return autograd::variable::make_result(std::move(*out), std::move(fn));
+}
+
+expected<void> distributed_optimizer::step() {
+  local_->step();
+  for (auto* client : remote_)
+    if (auto ok = client->step(); !ok)
+      return ok;
+  return {};
+}
+
+void distributed_optimizer::zero_grad() {
+  local_->zero_grad();
+  for (auto* client : remote_)
+    client->zero_grad();
+}
+
+} // namespace troupe::parallel

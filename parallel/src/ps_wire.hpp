@@ -1,0 +1,75 @@
+#pragma once
+// The bytes of parameter-server requests (parallel/parameter_server.hpp).
+// A request is one uint8 tensor: a 32-byte header, then little-endian arrays.
+//
+//   header  magic "tPS1" u32 | op u8 | flags u8 | table u16 | trainer u32 |
+//           reserved u32 (0) | count_a u64 | count_b u64
+//   lookup     count_a = bags, count_b = ids:
+//              offsets i64[bags] | ids i64[ids] | weights f32[ids] (flags & 1)
+//   gradients  count_a = rows, count_b = dim:
+//              ids i64[rows] | rows f32[rows * dim]
+//
+// Replies are plain tensors: float32 [bags, dim] (message_kind::parameters),
+// or the error's text as uint8 (message_kind::control).
+//
+// decode() trusts nothing: the magic, op, flags, reserved field, every count
+// against the bytes received, and the offsets (first 0, never decreasing,
+// none past the ids) are checked before any array is read; ids are checked
+// by the shard, which knows its rows.
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "troupe/tensor/expected.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::parallel::ps_wire {
+
+enum class op : std::uint8_t { lookup = 1, gradients = 2 };
+
+inline constexpr std::uint32_t magic = 0x31535074; // "tPS1" little-endian
+inline constexpr std::size_t header_bytes = 32;
+inline constexpr std::uint8_t flag_weighted = 1;
+
+struct lookup_request {
+  std::uint16_t table = 0;
+  std::uint32_t trainer = 0;
+  std::span<const std::int64_t> offsets;
+  std::span<const std::int64_t> ids;
+  std::span<const float> weights; ///< empty: unweighted
+};
+
+struct gradients_request {
+  std::uint16_t table = 0;
+  std::uint32_t trainer = 0;
+  std::int64_t dim = 0;
+  std::span<const std::int64_t> ids;
+  std::span<const float> rows; ///< ids.size() * dim
+};
+
+/// A decoded request; its spans point into the tensor given to decode().
+struct request {
+  op kind = op::lookup;
+  lookup_request lookup;
+  gradients_request gradients;
+};
+
+tensor encode_lookup(std::uint16_t table, std::uint32_t trainer, std::span<const std::int64_t> offsets,
+                     std::span<const std::int64_t> ids, std::span<const float> weights);
+
+/// A gradients request to fill in place: `ids` and `rows` point into `bytes`.
+struct gradients_buffer {
+  tensor bytes;
+  std::int64_t* ids = nullptr;
+  float* rows = nullptr;
+};
+gradients_buffer make_gradients(std::uint16_t table, std::uint32_t trainer, std::int64_t rows, std::int64_t dim);
+
+/// errc::malformed_message naming what is wrong.
+expected<request> decode(const tensor& bytes);
+
+/// The error reply's text (uint8 tensor) and back.
+tensor encode_text(const std::string& text);
+std::string decode_text(const tensor& bytes);
+
+} // namespace troupe::parallel::ps_wire
