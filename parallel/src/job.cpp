@@ -25,15 +25,18 @@ using namespace std::chrono_literals;
 /// take the release (a rank still computing then is a program error).
 constexpr auto release_timeout = 60s;
 
-/// The job actor of every rank: answers its rank (get), and takes the
+/// The job actor of every rank: answers its rank (get), tells the driver
+/// once this rank is ready to be released (wait_for), and takes the
 /// driver's release (delete) once this rank is ready for it (put, sent by
-/// its own finish()): the driver's node must outlive every rank's last
-/// collective, so a release that comes early is answered only then.
+/// its own finish() or serve()): the driver's node must outlive every
+/// rank's last collective, so a release that comes early is answered only
+/// then.
 /// Built-in atoms only, so no message type needs registering.
 caf::behavior job_actor(caf::event_based_actor* self, std::uint32_t rank, std::function<void()> released) {
   struct pending_release {
     bool ready = false;
     std::optional<caf::response_promise> waiting;
+    std::vector<caf::response_promise> ready_waiters; // wait_for: answered once ready, no release
   };
   auto state = std::make_shared<pending_release>();
   return {
@@ -46,8 +49,17 @@ caf::behavior job_actor(caf::event_based_actor* self, std::uint32_t rank, std::f
       state->waiting = self->make_response_promise();
       return caf::delegated<caf::ok_atom>{};
     },
+    [self, state](caf::wait_for_atom) -> caf::result<caf::ok_atom> {
+      if (state->ready)
+        return caf::ok_atom::value;
+      state->ready_waiters.push_back(self->make_response_promise());
+      return caf::delegated<caf::ok_atom>{};
+    },
     [state, released](caf::put_atom) {
       state->ready = true;
+      for (auto& waiter : state->ready_waiters)
+        waiter.deliver(caf::ok_atom::value);
+      state->ready_waiters.clear();
       if (state->waiting) {
         released();
         state->waiting->deliver(caf::ok_atom::value);
@@ -76,7 +88,10 @@ struct job::state {
   std::uint64_t next_hook = 1;
   std::atomic<bool> serve_decided{false};
   bool finished = false;
+  bool serving = false; // serve(): hooks run after the release, not before
   std::int64_t print_every = 10;
+
+  void run_finish_hooks();
 
   void decide(int code) {
     if (!serve_decided.exchange(true))
@@ -330,6 +345,8 @@ void job::step::report(double loss, std::int64_t samples_per_step, std::string_v
 
 int job::serve() {
   require(state_->node != nullptr && !is_driver(), "job::serve: for started ranks other than the driver");
+  // What this rank hosts (a parameter server) serves until the release.
+  state_->serving = true;
   return finish(0);
 }
 
@@ -352,21 +369,18 @@ int job::finish(int status) {
     return status;
   st.finished = true;
   std::fflush(stdout);
-  // Newest first: a data-parallel wrapper before its reducer group.
-  for (;;) {
-    std::function<void()> stop;
-    {
-      std::lock_guard lock(st.hooks_mutex);
-      if (st.at_finish.empty())
-        break;
-      stop = std::move(st.at_finish.back().second);
-      st.at_finish.pop_back();
-    }
-    stop();
-  }
+  if (!st.serving)
+    st.run_finish_hooks();
   if (is_driver()) {
     { // the scoped actor must be gone before the node stops
       caf::scoped_actor self{st.node->system()};
+      // Every rank first reaches its finish() or serve(), then all are
+      // released: ranks that serve others (parameter servers) outlive
+      // every rank that still works.
+      for (std::size_t r = 1; r < st.rank_actors.size(); ++r)
+        if (st.rank_actors[r])
+          self->request(st.rank_actors[r], release_timeout, caf::wait_for_atom::value)
+            .receive([](caf::ok_atom) {}, [](caf::error&) {}); // a rank already gone needs no wait
       for (std::size_t r = 1; r < st.rank_actors.size(); ++r)
         if (st.rank_actors[r])
           self->request(st.rank_actors[r], release_timeout, caf::delete_atom::value)
@@ -378,7 +392,10 @@ int job::finish(int status) {
   // Other ranks wait for the driver's release (their last collective may
   // still need the driver's node), or for the driver's loss.
   caf::anon_send(st.self_actor, caf::put_atom::value);
-  if (st.served.get_future().get() == 0) {
+  const bool released = st.served.get_future().get() == 0;
+  if (st.serving)
+    st.run_finish_hooks();
+  if (released) {
     st.stop_node();
     return status;
   }
@@ -389,6 +406,21 @@ int job::finish(int status) {
   std::fflush(stdout);
   static_cast<void>(st.node.release());
   return 1;
+}
+
+void job::state::run_finish_hooks() {
+  // Newest first: a data-parallel wrapper before its reducer group.
+  for (;;) {
+    std::function<void()> stop;
+    {
+      std::lock_guard lock(hooks_mutex);
+      if (at_finish.empty())
+        break;
+      stop = std::move(at_finish.back().second);
+      at_finish.pop_back();
+    }
+    stop();
+  }
 }
 
 } // namespace troupe

@@ -675,10 +675,7 @@ expected<std::unique_ptr<parameter_client>> parameter_client::connect(troupe::jo
   if (made) {
     auto* client = made->get();
     client->job_ = &job;
-    client->finish_hook_ = job.at_finish([st = client->state_] {
-      std::lock_guard lock(st->mutex);
-      st->stopped = true;
-    });
+    client->finish_hook_ = job.at_finish([client] { client->shutdown(); });
   }
   return made;
 }
@@ -745,6 +742,19 @@ expected<std::unique_ptr<parameter_client>> parameter_client::connect(actors::no
 parameter_client::~parameter_client() {
   if (job_ != nullptr)
     job_->forget_at_finish(finish_hook_);
+  shutdown();
+}
+
+void parameter_client::shutdown() {
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->stopped)
+      return;
+    state_->stopped = true;
+    if (!state_->failure)
+      state_->failure = "the parameter client was shut down";
+  }
+  state_->arrived.notify_all();
   if (state_->peer_lost_handler)
     state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
   detach_place(*state_->node, state_->place, state_->handle);

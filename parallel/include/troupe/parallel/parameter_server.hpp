@@ -207,6 +207,10 @@ public:
   const parameter_server_options& options() const;
   std::uint32_t trainer_index() const;
 
+  /// Unregisters the reply actor; later calls fail (idempotent; the
+  /// destructor and the job's finish call it).
+  void shutdown();
+
   struct state;
 
 private:

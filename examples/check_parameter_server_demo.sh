@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The parameter-server demo (master, server, 2 data-parallel trainers over 4
+# processes), traced, in synchronous mode equals one process training the
+# same model on the same batches: every trainer's loss at every step within
+# float rounding. Bad flags exit 2.
+#   examples/check_parameter_server_demo.sh BIN_DIR DEMO
+set -uo pipefail
+bin=$1 demo=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+epochs=10
+
+"$demo" --one-process=1 --epochs=$epochs >"$dir/one.txt" 2>&1 || { cat "$dir/one.txt"; echo "FAIL: one process"; exit 1; }
+if ! TROUPE_TRACE_DIR="$dir/trace" timeout -s INT 120 "$bin/troupe-launch" -n 4 -- "$demo" --epochs=$epochs \
+  >"$dir/four.txt" 2>&1; then
+  tail -20 "$dir/four.txt"; echo "FAIL: the 4-process job failed"; exit 1
+fi
+losses() { grep -E 'trainer [01] step' "$1" | sed 's/^\[[0-9]*\] //' | sort; }
+n=$(losses "$dir/one.txt" | wc -l)
+[[ $n -eq $((epochs * 20)) ]] || { echo "FAIL: $n loss lines in one process"; exit 1; }
+[[ $(losses "$dir/four.txt" | wc -l) -eq $n ]] || { echo "FAIL: the job printed $(losses "$dir/four.txt" | wc -l) of $n losses"; exit 1; }
+if ! paste -d' ' <(losses "$dir/one.txt") <(losses "$dir/four.txt") |
+  awk '$2 != $8 || $4 != $10 || ($6 - $12 > 2e-5) || ($12 - $6 > 2e-5) { print; bad = 1 } END { exit bad }' >"$dir/diff.txt"; then
+  head "$dir/diff.txt"; echo "FAIL: the 4-process losses differ from one process"; exit 1
+fi
+grep -E "trainer 0 step +(1|$((epochs * 10))) " "$dir/one.txt"
+"$bin/troupe-trace" summary "$dir/trace" >"$dir/summary" || { echo "FAIL: the trace does not merge"; exit 1; }
+grep -q "ps0" "$dir/summary" || { cat "$dir/summary"; echo "FAIL: no parameter-server flow in the trace"; exit 1; }
+"$demo" --consistency=sometimes >"$dir/bad.txt" 2>&1
+status=$?
+[[ $status -eq 2 ]] && grep -q -- "--consistency" "$dir/bad.txt" || { cat "$dir/bad.txt"; echo "FAIL: a bad flag gave exit $status"; exit 1; }
+echo "OK: $n losses of 2 trainers over 4 processes equal one process's (within 2e-5); trace merged"

@@ -1,0 +1,134 @@
+// The "Combining Distributed DataParallel with Distributed RPC" topology:
+// a master (rank 0), a parameter server holding EmbeddingBag(100, 16, sum)
+// (rank 1), and two trainers (ranks 2, 3) whose Linear(16, 8) is data
+// parallel; one distributed optimizer steps the remote table and the local
+// layer together.
+//
+//   build/bin/troupe-launch -n 4 -- build/examples/parameter_server_demo --epochs=20
+//   [2] trainer 0 step    1  loss 2.4561
+//   ...
+//
+// --one-process=1 (without the launcher) trains the same model on the same
+// batches in one process, the average of both trainers' losses per step,
+// and prints the same lines: in synchronous mode they agree to float
+// rounding (examples/check_parameter_server_demo.sh compares them).
+#include <fmt/format.h>
+
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/linear.hpp"
+#include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/job.hpp"
+#include "troupe/parallel/data_parallel.hpp"
+#include "troupe/parallel/parameter_server.hpp"
+#include "troupe/tensor/ops.hpp"
+
+using namespace troupe;
+
+namespace {
+
+constexpr std::int64_t rows = 100, dim = 16, classes = 8;
+constexpr std::uint64_t table_seed = 0, dense_seed = 1;
+
+/// The tutorial's random batches: 20..50 ids, bags of 1..10, 8 classes.
+struct batch {
+  tensor ids, offsets, targets;
+};
+batch next_batch(generator& gen) {
+  auto draw = [&](std::int64_t low, std::int64_t high) { return randint({1}, gen, low, high).to_vector<std::int64_t>()[0]; };
+  auto n = draw(20, 51);
+  auto ids = randint({n}, gen, 0, rows);
+  std::vector<std::int64_t> offsets;
+  for (std::int64_t start = 0; start < n; start += draw(1, 11))
+    offsets.push_back(start);
+  auto bags = static_cast<std::int64_t>(offsets.size());
+  return {ids, tensor::from(offsets, {bags}), randint({bags}, gen, 0, classes)};
+}
+
+void print_loss(std::uint32_t trainer, std::int64_t step, double loss) {
+  fmt::print("trainer {} step {:4d}  loss {:.5f}\n", trainer, step, loss);
+}
+
+/// Both trainers' batches in one process: the loss is the mean of theirs,
+/// as data parallelism averages the gradients.
+int one_process(std::int64_t steps) {
+  generator init{table_seed};
+  auto table = autograd::variable(randn({rows, dim}, init), true);
+  nn::linear fc(dim, classes, dense_seed);
+  optim::sgd table_opt({{"table", table}}, {.lr = 0.05});
+  optim::sgd fc_opt(fc.named_parameters(), {.lr = 0.05});
+  generator data[2] = {generator{1000}, generator{1001}};
+  for (std::int64_t step = 1; step <= steps; ++step) {
+    table_opt.zero_grad();
+    fc_opt.zero_grad();
+    autograd::variable losses[2];
+    for (int i = 0; i < 2; ++i) {
+      auto b = next_batch(data[i]);
+      losses[i] = autograd::cross_entropy(fc(autograd::embedding_bag(table, b.ids, b.offsets, bag_mode::sum)), b.targets);
+    }
+    autograd::backward((losses[0] + losses[1]) * 0.5);
+    table_opt.step();
+    fc_opt.step();
+    for (std::uint32_t i = 0; i < 2; ++i)
+      print_loss(i, step, losses[i].item());
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  job job(argc, argv);
+  const auto epochs = job.flag("epochs", 20, 1, 100'000); // 10 batches each, as in the tutorial
+  const auto one = job.flag("one-process", 0, 0, 1);
+  const auto mode = job.flag("consistency", "synchronous", {"synchronous", "asynchronous", "bounded"});
+  const auto staleness = job.flag("staleness", 2, 0, 1000);
+  const auto steps = epochs * 10;
+  job.start();
+  if (one == 1) {
+    if (job.world_size() != 1)
+      job.fail(make_error(errc::invalid_argument, "--one-process=1 runs without the launcher (world size 1, not {})",
+                          job.world_size()));
+    return job.finish(one_process(steps));
+  }
+  if (job.world_size() != 4)
+    job.fail(make_error(errc::invalid_argument, "needs 4 ranks (master, server, 2 trainers), not {}", job.world_size()));
+
+  parallel::parameter_server_options ps;
+  ps.tables = {{.name = "emb", .rows = rows, .dim = dim, .seed = table_seed, .optimizer = {.lr = 0.05},
+                .consistency = mode == "synchronous"    ? parallel::consistency::synchronous()
+                               : mode == "asynchronous" ? parallel::consistency::asynchronous()
+                                                        : parallel::consistency::bounded(staleness)}};
+  ps.servers = {job.places()[1]};
+  ps.trainers = {job.places()[2], job.places()[3]};
+
+  if (job.rank() == 0) { // the master: the job's driver, waits for everyone
+    fmt::print("master: table emb {}x{} on {}, trainers {} and {}, {}\n", rows, dim, ps.servers[0], ps.trainers[0],
+               ps.trainers[1], mode);
+    return job.finish(0);
+  }
+  if (job.rank() == 1) {
+    auto server = job.must(parallel::parameter_server::host(job, ps), "parameter server");
+    return job.serve();
+  }
+  const auto trainer = job.rank() - 2;
+  auto client = job.must(parallel::parameter_client::connect(job, ps), "parameter client");
+  auto group = job.must(parallel::reducer_group::join(
+      job, {.rank = trainer, .places = parallel::reducer_places({job.nodes()[2], job.nodes()[3]})}));
+  auto fc = std::make_shared<nn::linear>(dim, classes, dense_seed);
+  auto dp = job.must(parallel::data_parallel::create(fc->named_parameters(), *group));
+  parallel::remote_embedding_bag emb(*client, "emb", bag_mode::sum);
+  parallel::distributed_optimizer optimizer(std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}),
+                                            {client.get()});
+  generator data{1000 + trainer};
+  for (std::int64_t step = 1; step <= steps; ++step) {
+    auto b = next_batch(data);
+    optimizer.zero_grad();
+    auto loss = autograd::cross_entropy((*fc)(emb(b.ids, b.offsets)), b.targets);
+    job.must(dp->backward(loss), fmt::format("step {}", step));
+    job.must(optimizer.step(), fmt::format("step {}", step));
+    print_loss(trainer, step, loss.item());
+  }
+  dp.reset();
+  return job.finish(0);
+}
