@@ -12,6 +12,8 @@
 // batches in one process, the average of both trainers' losses per step,
 // and prints the same lines: in synchronous mode they agree to float
 // rounding (examples/check_parameter_server_demo.sh compares them).
+#include <chrono>
+
 #include <fmt/format.h>
 
 #include "troupe/autograd/backward.hpp"
@@ -83,6 +85,10 @@ int main(int argc, char** argv) {
   const auto one = job.flag("one-process", 0, 0, 1);
   const auto mode = job.flag("consistency", "synchronous", {"synchronous", "asynchronous", "bounded"});
   const auto staleness = job.flag("staleness", 2, 0, 1000);
+  // For bench/parameter_server: untimed steps first, then one line with the
+  // timed steps' rate (as the PyTorch peer times its loop after a warm-up).
+  const auto warmup = job.flag("warmup", 0, 0, 100'000);
+  const auto print_losses = job.flag("print-losses", 1, 0, 1);
   const auto steps = epochs * 10;
   job.start();
   if (one == 1) {
@@ -121,14 +127,20 @@ int main(int argc, char** argv) {
   parallel::distributed_optimizer optimizer(std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}),
                                             {client.get()});
   generator data{1000 + trainer};
-  for (std::int64_t step = 1; step <= steps; ++step) {
+  auto timed_from = std::chrono::steady_clock::now();
+  for (std::int64_t step = 1; step <= warmup + steps; ++step) {
+    if (step == warmup + 1)
+      timed_from = std::chrono::steady_clock::now();
     auto b = next_batch(data);
     optimizer.zero_grad();
     auto loss = autograd::cross_entropy((*fc)(emb(b.ids, b.offsets)), b.targets);
     job.must(dp->backward(loss), fmt::format("step {}", step));
     job.must(optimizer.step(), fmt::format("step {}", step));
-    print_loss(trainer, step, loss.item());
+    if (print_losses == 1)
+      print_loss(trainer, step, loss.item());
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
+  fmt::print("trainer {}: timed {} iterations in {:.4f} s ({:.1f} it/s)\n", trainer, steps, seconds, steps / seconds);
   dp.reset();
   return job.finish(0);
 }
