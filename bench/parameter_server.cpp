@@ -11,7 +11,9 @@
 //     after 5 warm-up iterations).
 // (b) The scaled sparse case: a 10M x 64 float32 table (--rows) hashed over
 //     2 server processes, 2 trainers with a data-parallel Linear(64, 8),
-//     512 bags of 20 ids from Zipf(1.1), SGD 0.05, synchronous, against
+//     512 bags of 20 ids from Zipf(1.1), SGD 0.05, synchronous and
+//     asynchronous (PyTorch RPC orders nothing between trainers: its
+//     semantics are troupe's asynchronous), against
 //     bench/peers/ps_zipf_torch.py (PyTorch RPC, two RemoteModule halves
 //     with sparse=True): iterations/s, ids looked up and rows updated per
 //     second, the share of memcpy's rate that the rows moved, and each
@@ -130,10 +132,14 @@ int scaled_child(int argc, char** argv) {
   const auto dim = job.flag("dim", 64, 1, 4096);
   const auto iters = job.flag("iters", 20, 1, 100'000);
   const auto warmup = job.flag("warmup", 3, 0, 1000);
+  const auto mode = job.flag("consistency", "synchronous", {"synchronous", "asynchronous"});
   job.start();
   constexpr std::int64_t bags = 512, bag_size = 20;
   parallel::parameter_server_options o;
-  o.tables = {{.name = "emb", .rows = rows, .dim = dim, .optimizer = {.lr = 0.05}, .shard_by = parallel::sharding::hashed}};
+  o.tables = {{.name = "emb", .rows = rows, .dim = dim, .optimizer = {.lr = 0.05},
+                .consistency = mode == "synchronous" ? parallel::consistency::synchronous()
+                                                     : parallel::consistency::asynchronous(),
+                .shard_by = parallel::sharding::hashed}};
   o.servers = {job.places()[2], job.places()[3]};
   o.trainers = {job.places()[0], job.places()[1]};
   o.timeout = std::chrono::seconds(60);
@@ -270,24 +276,30 @@ int main(int argc, char** argv) {
   // (b) the scaled sparse case, alternated with the PyTorch peer.
   const auto rows = bench::int_option(argc, argv, "rows", quick ? 1'000'000 : 10'000'000, 2, 1'000'000'000);
   const auto iters = quick ? 10 : 100;
-  std::vector<double> ours_scaled, theirs_scaled, server_mib, peer_mib, updated_per_step;
+  std::map<std::string, std::vector<double>> ours_scaled;
+  std::vector<double> theirs_scaled, server_mib, peer_mib, updated_per_step;
   const std::regex server_line(
       R"(server \d+: table ([0-9.]+) MiB, optimizer state ([0-9.]+) MiB, resident ([0-9.]+) MiB, (\d+) ids looked up, (\d+) rows updated)");
   for (std::int64_t r = 0; r < rounds; ++r) {
-    auto [ok_run, text_run] = run(fmt::format("OPENBLAS_NUM_THREADS=1 timeout 600 {} -n 4 -- {} --child=scaled "
-                                              "--rows={} --iters={} --warmup=3 2>&1",
-                                              launch, self.string(), rows, iters));
-    auto rate = ok_run ? troupe_rate(text_run) : std::nullopt;
-    if (rate) {
-      ours_scaled.push_back(*rate);
+    for (const std::string mode : {"synchronous", "asynchronous"}) {
+      auto [ok_run, text_run] = run(fmt::format("OPENBLAS_NUM_THREADS=1 timeout 600 {} -n 4 -- {} --child=scaled "
+                                                "--rows={} --iters={} --warmup=3 --consistency={} 2>&1",
+                                                launch, self.string(), rows, iters, mode));
+      auto rate = ok_run ? troupe_rate(text_run) : std::nullopt;
+      if (!rate) {
+        out.note("troupe's scaled {} run failed: {}", mode,
+                 text_run.substr(text_run.size() > 600 ? text_run.size() - 600 : 0));
+        continue;
+      }
+      ours_scaled[mode].push_back(*rate);
+      if (mode != "synchronous")
+        continue;
       double updated = 0;
       for (std::sregex_iterator it(text_run.begin(), text_run.end(), server_line), end; it != end; ++it) {
         server_mib.push_back(std::stod((*it)[3]));
         updated += std::stod((*it)[5]);
       }
       updated_per_step.push_back(updated / static_cast<double>(iters + 3));
-    } else {
-      out.note("troupe's scaled run failed: {}", text_run.substr(text_run.size() > 600 ? text_run.size() - 600 : 0));
     }
     if (!peers)
       continue;
@@ -305,38 +317,46 @@ int main(int argc, char** argv) {
       out.note("the PyTorch scaled peer failed: {}", text_peer.substr(text_peer.size() > 600 ? text_peer.size() - 600 : 0));
     }
   }
-  if (!ours_scaled.empty()) {
-    const auto name = fmt::format("{}M x 64 table, 2 servers, 2 trainers, 512 bags x 20 Zipf(1.1) ids", rows / 1'000'000);
-    bench::row row{name, "aggregate iterations/s", bench::median(ours_scaled), "it/s", "", std::nullopt,
-                   fmt::format("median of {} rounds (troupe {:.0f}-{:.0f})", ours_scaled.size(),
-                               *std::min_element(ours_scaled.begin(), ours_scaled.end()),
-                               *std::max_element(ours_scaled.begin(), ours_scaled.end()))};
+  const auto scaled_name = fmt::format("{}M x 64 table, 2 servers, 2 trainers, 512 bags x 20 Zipf(1.1) ids",
+                                       rows / 1'000'000);
+  for (auto& [mode, rates] : ours_scaled) {
+    bench::row row{scaled_name + ", " + mode, "aggregate iterations/s", bench::median(rates), "it/s", "", std::nullopt,
+                   fmt::format("median of {} rounds (troupe {:.0f}-{:.0f}{})", rates.size(),
+                               *std::min_element(rates.begin(), rates.end()),
+                               *std::max_element(rates.begin(), rates.end()),
+                               theirs_scaled.empty() ? std::string()
+                                                     : fmt::format(", PyTorch {:.0f}-{:.0f}",
+                                                                   *std::min_element(theirs_scaled.begin(), theirs_scaled.end()),
+                                                                   *std::max_element(theirs_scaled.begin(), theirs_scaled.end())))};
     if (!theirs_scaled.empty()) {
-      row.baseline = "PyTorch RPC, sparse=True";
+      row.baseline = "PyTorch RPC, sparse=True (unordered)";
       row.baseline_value = bench::median(theirs_scaled);
     }
     out.add(row);
-    const double lookups = bench::median(ours_scaled) * 512 * 20;
-    bench::row ids_row{name, "ids looked up per second", lookups, "ids/s", "", std::nullopt, ""};
+  }
+  if (auto sync = ours_scaled.find("synchronous"); sync != ours_scaled.end()) {
+    const double rate = bench::median(sync->second);
+    const double lookups = rate * 512 * 20;
+    bench::row ids_row{scaled_name + ", synchronous", "ids looked up per second", lookups, "ids/s", "", std::nullopt, ""};
     if (!theirs_scaled.empty()) {
-      ids_row.baseline = "PyTorch RPC, sparse=True";
+      ids_row.baseline = "PyTorch RPC, sparse=True (unordered)";
       ids_row.baseline_value = bench::median(theirs_scaled) * 512 * 20;
     }
     out.add(ids_row);
     // Bytes the servers' rows moved: a row read per id looked up, a read
     // and a write per row updated; against memcpy's rate on this machine
     // now (read + write of a 256 MiB buffer).
-    const double rows_per_second = bench::median(updated_per_step) * bench::median(ours_scaled) / 2;
+    const double rows_per_second = bench::median(updated_per_step) * rate / 2;
     const double moved = (lookups + 2 * rows_per_second) * 64 * 4;
     std::vector<char> from(256 << 20, 1), to(256 << 20);
     auto copy_seconds = bench::time_per_call([&] { std::memcpy(to.data(), from.data(), from.size()); }, 1.0);
     const double memcpy_rate = 2.0 * static_cast<double>(from.size()) / copy_seconds;
-    out.add({name, "rows updated per second", rows_per_second, "rows/s", "", std::nullopt,
+    out.add({scaled_name + ", synchronous", "rows updated per second", rows_per_second, "rows/s", "", std::nullopt,
              fmt::format("servers moved {:.2f} GB/s of rows, {:.1f}% of memcpy's {:.1f} GB/s (read + write)",
                          moved / 1e9, 100 * moved / memcpy_rate, memcpy_rate / 1e9)});
-    out.add({name, "server resident memory", bench::median(server_mib), "MiB",
-             peer_mib.empty() ? "" : "PyTorch RPC server", peer_mib.empty() ? std::nullopt
-                                                                              : std::optional<double>(bench::median(peer_mib)),
+    out.add({scaled_name, "server resident memory", bench::median(server_mib), "MiB",
+             peer_mib.empty() ? "" : "PyTorch RPC server",
+             peer_mib.empty() ? std::nullopt : std::optional<double>(bench::median(peer_mib)),
              fmt::format("table share {:.0f} MiB per server, SGD keeps no state", rows * 64 * 4 / 2 / 1048576.0)});
   }
 

@@ -133,7 +133,12 @@ int main(int argc, char** argv) {
       timed_from = std::chrono::steady_clock::now();
     auto b = next_batch(data);
     optimizer.zero_grad();
-    auto loss = autograd::cross_entropy((*fc)(emb(b.ids, b.offsets)), b.targets);
+    autograd::variable loss;
+    try { // a lookup that fails (a lost server) throws from the forward pass
+      loss = autograd::cross_entropy((*fc)(emb(b.ids, b.offsets)), b.targets);
+    } catch (const std::exception& e) {
+      job.fail(make_error(errc::io_error, "{}", e.what()), fmt::format("step {}", step));
+    }
     job.must(dp->backward(loss), fmt::format("step {}", step));
     job.must(optimizer.step(), fmt::format("step {}", step));
     if (print_losses == 1)

@@ -428,6 +428,8 @@ struct shard_actor {
 
   void trainer_lost(std::uint32_t trainer, const std::string& reason) {
     lost[trainer] = reason;
+    fmt::print(stderr, "troupe: {}: trainer {} ({}) was lost: {}; lookups that wait for it fail\n", place, trainer,
+               options.trainers[trainer], reason);
     for (std::uint16_t t = 0; t < states.size(); ++t) {
       auto why = blocked_by_lost_trainer(t);
       if (!why)
@@ -925,6 +927,7 @@ expected<void> parameter_client::record_gradient(const std::string& table, const
   const auto dim = spec.dim;
   std::lock_guard lock(st.mutex);
   auto& acc = st.gradients[*t];
+  acc.slot.reserve(acc.slot.size() + static_cast<std::size_t>(n));
   for (std::int64_t b = 0; b < bags; ++b) {
     auto end = b + 1 < bags ? off[b + 1] : n;
     const float bag_scale = mode == bag_mode::mean && end > off[b] ? 1.0f / static_cast<float>(end - off[b]) : 1.0f;
