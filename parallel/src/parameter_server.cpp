@@ -16,6 +16,7 @@
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/tensor_router.hpp"
+#include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/grad_mode.hpp"
 #include "troupe/autograd/node.hpp"
 #include "troupe/job.hpp"
@@ -117,6 +118,18 @@ expected<void> await_places(actors::node& node, const std::vector<std::string>& 
                         timeout.count(), found.error().message());
   }
   return {};
+}
+
+/// A tensor for another node: in this node's shared arena when it is large
+/// enough that the router would copy it there anyway (a same-host receiver
+/// then maps it: no copy at all), on the heap otherwise or when the arena
+/// is full or absent.
+tensor outgoing_tensor(actors::tensor_router& router, const dims& shape, dtype type) {
+  constexpr std::size_t arena_min_bytes = std::size_t{64} << 10; // tensor_router_options' default
+  if (static_cast<std::size_t>(numel_of(shape)) * size_of(type) >= arena_min_bytes)
+    if (auto in_arena = router.arena_tensor(shape, type))
+      return std::move(*in_arena);
+  return tensor::empty(shape, type);
 }
 
 actors::tensor_message reply_message(message_kind kind, std::uint64_t step, std::uint32_t shard,
@@ -286,7 +299,8 @@ struct shard_actor {
 
   void answer_lookup(const actors::tensor_message& m, const ps_wire::lookup_request& r) {
     const auto& shard = tables[r.table];
-    auto out = tensor::zeros({static_cast<std::int64_t>(r.offsets.size()), shard.dim()});
+    auto out = outgoing_tensor(*router, {static_cast<std::int64_t>(r.offsets.size()), shard.dim()}, dtype::float32);
+    std::memset(out.raw_data(), 0, static_cast<std::size_t>(out.numel()) * sizeof(float));
     shard.pool(r.offsets, r.ids, r.weights, out.data<float>());
     count([&](auto& s) {
       ++s.lookups;
@@ -794,6 +808,10 @@ expected<tensor> parameter_client::lookup(const std::string& table, const tensor
   // line up), with their weights.
   std::vector<std::vector<std::int64_t>> shard_ids(shards), shard_offsets(shards);
   std::vector<std::vector<float>> shard_weights(shards);
+  for (std::uint32_t k = 0; k < shards; ++k) {
+    shard_ids[k].reserve(static_cast<std::size_t>(2 * n / shards + 16));
+    shard_offsets[k].reserve(static_cast<std::size_t>(bags));
+  }
   for (std::int64_t b = 0; b < bags; ++b) {
     for (std::uint32_t k = 0; k < shards; ++k)
       shard_offsets[k].push_back(static_cast<std::int64_t>(shard_ids[k].size()));
@@ -972,8 +990,9 @@ expected<void> parameter_client::step() {
       ++per_shard[map.shard_of(id)];
     std::vector<ps_wire::gradients_buffer> buffers;
     std::vector<std::int64_t> filled(map.shards, 0);
+    auto where = [&](std::int64_t bytes) { return outgoing_tensor(*st.router, {bytes}, dtype::uint8); };
     for (std::uint32_t k = 0; k < map.shards; ++k)
-      buffers.push_back(ps_wire::make_gradients(t, st.trainer, per_shard[k], dim));
+      buffers.push_back(ps_wire::make_gradients(t, st.trainer, per_shard[k], dim, where));
     for (auto i : order) {
       auto k = map.shard_of(acc.ids[i]);
       auto& b = buffers[k];
@@ -1051,6 +1070,15 @@ autograd::variable remote_embedding_bag::operator()(const tensor& ids, const ten
                                                                                   : tensor{},
                                                      mode_);
   return autograd::variable::make_result(std::move(*out), std::move(fn));
+}
+
+autograd::variable remote_embedding::operator()(const tensor& ids) {
+  auto flat = ids.contiguous().reshape({ids.numel()});
+  auto offsets = arange(0, static_cast<double>(ids.numel()), 1.0, dtype::int64);
+  auto rows = bag_(flat, offsets);
+  auto shape = ids.shape();
+  shape.push_back(rows.data().shape().back());
+  return autograd::reshape(rows, shape);
 }
 
 expected<void> distributed_optimizer::step() {

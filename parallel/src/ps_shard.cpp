@@ -72,6 +72,11 @@ void table_shard::pool(std::span<const std::int64_t> offsets, std::span<const st
     auto end = b + 1 < offsets.size() ? offsets[b + 1] : n;
     float* o = out + static_cast<std::int64_t>(b) * dim;
     for (auto i = begin; i < end; ++i) {
+      if (i + 8 < n) {
+        const char* ahead = reinterpret_cast<const char*>(weights_.data() + map_.local_row(ids[static_cast<std::size_t>(i + 8)]) * dim);
+        for (std::int64_t at = 0; at < dim * 4; at += 64)
+          __builtin_prefetch(ahead + at);
+      }
       const float* row = weights_.data() + map_.local_row(ids[static_cast<std::size_t>(i)]) * dim;
       const float w = weights.empty() ? 1.0f : weights[static_cast<std::size_t>(i)];
       for (std::int64_t c = 0; c < dim; ++c)

@@ -18,8 +18,9 @@ struct header {
 };
 static_assert(sizeof(header) == header_bytes);
 
-tensor allocate(const header& h, std::size_t body_bytes) {
-  auto out = tensor::empty({static_cast<std::int64_t>(header_bytes + body_bytes)}, dtype::uint8);
+tensor allocate(const header& h, std::size_t body_bytes, const std::function<tensor(std::int64_t)>& where = {}) {
+  const auto bytes = static_cast<std::int64_t>(header_bytes + body_bytes);
+  auto out = where ? where(bytes) : tensor::empty({bytes}, dtype::uint8);
   std::memcpy(out.raw_data(), &h, sizeof h);
   return out;
 }
@@ -47,11 +48,12 @@ tensor encode_lookup(std::uint16_t table, std::uint32_t trainer, std::span<const
   return out;
 }
 
-gradients_buffer make_gradients(std::uint16_t table, std::uint32_t trainer, std::int64_t rows, std::int64_t dim) {
+gradients_buffer make_gradients(std::uint16_t table, std::uint32_t trainer, std::int64_t rows, std::int64_t dim,
+                                const std::function<tensor(std::int64_t bytes)>& where) {
   header h{magic, static_cast<std::uint8_t>(op::gradients), 0, table, trainer, 0,
            static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(dim)};
   gradients_buffer b;
-  b.bytes = allocate(h, static_cast<std::size_t>(rows) * 8 + static_cast<std::size_t>(rows * dim) * 4);
+  b.bytes = allocate(h, static_cast<std::size_t>(rows) * 8 + static_cast<std::size_t>(rows * dim) * 4, where);
   auto* base = b.bytes.data<std::uint8_t>() + header_bytes;
   b.ids = reinterpret_cast<std::int64_t*>(base);
   b.rows = reinterpret_cast<float*>(base + rows * 8);

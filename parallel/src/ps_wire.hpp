@@ -17,6 +17,7 @@
 // none past the ids) are checked before any array is read; ids are checked
 // by the shard, which knows its rows.
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -63,7 +64,10 @@ struct gradients_buffer {
   std::int64_t* ids = nullptr;
   float* rows = nullptr;
 };
-gradients_buffer make_gradients(std::uint16_t table, std::uint32_t trainer, std::int64_t rows, std::int64_t dim);
+/// `allocate(bytes)` gives the uint8 buffer (the node's shared arena, so a
+/// same-host server maps it instead of receiving a copy); empty: the heap.
+gradients_buffer make_gradients(std::uint16_t table, std::uint32_t trainer, std::int64_t rows, std::int64_t dim,
+                                const std::function<tensor(std::int64_t bytes)>& allocate = {});
 
 /// errc::malformed_message naming what is wrong.
 expected<request> decode(const tensor& bytes);

@@ -452,3 +452,26 @@ TEST(ParameterServer, AsynchronousLookupsNeverWait) {
   ASSERT_TRUE(r);
   EXPECT_TRUE(allclose(*r, add(before, -20.0), 1e-5, 1e-5));
 }
+
+TEST(ParameterServer, RemoteEmbeddingIsABagOfOneIdPerElement) {
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node);
+  table_spec spec{.name = "emb", .rows = 20, .dim = 3, .seed = 4, .optimizer = {.lr = 1.0},
+                  .consistency = consistency::asynchronous(), .average_over_trainers = false};
+  auto o = options_for({spec}, 2, 1);
+  local_servers ps(**node, o);
+  ASSERT_TRUE(ps.server);
+  generator init{4};
+  auto table = randn({20, 3}, init);
+  remote_embedding emb(*ps.clients[0], "emb");
+  auto ids = tensor::from(std::vector<std::int64_t>{19, 0, 7, 7, 3, 12}, {2, 3});
+  auto out = emb(ids);
+  ASSERT_EQ(out.data().shape(), (dims{2, 3, 3}));
+  EXPECT_TRUE(allclose(out.data(), index_select(table, 0, ids.reshape({6})).reshape({2, 3, 3}), 0, 0));
+  // Its gradient: row 7 twice, the others once; SGD with lr 1 subtracts it.
+  autograd::backward(autograd::sum(out));
+  ASSERT_TRUE(ps.clients[0]->step());
+  auto after = ps.clients[0]->lookup("emb", int64s({7}), int64s({0}), bag_mode::sum);
+  ASSERT_TRUE(after);
+  EXPECT_TRUE(allclose(*after, add(table.slice(0, 7, 8), -2.0), 1e-6, 1e-6));
+}

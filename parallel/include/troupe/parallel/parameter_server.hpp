@@ -237,6 +237,18 @@ private:
   bag_mode mode_;
 };
 
+/// torch.nn.Embedding whose table lives on the parameter servers: a bag of
+/// one id per element, shaped ids.shape() + [dim].
+class remote_embedding {
+public:
+  remote_embedding(parameter_client& client, std::string table) : bag_(client, std::move(table), bag_mode::sum) {}
+  /// `ids` int64 of any shape.
+  autograd::variable operator()(const tensor& ids);
+
+private:
+  remote_embedding_bag bag_;
+};
+
 /// One step over parameters held in many places: the trainer's own
 /// optimizer steps its local (and data-parallel) parameters, and each
 /// parameter client sends its tables' gradient rows to the servers, whose
