@@ -20,8 +20,13 @@
 //     server's resident memory.
 // (c) The tutorial topology, synchronous against bounded staleness (2) and
 //     asynchronous.
+// (d) Ray's documented parameter-server pattern (bench/peers/ps_ray.py, a
+//     ParameterServer actor and two DataWorker actors, synchronous and
+//     asynchronous) on the tutorial's model and data, from the virtual
+//     environment scripts/setup.sh bench makes (.peers-venv, Ray from PyPI).
 // (r) A lookup's round trip: a trainer asks its server for 4 ids of a
-//     table in another process and gets the pooled row back.
+//     table in another process and gets the pooled row back; beside a Ray
+//     actor call's round trip.
 //
 // Every process gets OpenBLAS's kernel named in the report's first note.
 #include <cstdio>
@@ -360,13 +365,50 @@ int main(int argc, char** argv) {
              fmt::format("table share {:.0f} MiB per server, SGD keeps no state", rows * 64 * 4 / 2 / 1048576.0)});
   }
 
+  // (d) Ray's documented parameter-server pattern on the same work, and a
+  // Ray actor call's round trip, from the bench's virtual environment.
+  const std::string ray_python = std::string(TROUPE_SOURCE_DIR) + "/.peers-venv/bin/python";
+  std::vector<double> ray_sync, ray_async, ray_call_us;
+  if (peers && std::filesystem::exists(ray_python)) {
+    for (std::int64_t r = 0; r < rounds; ++r) {
+      auto [ok_ray, text_ray] = run(fmt::format("timeout 300 {} {}/bench/peers/ps_ray.py --iters {} --calls {} 2>&1",
+                                                ray_python, TROUPE_SOURCE_DIR, quick ? 50 : 300, quick ? 200 : 2000));
+      std::smatch m_sync, m_async, m_call;
+      if (ok_ray && std::regex_search(text_ray, m_sync, std::regex(R"("sync_iters_per_s": ([0-9.eE+-]+))")) &&
+          std::regex_search(text_ray, m_async, std::regex(R"("async_iters_per_s": ([0-9.eE+-]+))")) &&
+          std::regex_search(text_ray, m_call, std::regex(R"("actor_call_round_trip_us": ([0-9.eE+-]+))"))) {
+        ray_sync.push_back(std::stod(m_sync[1]));
+        ray_async.push_back(std::stod(m_async[1]));
+        ray_call_us.push_back(std::stod(m_call[1]));
+      } else {
+        out.note("the Ray peer failed: {}", text_ray.substr(text_ray.size() > 600 ? text_ray.size() - 600 : 0));
+      }
+    }
+  } else if (peers) {
+    out.note("Ray is not set up ({} missing; bash scripts/setup.sh bench creates it)", ray_python);
+  }
+  for (auto [mode, ray] : {std::pair{std::string("synchronous"), &ray_sync}, {std::string("asynchronous"), &ray_async}})
+    if (!ray->empty() && by_mode.contains(mode))
+      out.add({fmt::format("tutorial topology's work, {}", mode), "aggregate iterations/s",
+               bench::median(by_mode[mode]), "it/s", "Ray parameter-server actor (docs' pattern)", bench::median(*ray),
+               fmt::format("Ray {:.0f}-{:.0f} over {} rounds", *std::min_element(ray->begin(), ray->end()),
+                           *std::max_element(ray->begin(), ray->end()), ray->size())});
+
   // (r) a lookup's round trip across processes.
   auto [ok, text] = run(fmt::format("OPENBLAS_NUM_THREADS=1 timeout 120 {} -n 2 -- {} --child=lookup --calls={} 2>&1",
                                     launch, self.string(), quick ? 200 : 5000));
   std::smatch m;
-  if (ok && std::regex_search(text, m, std::regex(R"(median ([0-9.]+) us)")))
-    out.add({"lookup of 4 ids, pooled row back (2 processes)", "round trip", std::stod(m[1]), "us", "", std::nullopt,
-             "data plane, server thread, router sink"});
+  if (ok && std::regex_search(text, m, std::regex(R"(median ([0-9.]+) us)"))) {
+    const double ours_us = std::stod(m[1]);
+    bench::row row{"lookup of 4 ids, pooled row back (2 processes)", "round trip", ours_us, "us", "", std::nullopt,
+                   "data plane, server thread, router sink"};
+    if (!ray_call_us.empty()) {
+      row.baseline = "Ray actor call, no arguments";
+      row.baseline_value = bench::median(ray_call_us);
+      row.note += fmt::format("; {:.1f}x faster than the Ray call", bench::median(ray_call_us) / ours_us);
+    }
+    out.add(row);
+  }
   else
     out.note("the lookup round trip failed: {}", text.substr(text.size() > 600 ? text.size() - 600 : 0));
   out.print();

@@ -31,7 +31,7 @@ packages=(
 )
 # The peers the benchmarks run beside troupe in the same run.
 if [[ "$action" == bench ]]; then
-  packages+=(python3-torch python3-numpy openmpi-bin libopenmpi-dev python3-mpi4py)
+  packages+=(python3-torch python3-numpy openmpi-bin libopenmpi-dev python3-mpi4py python3-venv python3-pip)
 fi
 
 missing=()
@@ -47,6 +47,14 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Ray, the actor framework Python users pick for parameter servers, from PyPI
+# into a virtual environment of the repository's (never into the system);
+# it sees Debian's torch (--system-site-packages). Idempotent.
+if [[ "$action" == bench ]] && ! .peers-venv/bin/python -c "import ray" 2>/dev/null; then
+  echo "setup: creating .peers-venv with Ray from PyPI"
+  /usr/bin/python3 -m venv --system-site-packages .peers-venv
+  .peers-venv/bin/pip install -q ray
 fi
 
 jobs=$(nproc)
