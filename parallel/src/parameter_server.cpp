@@ -22,12 +22,18 @@
 #include "troupe/job.hpp"
 #include "troupe/tensor/error.hpp"
 
+#include "actor_places.hpp"
 #include "ps_shard.hpp"
 #include "ps_wire.hpp"
 
 namespace troupe::parallel {
 
 using namespace std::chrono_literals;
+using detail::attach_place;
+using detail::await_places;
+using detail::detach_place;
+using detail::node_of;
+using detail::outgoing_tensor;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
@@ -38,10 +44,6 @@ std::string shard_place(const parameter_server_options& o, std::uint32_t k) {
 
 std::string client_place(const parameter_server_options& o, std::uint32_t i) {
   return fmt::format("{}/ps_client{}", o.trainers.at(i), i);
-}
-
-std::string node_of(const std::string& place_text) {
-  return place_text.substr(0, place_text.find('/'));
 }
 
 expected<void> check_options(const parameter_server_options& o) {
@@ -73,74 +75,6 @@ expected<void> check_options(const parameter_server_options& o) {
     if (auto p = actors::place::parse(text); !p)
       return make_error(errc::invalid_argument, "parameter server: trainer place '{}': {}", text, p.error().message());
   return {};
-}
-
-/// Registers `where` on the node as an actor whose messages go to `sink`,
-/// and as a router sink (no thread hand-off on delivery).
-expected<caf::actor> attach_place(actors::node& node, const std::string& where,
-                                  std::function<void(const actors::tensor_message&)> sink) {
-  auto router = node.router();
-  if (!router)
-    return make_error(errc::invalid_argument, "parameter server: the node has no tensor router");
-  auto parsed = actors::place::parse_named(where);
-  if (!parsed)
-    return make_error(errc::invalid_argument, "parameter server: {}", parsed.error().message());
-  auto handle = node.system().spawn([sink](caf::event_based_actor*) -> caf::behavior {
-    return {[sink](const actors::tensor_message& m) { sink(m); }};
-  });
-  router->attach(where, handle);
-  router->attach_sink(where, [sink](actors::tensor_message m) { sink(m); });
-  if (auto ok = node.register_actor(*parsed, handle); !ok) {
-    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
-    return make_error(ok.error().code(), "parameter server: registering {} failed: {}", where, ok.error().message());
-  }
-  return handle;
-}
-
-void detach_place(actors::node& node, const std::string& where, caf::actor& handle) {
-  if (auto router = node.router())
-    router->detach(where);
-  if (auto parsed = actors::place::parse_named(where))
-    (void)node.unregister_actor(*parsed);
-  if (handle)
-    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
-  handle = nullptr;
-}
-
-expected<void> await_places(actors::node& node, const std::vector<std::string>& places,
-                            std::chrono::milliseconds timeout) {
-  auto deadline = clock_type::now() + timeout;
-  for (const auto& where : places) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-    auto found = node.await_actor(*actors::place::parse_named(where), std::max(left, 1ms));
-    if (!found)
-      return make_error(errc::io_error, "parameter server: {} was not registered within {} ms ({})", where,
-                        timeout.count(), found.error().message());
-  }
-  return {};
-}
-
-/// A tensor for another node: in this node's shared arena when it is large
-/// enough that the router would copy it there anyway (a same-host receiver
-/// then maps it: no copy at all), on the heap otherwise or when the arena
-/// is full or absent.
-tensor outgoing_tensor(actors::tensor_router& router, const dims& shape, dtype type) {
-  constexpr std::size_t arena_min_bytes = std::size_t{64} << 10; // tensor_router_options' default
-  if (static_cast<std::size_t>(numel_of(shape)) * size_of(type) >= arena_min_bytes)
-    if (auto in_arena = router.arena_tensor(shape, type))
-      return std::move(*in_arena);
-  return tensor::empty(shape, type);
-}
-
-actors::tensor_message reply_message(message_kind kind, std::uint64_t step, std::uint32_t shard,
-                                     std::uint64_t request, tensor value) {
-  actors::tensor_message m;
-  m.meta.kind = kind;
-  m.meta.step = step;
-  m.meta.micro_batch = shard;
-  m.meta.context_id = request;
-  m.value = std::move(value);
-  return m;
 }
 
 } // namespace
@@ -233,7 +167,7 @@ struct shard_actor {
     if (trainer >= options.trainers.size())
       return;
     (void)router->send(*actors::place::parse_named(client_place(options, trainer)),
-                       reply_message(message_kind::control, request.meta.step, index, request.meta.context_id,
+                       detail::make_message(message_kind::control, request.meta.step, index, request.meta.context_id,
                                      ps_wire::encode_text(fmt::format("{}: {}", place, why))));
   }
 
@@ -307,7 +241,7 @@ struct shard_actor {
       s.ids_looked_up += r.ids.size();
     });
     (void)router->send(*actors::place::parse_named(client_place(options, r.trainer)),
-                       reply_message(message_kind::parameters, m.meta.step, index, m.meta.context_id, std::move(out)));
+                       detail::make_message(message_kind::parameters, m.meta.step, index, m.meta.context_id, std::move(out)));
   }
 
   void receive_gradients(const actors::tensor_message& m, const ps_wire::gradients_request& r) {
@@ -848,7 +782,7 @@ expected<tensor> parameter_client::lookup(const std::string& table, const tensor
       continue;
     auto bytes = ps_wire::encode_lookup(*t, st.trainer, shard_offsets[k], shard_ids[k], shard_weights[k]);
     auto sent = st.router->send(st.shard_places[k],
-                                reply_message(message_kind::parameters, step, k, requests[k], std::move(bytes)));
+                                detail::make_message(message_kind::parameters, step, k, requests[k], std::move(bytes)));
     if (!sent) {
       forget();
       return make_error(errc::io_error, "table '{}': sending a lookup to shard {} ({}) failed: {}", table, k,
@@ -1003,7 +937,7 @@ expected<void> parameter_client::step() {
     }
     for (std::uint32_t k = 0; k < map.shards; ++k) {
       auto sent = st.router->send(st.shard_places[k],
-                                  reply_message(message_kind::parameters, step, k, 0, std::move(buffers[k].bytes)));
+                                  detail::make_message(message_kind::parameters, step, k, 0, std::move(buffers[k].bytes)));
       if (!sent)
         return make_error(errc::io_error, "table '{}': sending step {}'s gradients to shard {} ({}) failed: {}",
                           st.options.tables[t].name, step, k, st.shard_places[k].to_string(), sent.error().message());
@@ -1079,20 +1013,6 @@ autograd::variable remote_embedding::operator()(const tensor& ids) {
   auto shape = ids.shape();
   shape.push_back(rows.data().shape().back());
   return autograd::reshape(rows, shape);
-}
-
-expected<void> distributed_optimizer::step() {
-  local_->step();
-  for (auto* client : remote_)
-    if (auto ok = client->step(); !ok)
-      return ok;
-  return {};
-}
-
-void distributed_optimizer::zero_grad() {
-  local_->zero_grad();
-  for (auto* client : remote_)
-    client->zero_grad();
 }
 
 } // namespace troupe::parallel

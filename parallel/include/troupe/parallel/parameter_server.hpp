@@ -50,7 +50,7 @@
 #include <string>
 #include <vector>
 
-#include "troupe/autograd/optim/optimizer.hpp"
+#include "troupe/parallel/distributed_optimizer.hpp"
 #include "troupe/autograd/variable.hpp"
 #include "troupe/tensor/expected.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -167,8 +167,9 @@ private:
   std::uint64_t finish_hook_ = 0;
 };
 
-/// A trainer's connection to every shard.
-class parameter_client {
+/// A trainer's connection to every shard; its step() sends the step's
+/// gradient rows (a distributed_optimizer calls it).
+class parameter_client final : public remote_parameters {
 public:
   /// Registers this trainer's reply actor and waits until every shard is
   /// registered. The trainer is entry `trainer` of `options.trainers`, or
@@ -176,7 +177,7 @@ public:
   static expected<std::unique_ptr<parameter_client>> connect(troupe::job& job, parameter_server_options options);
   static expected<std::unique_ptr<parameter_client>> connect(actors::node& node, parameter_server_options options,
                                                              std::int64_t trainer = -1);
-  ~parameter_client();
+  ~parameter_client() override;
   parameter_client(const parameter_client&) = delete;
   parameter_client& operator=(const parameter_client&) = delete;
 
@@ -199,10 +200,10 @@ public:
   /// (an empty message where a trainer has none: synchronous tables count
   /// on every trainer), then moves to the next step. Never waits for the
   /// update: the next step's lookups do, as the table's consistency says.
-  expected<void> step();
+  expected<void> step() override;
 
   /// Forgets the current step's recorded gradients (zero_grad).
-  void zero_grad();
+  void zero_grad() override;
 
   const parameter_server_options& options() const;
   std::uint32_t trainer_index() const;
@@ -247,25 +248,6 @@ public:
 
 private:
   remote_embedding_bag bag_;
-};
-
-/// One step over parameters held in many places: the trainer's own
-/// optimizer steps its local (and data-parallel) parameters, and each
-/// parameter client sends its tables' gradient rows to the servers, whose
-/// optimizers apply them where the rows live. Nothing moves parameters.
-class distributed_optimizer {
-public:
-  distributed_optimizer(std::unique_ptr<optim::optimizer> local, std::vector<parameter_client*> remote)
-      : local_(std::move(local)), remote_(std::move(remote)) {}
-  /// Local step, then every client's step(); the first error is returned.
-  expected<void> step();
-  /// Local gradients dropped and every client's recorded rows forgotten.
-  void zero_grad();
-  optim::optimizer& local() { return *local_; }
-
-private:
-  std::unique_ptr<optim::optimizer> local_;
-  std::vector<parameter_client*> remote_;
 };
 
 } // namespace troupe::parallel

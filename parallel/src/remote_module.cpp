@@ -1,0 +1,547 @@
+#include "troupe/parallel/remote_module.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/place.hpp"
+#include "troupe/actors/tensor_router.hpp"
+#include "troupe/autograd/node.hpp"
+#include "troupe/job.hpp"
+#include "troupe/parallel/distributed_autograd.hpp"
+#include "troupe/tensor/ops.hpp"
+
+#include "actor_places.hpp"
+#include "ps_wire.hpp"
+
+namespace troupe::parallel {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+using detail::make_message;
+
+namespace {
+
+std::string host_place(const remote_module_options& o) { return fmt::format("{}/module_{}", o.place, o.name); }
+
+std::string caller_place(const remote_module_options& o, std::uint32_t i) {
+  return fmt::format("{}/module_{}_caller{}", o.callers.at(i), o.name, i);
+}
+
+expected<void> check_options(const remote_module_options& o) {
+  if (o.name.empty() || o.name.find('/') != std::string::npos)
+    return make_error(errc::invalid_argument, "remote module: name '{}' must be non-empty without '/'", o.name);
+  if (o.callers.empty())
+    return make_error(errc::invalid_argument, "remote module '{}': no callers", o.name);
+  if (!o.factory || !o.optimizer)
+    return make_error(errc::invalid_argument, "remote module '{}': a factory and an optimizer are required", o.name);
+  if (o.callers.size() >= (1u << 16))
+    return make_error(errc::invalid_argument, "remote module '{}': {} callers, at most 65535", o.name, o.callers.size());
+  for (const auto& text : o.callers)
+    if (auto p = actors::place::parse(text); !p)
+      return make_error(errc::invalid_argument, "remote module '{}': caller place '{}': {}", o.name, text,
+                        p.error().message());
+  if (auto p = actors::place::parse(o.place); !p)
+    return make_error(errc::invalid_argument, "remote module '{}': place '{}': {}", o.name, o.place,
+                      p.error().message());
+  return {};
+}
+
+// A call's context id: the caller in the top 16 bits, its call counter below.
+std::uint32_t caller_of(std::uint64_t context) { return static_cast<std::uint32_t>(context >> 48); }
+
+} // namespace
+
+// -- the host actor -------------------------------------------------------------------------
+
+struct remote_module_host::state {
+  actors::node* node = nullptr;
+  std::shared_ptr<actors::tensor_router> router;
+  remote_module_options options;
+  std::string place;
+  caf::actor handle;
+  std::shared_ptr<nn::module> module;
+  std::unique_ptr<optim::optimizer> optimizer;
+  context_registry registry; // the host thread's only
+
+  std::mutex mutex; // queue, stopping, steps_applied, parameters read by tests
+  std::condition_variable wake;
+  struct item {
+    actors::tensor_message message;
+    std::optional<std::uint32_t> lost_caller;
+    std::string reason;
+  };
+  std::deque<item> queue;
+  bool stopping = false;
+  bool stopped = false;
+  std::thread thread;
+  std::uint64_t peer_lost_handler = 0;
+
+  // host thread
+  std::uint64_t applied = 0;                          // last step applied
+  std::map<std::uint64_t, std::set<std::uint32_t>> stepped; // step -> callers done
+  std::map<std::uint64_t, std::vector<std::uint64_t>> contexts; // step -> forwards' contexts
+  struct held {
+    actors::tensor_message message;
+    clock_type::time_point since;
+  };
+  std::deque<held> held_forwards;
+  std::vector<std::optional<std::string>> lost;
+
+  void post(item i) {
+    {
+      std::lock_guard lock(mutex);
+      queue.push_back(std::move(i));
+    }
+    wake.notify_one();
+  }
+
+  void reply(std::uint32_t caller, message_kind kind, const actors::tensor_message& to, tensor value) {
+    if (caller >= options.callers.size())
+      return;
+    (void)router->send(*actors::place::parse_named(caller_place(options, caller)),
+                       make_message(kind, to.meta.step, 0, to.meta.context_id, std::move(value)));
+  }
+
+  void fail(std::uint32_t caller, const actors::tensor_message& to, const std::string& why) {
+    fmt::print(stderr, "troupe: {}: {}\n", place, why);
+    reply(caller, message_kind::control, to, ps_wire::encode_text(fmt::format("{}: {}", place, why)));
+  }
+
+  void run() {
+    for (;;) {
+      std::deque<item> batch;
+      {
+        std::unique_lock lock(mutex);
+        wake.wait_for(lock, 100ms, [&] { return stopping || !queue.empty(); });
+        if (stopping)
+          return;
+        batch.swap(queue);
+      }
+      std::lock_guard lock(mutex); // parameters() reads the module meanwhile
+      for (auto& i : batch) {
+        if (i.lost_caller) {
+          caller_lost(*i.lost_caller, i.reason);
+          continue;
+        }
+        try {
+          handle_message(i.message);
+        } catch (const std::exception& e) {
+          fail(caller_of(i.message.meta.context_id), i.message, e.what());
+        }
+      }
+      expire_held();
+    }
+  }
+
+  void handle_message(const actors::tensor_message& m) {
+    const auto caller = caller_of(m.meta.context_id);
+    if (caller >= options.callers.size()) {
+      fmt::print(stderr, "troupe: {} dropped a message from caller {} of {}\n", place, caller, options.callers.size());
+      return;
+    }
+    switch (m.meta.kind) {
+      case message_kind::forward_activation:
+        if (m.meta.step == 0)
+          return fail(caller, m, "a forward for step 0 (steps start at 1)");
+        if (m.meta.step > applied + 1) {
+          if (auto why = lost_caller_reason())
+            return fail(caller, m, *why);
+          held_forwards.push_back({m, clock_type::now()});
+          return;
+        }
+        if (m.meta.step <= applied)
+          return fail(caller, m, fmt::format("a forward for step {}, which is already applied", m.meta.step));
+        return forward(caller, m);
+      case message_kind::backward_gradient: {
+        const context_key key{m.meta.context_id, 0, 0};
+        if (!registry.holds_sent(key))
+          return fail(caller, m, fmt::format("a gradient for call {:#x}, which has no forward here", m.meta.context_id));
+        registry.backward_sent(key, m.value);
+        reply(caller, message_kind::backward_gradient, m, registry.take_received_grad(key));
+        return;
+      }
+      case message_kind::control:
+        return step_done(caller, m);
+      default:
+        return fail(caller, m, fmt::format("an unexpected {} message", name_of(m.meta.kind)));
+    }
+  }
+
+  void forward(std::uint32_t caller, const actors::tensor_message& m) {
+    const context_key key{m.meta.context_id, 0, 0};
+    auto input = registry.receive(key, m.value, true);
+    auto output = module->forward(input);
+    registry.record_send(key, output);
+    contexts[m.meta.step].push_back(m.meta.context_id);
+    reply(caller, message_kind::forward_activation, m, output.data());
+  }
+
+  void step_done(std::uint32_t caller, const actors::tensor_message& m) {
+    const auto step = m.meta.step;
+    if (step <= applied || stepped[step].count(caller))
+      return fail(caller, m, fmt::format("caller {} ended step {} twice", caller, step));
+    stepped[step].insert(caller);
+    while (stepped.count(applied + 1) && stepped[applied + 1].size() == options.callers.size()) {
+      const auto done = applied + 1;
+      if (options.average_over_callers && options.callers.size() > 1)
+        for (auto& [name, p] : optimizer->parameters())
+          if (p.grad().defined())
+            p.grad().copy_from(mul(p.grad(), 1.0 / static_cast<double>(options.callers.size())));
+      optimizer->step();
+      optimizer->zero_grad();
+      for (auto context : contexts[done]) // forwards that never got their backward
+        registry.release_context(context);
+      contexts.erase(done);
+      stepped.erase(done);
+      ++applied;
+    }
+    for (auto it = held_forwards.begin(); it != held_forwards.end();) {
+      if (it->message.meta.step <= applied + 1) {
+        forward(caller_of(it->message.meta.context_id), it->message);
+        it = held_forwards.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  std::optional<std::string> lost_caller_reason() const {
+    for (std::size_t c = 0; c < lost.size(); ++c)
+      if (lost[c])
+        return fmt::format("remote module '{}' waits for caller {} ({}), which was lost: {}", options.name, c,
+                           options.callers[c], *lost[c]);
+    return std::nullopt;
+  }
+
+  void caller_lost(std::uint32_t caller, const std::string& reason) {
+    lost[caller] = reason;
+    fmt::print(stderr, "troupe: {}: caller {} ({}) was lost: {}\n", place, caller, options.callers[caller], reason);
+    for (auto& h : held_forwards)
+      fail(caller_of(h.message.meta.context_id), h.message, *lost_caller_reason());
+    held_forwards.clear();
+  }
+
+  void expire_held() {
+    auto now = clock_type::now();
+    while (!held_forwards.empty() && now - held_forwards.front().since >= options.timeout) {
+      auto& h = held_forwards.front();
+      std::string missing;
+      for (std::uint32_t c = 0; c < options.callers.size(); ++c)
+        if (!stepped[applied + 1].count(c))
+          missing += fmt::format("{}caller {} ({})", missing.empty() ? "" : ", ", c, options.callers[c]);
+      fail(caller_of(h.message.meta.context_id), h.message,
+           fmt::format("a forward for step {} waited {} ms for step {} to end at {}", h.message.meta.step,
+                       options.timeout.count(), applied + 1, missing));
+      held_forwards.pop_front();
+    }
+  }
+};
+
+expected<std::unique_ptr<remote_module_host>> remote_module_host::host(troupe::job& job,
+                                                                       remote_module_options options) {
+  auto made = host(job.node(), std::move(options));
+  if (made) {
+    auto* h = made->get();
+    h->job_ = &job;
+    h->finish_hook_ = job.at_finish([h] { h->stop(); });
+  }
+  return made;
+}
+
+expected<std::unique_ptr<remote_module_host>> remote_module_host::host(actors::node& node,
+                                                                       remote_module_options options) {
+  if (auto ok = check_options(options); !ok)
+    return ok.error();
+  if (detail::node_of(options.place) != node.name())
+    return make_error(errc::invalid_argument, "remote module '{}': its place {} is not on node {}", options.name,
+                      options.place, node.name());
+  auto st = std::make_shared<state>();
+  st->node = &node;
+  st->router = node.router();
+  st->options = std::move(options);
+  st->place = host_place(st->options);
+  st->module = st->options.factory();
+  if (!st->module)
+    return make_error(errc::invalid_argument, "remote module '{}': the factory built nothing", st->options.name);
+  st->optimizer = st->options.optimizer(st->module->named_parameters());
+  st->lost.resize(st->options.callers.size());
+  std::unique_ptr<remote_module_host> host(new remote_module_host(st));
+  auto* raw = st.get();
+  auto handle = detail::attach_place(node, st->place, [raw](const actors::tensor_message& m) { raw->post({m, {}, {}}); });
+  if (!handle)
+    return handle.error();
+  st->handle = *handle;
+  st->thread = std::thread([raw] { raw->run(); });
+  std::weak_ptr<state> weak = st;
+  st->peer_lost_handler = node.on_peer_lost([weak](const actors::peer_lost& lost) {
+    if (auto s = weak.lock())
+      for (std::uint32_t c = 0; c < s->options.callers.size(); ++c)
+        if (detail::node_of(s->options.callers[c]) == lost.node)
+          s->post({{}, c, fmt::format("node {} went away ({})", lost.node, lost.reason)});
+  });
+  std::vector<std::string> callers;
+  for (std::uint32_t c = 0; c < st->options.callers.size(); ++c)
+    callers.push_back(caller_place(st->options, c));
+  if (auto ok = detail::await_places(node, callers, st->options.timeout); !ok)
+    return ok.error();
+  return host;
+}
+
+remote_module_host::~remote_module_host() {
+  if (job_ != nullptr)
+    job_->forget_at_finish(finish_hook_);
+  stop();
+}
+
+void remote_module_host::stop() {
+  auto& st = *state_;
+  {
+    std::lock_guard lock(st.mutex);
+    if (st.stopped)
+      return;
+    st.stopped = true;
+    st.stopping = true;
+  }
+  st.wake.notify_all();
+  if (st.thread.joinable())
+    st.thread.join();
+  if (st.peer_lost_handler)
+    st.node->remove_peer_lost_handler(st.peer_lost_handler);
+  detail::detach_place(*st.node, st.place, st.handle);
+}
+
+named_tensors remote_module_host::parameters() const {
+  std::lock_guard lock(state_->mutex);
+  named_tensors out;
+  for (auto& [name, p] : state_->module->named_parameters())
+    out.emplace_back(name, p.data().clone());
+  return out;
+}
+
+std::uint64_t remote_module_host::steps_applied() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->applied;
+}
+
+// -- the caller ---------------------------------------------------------------------------------
+
+struct remote_module::state {
+  actors::node* node = nullptr;
+  std::shared_ptr<actors::tensor_router> router;
+  remote_module_options options;
+  std::uint32_t caller = 0;
+  std::string place;
+  actors::place host;
+  caf::actor handle;
+  std::uint64_t peer_lost_handler = 0;
+
+  std::mutex mutex;
+  std::condition_variable arrived;
+  struct reply {
+    tensor value;
+    std::optional<std::string> error;
+    bool done = false;
+  };
+  std::map<std::uint64_t, reply> replies; // by context id
+  std::optional<std::string> failure;
+  std::uint64_t step = 1;
+  std::uint64_t next_call = 1;
+  bool stopped = false;
+
+  void on_reply(const actors::tensor_message& m) {
+    {
+      std::lock_guard lock(mutex);
+      auto it = replies.find(m.meta.context_id);
+      if (it == replies.end())
+        return;
+      if (m.meta.kind == message_kind::control)
+        it->second.error = ps_wire::decode_text(m.value);
+      else
+        it->second.value = m.value;
+      it->second.done = true;
+    }
+    arrived.notify_all();
+  }
+
+  /// Sends `value` for call `context` and waits (bounded) for the host's answer.
+  tensor call(message_kind kind, std::uint64_t step_of_call, std::uint64_t context, tensor value) {
+    {
+      std::lock_guard lock(mutex);
+      if (failure)
+        throw std::runtime_error(*failure);
+      replies[context];
+    }
+    auto sent = router->send(host, make_message(kind, step_of_call, 0, context, std::move(value)));
+    std::unique_lock lock(mutex);
+    if (!sent) {
+      replies.erase(context);
+      throw std::runtime_error(fmt::format("remote module '{}': sending to {} failed: {}", options.name,
+                                           host.to_string(), sent.error().message()));
+    }
+    bool answered = arrived.wait_for(lock, 2 * options.timeout, [&] { return failure || replies[context].done; });
+    auto r = std::move(replies[context]);
+    replies.erase(context);
+    if (r.done && r.error)
+      throw std::runtime_error(*r.error);
+    if (r.done)
+      return r.value;
+    if (failure)
+      throw std::runtime_error(*failure);
+    (void)answered;
+    throw std::runtime_error(fmt::format("remote module '{}': no answer from {} within {} ms", options.name,
+                                         host.to_string(), 2 * options.timeout.count()));
+  }
+};
+
+namespace {
+
+/// Backward of a remote call: the output's gradient goes to the host, the
+/// input's comes back and continues into the caller's graph.
+class remote_call_backward final : public autograd::node {
+public:
+  remote_call_backward(std::shared_ptr<remote_module::state> st, std::uint64_t step, std::uint64_t context,
+                       const autograd::variable& input)
+      : state_(std::move(st)), step_(step), context_(context) {
+    set_next_edges({autograd::gradient_edge(input)});
+  }
+  std::vector<tensor> apply(std::vector<tensor> grads) override {
+    require(!released_, "remote_module_backward: already run");
+    released_ = true;
+    auto input_grad = state_->call(message_kind::backward_gradient, step_, context_, grads.at(0).contiguous());
+    return {next_edges()[0].valid() ? input_grad : tensor{}};
+  }
+  std::string name() const override { return "remote_module_backward"; }
+
+private:
+  std::shared_ptr<remote_module::state> state_;
+  std::uint64_t step_, context_;
+  bool released_ = false;
+};
+
+} // namespace
+
+expected<std::unique_ptr<remote_module>> remote_module::connect(troupe::job& job, remote_module_options options) {
+  auto made = connect(job.node(), std::move(options));
+  if (made) {
+    auto* m = made->get();
+    m->job_ = &job;
+    m->finish_hook_ = job.at_finish([m] { m->shutdown(); });
+  }
+  return made;
+}
+
+expected<std::unique_ptr<remote_module>> remote_module::connect(actors::node& node, remote_module_options options,
+                                                                std::int64_t caller) {
+  if (auto ok = check_options(options); !ok)
+    return ok.error();
+  auto st = std::make_shared<state>();
+  st->node = &node;
+  st->router = node.router();
+  st->options = std::move(options);
+  const auto& o = st->options;
+  if (caller < 0) {
+    auto mine = std::find_if(o.callers.begin(), o.callers.end(),
+                             [&](auto& c) { return detail::node_of(c) == node.name(); });
+    if (mine == o.callers.end())
+      return make_error(errc::invalid_argument, "remote module '{}': no caller place is on node {}", o.name,
+                        node.name());
+    caller = mine - o.callers.begin();
+  }
+  if (caller >= static_cast<std::int64_t>(o.callers.size()) || detail::node_of(o.callers[caller]) != node.name())
+    return make_error(errc::invalid_argument, "remote module '{}': caller {} is not placed on node {}", o.name, caller,
+                      node.name());
+  st->caller = static_cast<std::uint32_t>(caller);
+  st->place = caller_place(o, st->caller);
+  st->host = *actors::place::parse_named(host_place(o));
+  std::weak_ptr<state> weak = st;
+  auto handle = detail::attach_place(node, st->place, [weak](const actors::tensor_message& m) {
+    if (auto s = weak.lock())
+      s->on_reply(m);
+  });
+  if (!handle)
+    return handle.error();
+  st->handle = *handle;
+  std::unique_ptr<remote_module> made(new remote_module(st));
+  st->peer_lost_handler = node.on_peer_lost([weak](const actors::peer_lost& lost) {
+    auto s = weak.lock();
+    if (!s || detail::node_of(s->options.place) != lost.node)
+      return;
+    {
+      std::lock_guard lock(s->mutex);
+      if (!s->failure)
+        s->failure = fmt::format("remote module '{}' ({}) was lost: node {} went away ({})", s->options.name,
+                                 s->host.to_string(), lost.node, lost.reason);
+    }
+    s->arrived.notify_all();
+  });
+  if (auto ok = detail::await_places(node, {host_place(o)}, o.timeout); !ok)
+    return ok.error();
+  return made;
+}
+
+remote_module::~remote_module() {
+  if (job_ != nullptr)
+    job_->forget_at_finish(finish_hook_);
+  shutdown();
+}
+
+void remote_module::shutdown() {
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->stopped)
+      return;
+    state_->stopped = true;
+    if (!state_->failure)
+      state_->failure = fmt::format("remote module '{}': the caller was shut down", state_->options.name);
+  }
+  state_->arrived.notify_all();
+  if (state_->peer_lost_handler)
+    state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
+  detail::detach_place(*state_->node, state_->place, state_->handle);
+}
+
+std::uint64_t remote_module::current_step() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->step;
+}
+
+autograd::variable remote_module::operator()(const autograd::variable& input) {
+  auto& st = *state_;
+  std::uint64_t step = 0, context = 0;
+  {
+    std::lock_guard lock(st.mutex);
+    step = st.step;
+    context = (std::uint64_t{st.caller} << 48) | (st.next_call++ & ((std::uint64_t{1} << 48) - 1));
+  }
+  auto output = st.call(message_kind::forward_activation, step, context, input.data().contiguous());
+  auto fn = std::make_shared<remote_call_backward>(state_, step, context, input);
+  return autograd::variable::make_result(std::move(output), std::move(fn));
+}
+
+expected<void> remote_module::step() {
+  auto& st = *state_;
+  std::uint64_t step = 0;
+  {
+    std::lock_guard lock(st.mutex);
+    if (st.failure)
+      return make_error(errc::io_error, "{}", *st.failure);
+    step = st.step++;
+  }
+  auto sent = st.router->send(st.host, make_message(message_kind::control, step, 0,
+                                                    std::uint64_t{st.caller} << 48, tensor::zeros({1})));
+  if (!sent)
+    return make_error(errc::io_error, "remote module '{}': ending step {} at {} failed: {}", st.options.name, step,
+                      st.host.to_string(), sent.error().message());
+  return {};
+}
+
+} // namespace troupe::parallel
