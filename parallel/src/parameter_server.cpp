@@ -23,6 +23,7 @@
 #include "troupe/tensor/error.hpp"
 
 #include "actor_places.hpp"
+#include "reply_endpoint.hpp"
 #include "ps_shard.hpp"
 #include "ps_wire.hpp"
 
@@ -530,24 +531,13 @@ struct parameter_client::state {
   std::shared_ptr<actors::tensor_router> router;
   parameter_server_options options;
   std::uint32_t trainer = 0;
-  std::string place;
-  caf::actor handle;
+  std::shared_ptr<detail::reply_endpoint> replies; // "<trainer place>/ps_client<i>"
   std::vector<shard_map> maps;
   std::vector<actors::place> shard_places;
-  std::uint64_t peer_lost_handler = 0;
 
-  std::mutex mutex;
-  std::condition_variable arrived;
-  struct reply {
-    tensor value;
-    std::optional<std::string> error;
-    bool done = false;
-  };
-  std::map<std::uint64_t, reply> replies; // by request id
-  std::optional<std::string> failure;     // sticky: a lost server shard
+  std::mutex mutex; // next_request, step, gradients
   std::uint64_t next_request = 1;
   std::uint64_t step = 1;
-  bool stopped = false;
 
   /// This step's gradient rows per table, coalesced as they are recorded.
   struct accumulated {
@@ -556,21 +546,6 @@ struct parameter_client::state {
     std::vector<float> rows;
   };
   std::vector<accumulated> gradients;
-
-  void on_reply(const actors::tensor_message& m) {
-    {
-      std::lock_guard lock(mutex);
-      auto it = replies.find(m.meta.context_id);
-      if (it == replies.end())
-        return; // a late reply to a request that already failed
-      if (m.meta.kind == message_kind::control)
-        it->second.error = ps_wire::decode_text(m.value);
-      else
-        it->second.value = m.value;
-      it->second.done = true;
-    }
-    arrived.notify_all();
-  }
 
   expected<std::uint16_t> table_index(const std::string& name) const {
     for (std::size_t t = 0; t < options.tables.size(); ++t)
@@ -650,7 +625,6 @@ expected<std::unique_ptr<parameter_client>> parameter_client::connect(actors::no
     return make_error(errc::invalid_argument, "parameter client: trainer {} is not placed on node {}", trainer,
                       node.name());
   st->trainer = static_cast<std::uint32_t>(trainer);
-  st->place = client_place(o, st->trainer);
   for (const auto& spec : o.tables)
     st->maps.push_back({spec.rows, static_cast<std::uint32_t>(o.servers.size()), spec.shard_by});
   st->gradients.resize(o.tables.size());
@@ -659,30 +633,17 @@ expected<std::unique_ptr<parameter_client>> parameter_client::connect(actors::no
     shards.push_back(shard_place(o, k));
     st->shard_places.push_back(*actors::place::parse_named(shards.back()));
   }
-  std::weak_ptr<state> weak = st;
-  auto handle = attach_place(node, st->place, [weak](const actors::tensor_message& m) {
-    if (auto s = weak.lock())
-      s->on_reply(m);
-  });
-  if (!handle)
-    return handle.error();
-  st->handle = *handle;
+  auto endpoint = detail::reply_endpoint::open(node, client_place(o, st->trainer));
+  if (!endpoint)
+    return endpoint.error();
+  st->replies = std::move(*endpoint);
   std::unique_ptr<parameter_client> client(new parameter_client(st));
-  st->peer_lost_handler = node.on_peer_lost([weak](const actors::peer_lost& lost) {
-    auto s = weak.lock();
-    if (!s)
-      return;
-    for (std::uint32_t k = 0; k < s->options.servers.size(); ++k)
-      if (node_of(s->options.servers[k]) == lost.node) {
-        {
-          std::lock_guard lock(s->mutex);
-          if (!s->failure)
-            s->failure = fmt::format("parameter server shard {} ({}) was lost: node {} went away ({})", k,
-                                     s->shard_places[k].to_string(), lost.node, lost.reason);
-        }
-        s->arrived.notify_all();
-        return;
-      }
+  st->replies->fail_when_lost([o, places = st->shard_places](const actors::peer_lost& lost) -> std::optional<std::string> {
+    for (std::uint32_t k = 0; k < o.servers.size(); ++k)
+      if (node_of(o.servers[k]) == lost.node)
+        return fmt::format("parameter server shard {} ({}) was lost: node {} went away ({})", k,
+                           places[k].to_string(), lost.node, lost.reason);
+    return std::nullopt;
   });
   if (auto ok = await_places(node, shards, o.timeout); !ok)
     return ok.error();
@@ -696,18 +657,7 @@ parameter_client::~parameter_client() {
 }
 
 void parameter_client::shutdown() {
-  {
-    std::lock_guard lock(state_->mutex);
-    if (state_->stopped)
-      return;
-    state_->stopped = true;
-    if (!state_->failure)
-      state_->failure = "the parameter client was shut down";
-  }
-  state_->arrived.notify_all();
-  if (state_->peer_lost_handler)
-    state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
-  detach_place(*state_->node, state_->place, state_->handle);
+  state_->replies->close("the parameter client was shut down");
 }
 
 std::uint64_t parameter_client::current_step() const {
@@ -757,26 +707,20 @@ expected<tensor> parameter_client::lookup(const std::string& table, const tensor
         shard_weights[k].push_back(w[i]);
     }
   }
-  std::vector<std::uint64_t> requests;
+  std::vector<std::uint64_t> requests(shards, 0), waiting;
   std::uint64_t step = 0;
   {
     std::lock_guard lock(st.mutex);
-    if (st.failure)
-      return make_error(errc::io_error, "{}", *st.failure);
     step = st.step;
     for (std::uint32_t k = 0; k < shards; ++k)
-      if (!shard_ids[k].empty()) {
-        requests.push_back(st.next_request++);
-        st.replies[requests.back()];
-      } else {
-        requests.push_back(0);
-      }
+      if (!shard_ids[k].empty())
+        waiting.push_back(requests[k] = st.next_request++);
   }
-  auto forget = [&] {
-    std::lock_guard lock(st.mutex);
-    for (auto r : requests)
-      st.replies.erase(r);
-  };
+  for (auto r : waiting)
+    if (auto ok = st.replies->expect(r); !ok) {
+      st.replies->forget(waiting);
+      return ok.error();
+    }
   for (std::uint32_t k = 0; k < shards; ++k) {
     if (requests[k] == 0)
       continue;
@@ -784,45 +728,17 @@ expected<tensor> parameter_client::lookup(const std::string& table, const tensor
     auto sent = st.router->send(st.shard_places[k],
                                 detail::make_message(message_kind::parameters, step, k, requests[k], std::move(bytes)));
     if (!sent) {
-      forget();
+      st.replies->forget(waiting);
       return make_error(errc::io_error, "table '{}': sending a lookup to shard {} ({}) failed: {}", table, k,
                         st.shard_places[k].to_string(), sent.error().message());
     }
   }
-  // Wait for every shard involved (bounded), then sum the partial bags.
-  std::vector<tensor> parts;
-  {
-    std::unique_lock lock(st.mutex);
-    auto all_done = [&] {
-      if (st.failure)
-        return true;
-      for (auto r : requests)
-        if (r != 0 && !st.replies[r].done)
-          return false;
-      return true;
-    };
-    // Twice the servers' bound: a server that holds a lookup (consistency)
-    // answers with why it gave up first, naming the trainers it waited for.
-    if (!st.arrived.wait_for(lock, 2 * st.options.timeout, all_done)) {
-      for (auto r : requests)
-        st.replies.erase(r);
-      return make_error(errc::io_error, "table '{}': no reply to a lookup for step {} within {} ms", table, step,
-                        2 * st.options.timeout.count());
-    }
-    std::optional<std::string> error = st.failure;
-    for (auto r : requests) {
-      if (r == 0)
-        continue;
-      auto& reply = st.replies[r];
-      if (!error && reply.error)
-        error = *reply.error;
-      if (reply.done && !reply.error)
-        parts.push_back(std::move(reply.value));
-      st.replies.erase(r);
-    }
-    if (error)
-      return make_error(errc::io_error, "table '{}': {}", table, *error);
-  }
+  // Twice the servers' bound: a server that holds a lookup (consistency)
+  // answers with why it gave up first, naming the trainers it waited for.
+  auto replies = st.replies->wait(waiting, 2 * st.options.timeout, fmt::format("a lookup for step {}", step));
+  if (!replies)
+    return make_error(errc::io_error, "table '{}': {}", table, replies.error().message());
+  auto& parts = *replies;
   tensor out;
   for (auto& part : parts) {
     if (part.type() != dtype::float32 || part.shape() != dims{bags, spec.dim})
@@ -902,10 +818,10 @@ expected<void> parameter_client::step() {
   auto& st = *state_;
   std::uint64_t step = 0;
   std::vector<state::accumulated> gradients(st.options.tables.size());
+  if (auto failed = st.replies->failure())
+    return make_error(errc::io_error, "{}", *failed);
   {
     std::lock_guard lock(st.mutex);
-    if (st.failure)
-      return make_error(errc::io_error, "{}", *st.failure);
     step = st.step++;
     gradients.swap(st.gradients);
     st.gradients.resize(st.options.tables.size());

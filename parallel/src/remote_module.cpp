@@ -20,6 +20,7 @@
 #include "troupe/tensor/ops.hpp"
 
 #include "actor_places.hpp"
+#include "reply_endpoint.hpp"
 #include "ps_wire.hpp"
 
 namespace troupe::parallel {
@@ -335,70 +336,31 @@ std::uint64_t remote_module_host::steps_applied() const {
 // -- the caller ---------------------------------------------------------------------------------
 
 struct remote_module::state {
-  actors::node* node = nullptr;
   std::shared_ptr<actors::tensor_router> router;
   remote_module_options options;
   std::uint32_t caller = 0;
-  std::string place;
   actors::place host;
-  caf::actor handle;
-  std::uint64_t peer_lost_handler = 0;
+  std::shared_ptr<detail::reply_endpoint> replies; // "<caller place>/module_<name>_caller<i>"
 
-  std::mutex mutex;
-  std::condition_variable arrived;
-  struct reply {
-    tensor value;
-    std::optional<std::string> error;
-    bool done = false;
-  };
-  std::map<std::uint64_t, reply> replies; // by context id
-  std::optional<std::string> failure;
+  std::mutex mutex; // step, next_call
   std::uint64_t step = 1;
   std::uint64_t next_call = 1;
-  bool stopped = false;
-
-  void on_reply(const actors::tensor_message& m) {
-    {
-      std::lock_guard lock(mutex);
-      auto it = replies.find(m.meta.context_id);
-      if (it == replies.end())
-        return;
-      if (m.meta.kind == message_kind::control)
-        it->second.error = ps_wire::decode_text(m.value);
-      else
-        it->second.value = m.value;
-      it->second.done = true;
-    }
-    arrived.notify_all();
-  }
 
   /// Sends `value` for call `context` and waits (bounded) for the host's answer.
   tensor call(message_kind kind, std::uint64_t step_of_call, std::uint64_t context, tensor value) {
-    {
-      std::lock_guard lock(mutex);
-      if (failure)
-        throw std::runtime_error(*failure);
-      replies[context];
-    }
+    if (auto ok = replies->expect(context); !ok)
+      throw std::runtime_error(ok.error().message());
     auto sent = router->send(host, make_message(kind, step_of_call, 0, context, std::move(value)));
-    std::unique_lock lock(mutex);
     if (!sent) {
-      replies.erase(context);
+      replies->forget({context});
       throw std::runtime_error(fmt::format("remote module '{}': sending to {} failed: {}", options.name,
                                            host.to_string(), sent.error().message()));
     }
-    bool answered = arrived.wait_for(lock, 2 * options.timeout, [&] { return failure || replies[context].done; });
-    auto r = std::move(replies[context]);
-    replies.erase(context);
-    if (r.done && r.error)
-      throw std::runtime_error(*r.error);
-    if (r.done)
-      return r.value;
-    if (failure)
-      throw std::runtime_error(*failure);
-    (void)answered;
-    throw std::runtime_error(fmt::format("remote module '{}': no answer from {} within {} ms", options.name,
-                                         host.to_string(), 2 * options.timeout.count()));
+    auto answer = replies->wait({context}, 2 * options.timeout,
+                                fmt::format("remote module '{}' ({})", options.name, host.to_string()));
+    if (!answer)
+      throw std::runtime_error(answer.error().message());
+    return std::move(answer->front());
   }
 };
 
@@ -444,7 +406,6 @@ expected<std::unique_ptr<remote_module>> remote_module::connect(actors::node& no
   if (auto ok = check_options(options); !ok)
     return ok.error();
   auto st = std::make_shared<state>();
-  st->node = &node;
   st->router = node.router();
   st->options = std::move(options);
   const auto& o = st->options;
@@ -460,28 +421,17 @@ expected<std::unique_ptr<remote_module>> remote_module::connect(actors::node& no
     return make_error(errc::invalid_argument, "remote module '{}': caller {} is not placed on node {}", o.name, caller,
                       node.name());
   st->caller = static_cast<std::uint32_t>(caller);
-  st->place = caller_place(o, st->caller);
   st->host = *actors::place::parse_named(host_place(o));
-  std::weak_ptr<state> weak = st;
-  auto handle = detail::attach_place(node, st->place, [weak](const actors::tensor_message& m) {
-    if (auto s = weak.lock())
-      s->on_reply(m);
-  });
-  if (!handle)
-    return handle.error();
-  st->handle = *handle;
+  auto endpoint = detail::reply_endpoint::open(node, caller_place(o, st->caller));
+  if (!endpoint)
+    return endpoint.error();
+  st->replies = std::move(*endpoint);
   std::unique_ptr<remote_module> made(new remote_module(st));
-  st->peer_lost_handler = node.on_peer_lost([weak](const actors::peer_lost& lost) {
-    auto s = weak.lock();
-    if (!s || detail::node_of(s->options.place) != lost.node)
-      return;
-    {
-      std::lock_guard lock(s->mutex);
-      if (!s->failure)
-        s->failure = fmt::format("remote module '{}' ({}) was lost: node {} went away ({})", s->options.name,
-                                 s->host.to_string(), lost.node, lost.reason);
-    }
-    s->arrived.notify_all();
+  st->replies->fail_when_lost([name = o.name, where = o.place, host = st->host.to_string()](
+                                  const actors::peer_lost& lost) -> std::optional<std::string> {
+    if (detail::node_of(where) != lost.node)
+      return std::nullopt;
+    return fmt::format("remote module '{}' ({}) was lost: node {} went away ({})", name, host, lost.node, lost.reason);
   });
   if (auto ok = detail::await_places(node, {host_place(o)}, o.timeout); !ok)
     return ok.error();
@@ -495,18 +445,7 @@ remote_module::~remote_module() {
 }
 
 void remote_module::shutdown() {
-  {
-    std::lock_guard lock(state_->mutex);
-    if (state_->stopped)
-      return;
-    state_->stopped = true;
-    if (!state_->failure)
-      state_->failure = fmt::format("remote module '{}': the caller was shut down", state_->options.name);
-  }
-  state_->arrived.notify_all();
-  if (state_->peer_lost_handler)
-    state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
-  detail::detach_place(*state_->node, state_->place, state_->handle);
+  state_->replies->close(fmt::format("remote module '{}': the caller was shut down", state_->options.name));
 }
 
 std::uint64_t remote_module::current_step() const {
@@ -530,10 +469,10 @@ autograd::variable remote_module::operator()(const autograd::variable& input) {
 expected<void> remote_module::step() {
   auto& st = *state_;
   std::uint64_t step = 0;
+  if (auto failed = st.replies->failure())
+    return make_error(errc::io_error, "{}", *failed);
   {
     std::lock_guard lock(st.mutex);
-    if (st.failure)
-      return make_error(errc::io_error, "{}", *st.failure);
     step = st.step++;
   }
   auto sent = st.router->send(st.host, make_message(message_kind::control, step, 0,

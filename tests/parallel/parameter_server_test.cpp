@@ -475,3 +475,51 @@ TEST(ParameterServer, RemoteEmbeddingIsABagOfOneIdPerElement) {
   ASSERT_TRUE(after);
   EXPECT_TRUE(allclose(*after, add(table.slice(0, 7, 8), -2.0), 1e-6, 1e-6));
 }
+
+TEST(ParameterServer, MeanBagsAndPerSampleWeightsAcrossShardsAndTheirGradients) {
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node);
+  table_spec spec{.name = "emb", .rows = 30, .dim = 4, .seed = 6, .optimizer = {.lr = 1.0},
+                  .consistency = consistency::asynchronous(), .shard_by = sharding::hashed,
+                  .average_over_trainers = false};
+  auto o = options_for({spec}, 3, 1);
+  local_servers ps(**node, o);
+  ASSERT_TRUE(ps.server);
+  auto& client = *ps.clients[0];
+  generator init{6};
+  auto table = autograd::variable(randn({30, 4}, init), true);
+  auto ids = int64s({0, 1, 2, 29, 7, 7, 13});
+  auto offsets = int64s({0, 3, 3, 6}); // bags of 3, 0, 3 and 1 ids, spread over the 3 shards
+  std::vector<float> w{0.5f, -1.0f, 2.0f, 1.5f, 0.25f, 0.75f, 3.0f};
+  auto weights = tensor::from(w, {7});
+  for (auto mode : {bag_mode::sum, bag_mode::mean}) {
+    for (bool weighted : {false, true}) {
+      auto got = client.lookup("emb", ids, offsets, mode, weighted ? weights : tensor{});
+      ASSERT_TRUE(got) << got.error().message();
+      // Reference: rows (scaled by their weights) summed per bag, / size for mean.
+      auto rows = index_select(table.data(), 0, ids);
+      if (weighted)
+        rows = mul(rows, weights.reshape({7, 1}));
+      auto expected = embedding_bag(rows, int64s({0, 1, 2, 3, 4, 5, 6}), offsets, mode);
+      EXPECT_TRUE(allclose(*got, expected, 1e-5, 1e-6)) << "mode " << static_cast<int>(mode) << " weighted " << weighted;
+    }
+  }
+  // The gradient of a mean, weighted bag: row id gets w * g[bag] / size.
+  remote_embedding_bag emb(client, "emb", bag_mode::mean);
+  auto out = emb(ids, offsets, weights);
+  autograd::backward(autograd::sum(out));
+  ASSERT_TRUE(client.step());
+  // Expected update (SGD, lr 1): row 7 gets (0.25 + 0.75) / 3, row 13 gets 3 / 1, row 0 gets 0.5 / 3.
+  auto read = [&](std::int64_t id) {
+    for (int i = 0; i < 100; ++i) {
+      auto r = ps.server->read_rows("emb", id, 1);
+      if (r && max_abs_diff(*r, table.data().slice(0, id, id + 1)) > 0)
+        return *r;
+      std::this_thread::sleep_for(10ms);
+    }
+    return *ps.server->read_rows("emb", id, 1);
+  };
+  EXPECT_TRUE(allclose(read(7), add(table.data().slice(0, 7, 8), -1.0 / 3), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(read(13), add(table.data().slice(0, 13, 14), -3.0), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(read(0), add(table.data().slice(0, 0, 1), -0.5 / 3), 1e-5, 1e-6));
+}
