@@ -814,6 +814,22 @@ expected<void> parameter_client::record_gradient(const std::string& table, const
   return {};
 }
 
+expected<tensor> parameter_client::pull(const std::string& table) {
+  auto t = state_->table_index(table);
+  if (!t)
+    return t.error();
+  auto every_row = arange(0, static_cast<double>(state_->options.tables[*t].rows), 1.0, dtype::int64);
+  return lookup(table, every_row, every_row, bag_mode::sum);
+}
+
+expected<void> parameter_client::push_dense(const std::string& table, const tensor& grad) {
+  auto t = state_->table_index(table);
+  if (!t)
+    return t.error();
+  auto every_row = arange(0, static_cast<double>(state_->options.tables[*t].rows), 1.0, dtype::int64);
+  return record_gradient(table, every_row, every_row, bag_mode::sum, {}, grad);
+}
+
 expected<void> parameter_client::step() {
   auto& st = *state_;
   std::uint64_t step = 0;

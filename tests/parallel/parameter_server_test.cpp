@@ -523,3 +523,29 @@ TEST(ParameterServer, MeanBagsAndPerSampleWeightsAcrossShardsAndTheirGradients) 
   EXPECT_TRUE(allclose(read(13), add(table.data().slice(0, 13, 14), -3.0), 1e-5, 1e-6));
   EXPECT_TRUE(allclose(read(0), add(table.data().slice(0, 0, 1), -0.5 / 3), 1e-5, 1e-6));
 }
+
+TEST(ParameterServer, DenseTensorsArePulledWholeAndUpdatedFromDenseGradients) {
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node);
+  table_spec spec{.name = "w", .rows = 5, .dim = 3, .seed = 8,
+                  .optimizer = {.type = sparse_optimizer::kind::lazy_adam, .lr = 0.1}};
+  auto o = options_for({spec}, 2, 2);
+  local_servers ps(**node, o);
+  ASSERT_TRUE(ps.server);
+  generator init{8};
+  auto start = randn({5, 3}, init);
+  auto pulled = ps.clients[0]->pull("w");
+  ASSERT_TRUE(pulled) << pulled.error().message();
+  EXPECT_TRUE(allclose(*pulled, start, 0, 0));
+  // Both trainers push a dense gradient; synchronous, averaged: Adam's first
+  // step moves every element by lr * sign of the mean gradient (1).
+  auto grad = tensor::ones({5, 3});
+  for (auto& c : ps.clients) {
+    ASSERT_TRUE(c->push_dense("w", grad));
+    ASSERT_TRUE(c->step());
+  }
+  auto after = ps.clients[1]->pull("w"); // step 2: waits for step 1's update
+  ASSERT_TRUE(after) << after.error().message();
+  EXPECT_TRUE(allclose(*after, add(start, -0.1), 1e-5, 1e-5));
+  EXPECT_THAT(ps.clients[0]->push_dense("w", tensor::ones({4, 3})).error().message(), HasSubstr("must be [5, 3]"));
+}

@@ -196,6 +196,13 @@ public:
   expected<void> record_gradient(const std::string& table, const tensor& ids, const tensor& offsets, bag_mode mode,
                                  const tensor& per_sample_weights, const tensor& grad_output);
 
+  /// A dense tensor kept on the servers is a table whose rows are its first
+  /// dimension: pull() reads all of it ([rows, dim], every shard's part),
+  /// push_dense() records a gradient for all of it (sent by step(), applied
+  /// by the table's optimizer like any rows).
+  expected<tensor> pull(const std::string& table);
+  expected<void> push_dense(const std::string& table, const tensor& grad);
+
   /// Sends each shard this step's coalesced gradient rows of every table
   /// (an empty message where a trainer has none: synchronous tables count
   /// on every trainer), then moves to the next step. Never waits for the
