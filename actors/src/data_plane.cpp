@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 #include <ucp/api/ucp.h>
 
-#include "troupe/actors/credit_window.hpp"
+#include "credit_window.hpp"
 #include "troupe/actors/trace.hpp"
 #include "troupe/serialization/decode.hpp"
 #include "troupe/serialization/encoded_message.hpp"

@@ -18,7 +18,7 @@
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/message_types.hpp"
 #include "troupe/actors/network_interface.hpp"
-#include "troupe/actors/registry.hpp"
+#include "registry.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace.hpp"
 

@@ -1,4 +1,4 @@
-#include "troupe/actors/registry.hpp"
+#include "registry.hpp"
 
 #include <algorithm>
 #include <chrono>
