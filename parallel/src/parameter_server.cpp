@@ -1,13 +1,11 @@
 #include "troupe/parallel/parameter_server.hpp"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 
 #include <caf/all.hpp>
@@ -23,6 +21,7 @@
 #include "troupe/tensor/error.hpp"
 
 #include "actor_places.hpp"
+#include "mailbox_thread.hpp"
 #include "reply_endpoint.hpp"
 #include "ps_shard.hpp"
 #include "ps_wire.hpp"
@@ -91,12 +90,17 @@ struct shard_actor {
   };
   struct waiting_lookup {
     actors::tensor_message message;
+    ps_wire::lookup_request request; // decoded on arrival; points into message.value
     clock_type::time_point since;
+  };
+  struct received_rows {
+    tensor bytes;
+    ps_wire::gradients_request rows; // decoded on arrival; points into bytes
   };
   struct table_state {
     std::uint64_t applied = 0;                    // synchronous: the last step applied
     std::vector<std::uint64_t> applied_by;        // per trainer: its last step applied
-    std::map<std::uint64_t, std::vector<tensor>> pending; // synchronous: step -> request per trainer
+    std::map<std::uint64_t, std::vector<std::optional<received_rows>>> pending; // synchronous: step -> per trainer
     std::deque<waiting_lookup> waiting;
   };
 
@@ -108,13 +112,8 @@ struct shard_actor {
   std::vector<table_state> states;
   std::vector<std::optional<std::string>> lost; // per trainer: why it was lost
 
-  std::mutex mutex;
-  std::condition_variable wake;
-  std::deque<item> queue;
-  std::mutex rows_mutex; // held by the thread while it handles items; read_rows takes it
-  bool stopping = false;
-  parameter_server_stats stats; // under mutex
-  std::thread thread;
+  parameter_server_stats stats; // the thread's; others read it under mailbox.state_mutex()
+  detail::mailbox_thread<item> mailbox;
   caf::actor handle;
 
   shard_actor(const parameter_server_options& o, std::uint32_t k, std::shared_ptr<actors::tensor_router> r)
@@ -129,42 +128,19 @@ struct shard_actor {
     }
   }
 
-  void post(item i) {
-    {
-      std::lock_guard lock(mutex);
-      queue.push_back(std::move(i));
-    }
-    wake.notify_one();
-  }
-
-  void run() {
-    for (;;) {
-      std::deque<item> batch;
-      {
-        std::unique_lock lock(mutex);
-        wake.wait_for(lock, 100ms, [&] { return stopping || !queue.empty(); });
-        if (stopping)
-          return;
-        batch.swap(queue);
-      }
-      std::lock_guard rows(rows_mutex);
-      for (auto& i : batch) {
-        if (i.lost_trainer)
-          trainer_lost(*i.lost_trainer, i.lost_reason);
-        else
-          handle_message(i.message);
-      }
-      expire_waiting();
-    }
-  }
-
-  void count(auto&& update) {
-    std::lock_guard lock(mutex);
-    update(stats);
+  void start() {
+    mailbox.start(
+        [this](item& i) {
+          if (i.lost_trainer)
+            trainer_lost(*i.lost_trainer, i.lost_reason);
+          else
+            handle_message(i.message);
+        },
+        [this] { expire_waiting(); });
   }
 
   void send_error(std::uint32_t trainer, const actors::tensor_message& request, const std::string& why) {
-    count([](auto& s) { ++s.rejected; });
+    ++stats.rejected;
     if (trainer >= options.trainers.size())
       return;
     (void)router->send(*actors::place::parse_named(client_place(options, trainer)),
@@ -175,7 +151,7 @@ struct shard_actor {
   void handle_message(const actors::tensor_message& m) {
     auto decoded = ps_wire::decode(m.value);
     if (!decoded) {
-      count([](auto& s) { ++s.rejected; });
+      ++stats.rejected;
       fmt::print(stderr, "troupe: {} dropped a request: {}\n", place, decoded.error().message());
       return;
     }
@@ -183,7 +159,7 @@ struct shard_actor {
     const auto trainer = r.kind == ps_wire::op::lookup ? r.lookup.trainer : r.gradients.trainer;
     const auto table = r.kind == ps_wire::op::lookup ? r.lookup.table : r.gradients.table;
     if (trainer >= options.trainers.size()) {
-      count([](auto& s) { ++s.rejected; });
+      ++stats.rejected;
       fmt::print(stderr, "troupe: {} dropped a request from trainer {} of {}\n", place, trainer, options.trainers.size());
       return;
     }
@@ -199,7 +175,7 @@ struct shard_actor {
       else if (auto why = blocked_by_lost_trainer(table); why)
         send_error(trainer, m, *why);
       else
-        states[table].waiting.push_back({m, clock_type::now()});
+        states[table].waiting.push_back({m, r.lookup, clock_type::now()});
       return;
     }
     receive_gradients(m, r.gradients);
@@ -237,10 +213,8 @@ struct shard_actor {
     auto out = outgoing_tensor(*router, {static_cast<std::int64_t>(r.offsets.size()), shard.dim()}, dtype::float32);
     std::memset(out.raw_data(), 0, static_cast<std::size_t>(out.numel()) * sizeof(float));
     shard.pool(r.offsets, r.ids, r.weights, out.data<float>());
-    count([&](auto& s) {
-      ++s.lookups;
-      s.ids_looked_up += r.ids.size();
-    });
+    ++stats.lookups;
+    stats.ids_looked_up += r.ids.size();
     (void)router->send(*actors::place::parse_named(client_place(options, r.trainer)),
                        detail::make_message(message_kind::parameters, m.meta.step, index, m.meta.context_id, std::move(out)));
   }
@@ -263,21 +237,19 @@ struct shard_actor {
     if (step <= s.applied_by[r.trainer])
       return send_error(r.trainer, m, fmt::format("table '{}': trainer {} sent step {} again (its last was {})",
                                                   spec.name, r.trainer, step, s.applied_by[r.trainer]));
-    count([&](auto& st) { ++st.gradient_pushes; });
+    ++stats.gradient_pushes;
     const float scale = spec.average_over_trainers ? 1.0f / static_cast<float>(options.trainers.size()) : 1.0f;
     if (spec.consistency.type == consistency::kind::synchronous) {
       auto& slots = s.pending[step];
       slots.resize(options.trainers.size());
-      slots[r.trainer] = m.value;
+      slots[r.trainer] = received_rows{m.value, r};
       s.applied_by[r.trainer] = step;
       apply_complete_steps(r.table, scale);
     } else {
       shard.apply(r.ids, r.rows.data(), scale);
       s.applied_by[r.trainer] = step;
-      count([&](auto& st) {
-        ++st.updates_applied;
-        st.rows_updated += r.ids.size();
-      });
+      ++stats.updates_applied;
+      stats.rows_updated += r.ids.size();
     }
     serve_waiting(r.table);
   }
@@ -293,12 +265,12 @@ struct shard_actor {
       if (it == s.pending.end())
         return;
       auto& slots = it->second;
-      if (std::any_of(slots.begin(), slots.end(), [](const tensor& t) { return !t.defined(); }))
+      if (std::any_of(slots.begin(), slots.end(), [](const auto& slot) { return !slot.has_value(); }))
         return;
       std::vector<ps_wire::gradients_request> parts;
       std::size_t total = 0;
-      for (auto& bytes : slots) {
-        parts.push_back(ps_wire::decode(bytes)->gradients); // decoded and checked on arrival
+      for (auto& slot : slots) {
+        parts.push_back(slot->rows);
         total += parts.back().ids.size();
       }
       // Merge the sorted id lists; equal ids are summed in trainer order.
@@ -328,10 +300,8 @@ struct shard_actor {
       shard.apply(ids, rows.data(), scale);
       ++s.applied;
       s.pending.erase(it);
-      count([&](auto& st) {
-        ++st.updates_applied;
-        st.rows_updated += ids.size();
-      });
+      ++stats.updates_applied;
+      stats.rows_updated += ids.size();
     }
   }
 
@@ -339,8 +309,7 @@ struct shard_actor {
     auto& waiting = states[table].waiting;
     for (auto it = waiting.begin(); it != waiting.end();) {
       if (lookup_may_run(table, it->message.meta.step)) {
-        auto r = ps_wire::decode(it->message.value);
-        answer_lookup(it->message, r->lookup);
+        answer_lookup(it->message, it->request);
         it = waiting.erase(it);
       } else {
         ++it;
@@ -365,7 +334,7 @@ struct shard_actor {
           if (states[t].applied_by[k] < need)
             missing += fmt::format("{}trainer {} ({}, at step {})", missing.empty() ? "" : ", ", k, options.trainers[k],
                                    states[t].applied_by[k]);
-        auto trainer = ps_wire::decode(w.message.value)->lookup.trainer;
+        auto trainer = w.request.trainer;
         send_error(trainer, w.message,
                    fmt::format("table '{}': a lookup for step {} waited {} ms for step {}'s gradients from {}",
                                tables[t].spec().name, w.message.meta.step, options.timeout.count(), need,
@@ -384,20 +353,11 @@ struct shard_actor {
       if (!why)
         continue;
       for (auto& w : states[t].waiting)
-        send_error(ps_wire::decode(w.message.value)->lookup.trainer, w.message, *why);
+        send_error(w.request.trainer, w.message, *why);
       states[t].waiting.clear();
     }
   }
 
-  void stop() {
-    {
-      std::lock_guard lock(mutex);
-      stopping = true;
-    }
-    wake.notify_all();
-    if (thread.joinable())
-      thread.join();
-  }
 };
 
 struct parameter_server::state {
@@ -433,11 +393,12 @@ expected<std::unique_ptr<parameter_server>> parameter_server::host(actors::node&
       continue;
     auto shard = std::make_unique<shard_actor>(o, k, node.router());
     auto* raw = shard.get();
-    auto handle = attach_place(node, raw->place, [raw](const actors::tensor_message& m) { raw->post({m, {}, {}}); });
+    auto handle =
+        attach_place(node, raw->place, [raw](const actors::tensor_message& m) { raw->mailbox.post({m, {}, {}}); });
     if (!handle)
       return handle.error();
     raw->handle = *handle;
-    raw->thread = std::thread([raw] { raw->run(); });
+    raw->start();
     st->shards.push_back(std::move(shard));
   }
   if (st->shards.empty())
@@ -450,7 +411,7 @@ expected<std::unique_ptr<parameter_server>> parameter_server::host(actors::node&
     for (std::uint32_t t = 0; t < s->options.trainers.size(); ++t)
       if (node_of(s->options.trainers[t]) == lost.node)
         for (auto& shard : s->shards)
-          shard->post({{}, t, fmt::format("node {} went away ({})", lost.node, lost.reason)});
+          shard->mailbox.post({{}, t, fmt::format("node {} went away ({})", lost.node, lost.reason)});
   });
   std::vector<std::string> clients;
   for (std::uint32_t i = 0; i < o.trainers.size(); ++i)
@@ -474,14 +435,14 @@ void parameter_server::stop() {
     state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
   for (auto& shard : state_->shards) {
     detach_place(*state_->node, shard->place, shard->handle);
-    shard->stop();
+    shard->mailbox.stop();
   }
 }
 
 parameter_server_stats parameter_server::stats() const {
   parameter_server_stats total;
   for (auto& shard : state_->shards) {
-    std::lock_guard lock(shard->mutex);
+    std::lock_guard lock(shard->mailbox.state_mutex());
     const auto& s = shard->stats;
     total.lookups += s.lookups;
     total.ids_looked_up += s.ids_looked_up;
@@ -512,7 +473,7 @@ expected<tensor> parameter_server::read_rows(const std::string& table, std::int6
         return make_error(errc::invalid_argument, "table '{}': row {} is on shard {}, not on this node", table,
                           first + i, k);
       // The shard's thread writes rows: stop it from doing so meanwhile.
-      std::lock_guard lock((*it)->rows_mutex);
+      std::lock_guard lock((*it)->mailbox.state_mutex());
       auto row = (*it)->tables[t].read(first + i, 1);
       if (!row)
         return row.error();
@@ -556,10 +517,6 @@ struct parameter_client::state {
 };
 
 namespace {
-
-tensor int64_vector(const tensor& t) {
-  return t.contiguous();
-}
 
 /// Checks a lookup's ids, offsets and weights against the table.
 expected<void> check_bags(const table_spec& spec, const tensor& ids, const tensor& offsets, const tensor& weights) {
@@ -675,8 +632,8 @@ expected<tensor> parameter_client::lookup(const std::string& table, const tensor
   if (!t)
     return t.error();
   const auto& spec = st.options.tables[*t];
-  auto ids = ids_in.defined() ? int64_vector(ids_in) : ids_in;
-  auto offsets = offsets_in.defined() ? int64_vector(offsets_in) : offsets_in;
+  auto ids = ids_in.defined() ? ids_in.contiguous() : ids_in;
+  auto offsets = offsets_in.defined() ? offsets_in.contiguous() : offsets_in;
   auto weights = weights_in.defined() ? weights_in.contiguous() : weights_in;
   if (auto ok = check_bags(spec, ids, offsets, weights); !ok)
     return ok.error();
@@ -777,8 +734,8 @@ expected<void> parameter_client::record_gradient(const std::string& table, const
   if (!t)
     return t.error();
   const auto& spec = st.options.tables[*t];
-  auto ids = int64_vector(ids_in);
-  auto offsets = int64_vector(offsets_in);
+  auto ids = ids_in.contiguous();
+  auto offsets = offsets_in.contiguous();
   auto weights = weights_in.defined() ? weights_in.contiguous() : weights_in;
   if (auto ok = check_bags(spec, ids, offsets, weights); !ok)
     return ok.error();

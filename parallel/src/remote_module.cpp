@@ -1,12 +1,11 @@
 #include "troupe/parallel/remote_module.hpp"
 
-#include <condition_variable>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -20,6 +19,7 @@
 #include "troupe/tensor/ops.hpp"
 
 #include "actor_places.hpp"
+#include "mailbox_thread.hpp"
 #include "reply_endpoint.hpp"
 #include "ps_wire.hpp"
 
@@ -73,20 +73,16 @@ struct remote_module_host::state {
   std::unique_ptr<optim::optimizer> optimizer;
   context_registry registry; // the host thread's only
 
-  std::mutex mutex; // queue, stopping, steps_applied, parameters read by tests
-  std::condition_variable wake;
   struct item {
     actors::tensor_message message;
     std::optional<std::uint32_t> lost_caller;
     std::string reason;
   };
-  std::deque<item> queue;
-  bool stopping = false;
-  bool stopped = false;
-  std::thread thread;
+  detail::mailbox_thread<item> mailbox;
+  std::atomic<bool> stopped{false};
   std::uint64_t peer_lost_handler = 0;
 
-  // host thread
+  // host thread; other threads read them under mailbox.state_mutex()
   std::uint64_t applied = 0;                          // last step applied
   std::map<std::uint64_t, std::set<std::uint32_t>> stepped; // step -> callers done
   std::map<std::uint64_t, std::vector<std::uint64_t>> contexts; // step -> forwards' contexts
@@ -96,14 +92,6 @@ struct remote_module_host::state {
   };
   std::deque<held> held_forwards;
   std::vector<std::optional<std::string>> lost;
-
-  void post(item i) {
-    {
-      std::lock_guard lock(mutex);
-      queue.push_back(std::move(i));
-    }
-    wake.notify_one();
-  }
 
   void reply(std::uint32_t caller, message_kind kind, const actors::tensor_message& to, tensor value) {
     if (caller >= options.callers.size())
@@ -117,29 +105,13 @@ struct remote_module_host::state {
     reply(caller, message_kind::control, to, ps_wire::encode_text(fmt::format("{}: {}", place, why)));
   }
 
-  void run() {
-    for (;;) {
-      std::deque<item> batch;
-      {
-        std::unique_lock lock(mutex);
-        wake.wait_for(lock, 100ms, [&] { return stopping || !queue.empty(); });
-        if (stopping)
-          return;
-        batch.swap(queue);
-      }
-      std::lock_guard lock(mutex); // parameters() reads the module meanwhile
-      for (auto& i : batch) {
-        if (i.lost_caller) {
-          caller_lost(*i.lost_caller, i.reason);
-          continue;
-        }
-        try {
-          handle_message(i.message);
-        } catch (const std::exception& e) {
-          fail(caller_of(i.message.meta.context_id), i.message, e.what());
-        }
-      }
-      expire_held();
+  void handle_item(item& i) {
+    if (i.lost_caller)
+      return caller_lost(*i.lost_caller, i.reason);
+    try {
+      handle_message(i.message);
+    } catch (const std::exception& e) {
+      fail(caller_of(i.message.meta.context_id), i.message, e.what());
     }
   }
 
@@ -277,17 +249,18 @@ expected<std::unique_ptr<remote_module_host>> remote_module_host::host(actors::n
   st->lost.resize(st->options.callers.size());
   std::unique_ptr<remote_module_host> host(new remote_module_host(st));
   auto* raw = st.get();
-  auto handle = detail::attach_place(node, st->place, [raw](const actors::tensor_message& m) { raw->post({m, {}, {}}); });
+  auto handle =
+      detail::attach_place(node, st->place, [raw](const actors::tensor_message& m) { raw->mailbox.post({m, {}, {}}); });
   if (!handle)
     return handle.error();
   st->handle = *handle;
-  st->thread = std::thread([raw] { raw->run(); });
+  st->mailbox.start([raw](state::item& i) { raw->handle_item(i); }, [raw] { raw->expire_held(); });
   std::weak_ptr<state> weak = st;
   st->peer_lost_handler = node.on_peer_lost([weak](const actors::peer_lost& lost) {
     if (auto s = weak.lock())
       for (std::uint32_t c = 0; c < s->options.callers.size(); ++c)
         if (detail::node_of(s->options.callers[c]) == lost.node)
-          s->post({{}, c, fmt::format("node {} went away ({})", lost.node, lost.reason)});
+          s->mailbox.post({{}, c, fmt::format("node {} went away ({})", lost.node, lost.reason)});
   });
   std::vector<std::string> callers;
   for (std::uint32_t c = 0; c < st->options.callers.size(); ++c)
@@ -305,23 +278,16 @@ remote_module_host::~remote_module_host() {
 
 void remote_module_host::stop() {
   auto& st = *state_;
-  {
-    std::lock_guard lock(st.mutex);
-    if (st.stopped)
-      return;
-    st.stopped = true;
-    st.stopping = true;
-  }
-  st.wake.notify_all();
-  if (st.thread.joinable())
-    st.thread.join();
+  if (st.stopped.exchange(true))
+    return;
+  st.mailbox.stop();
   if (st.peer_lost_handler)
     st.node->remove_peer_lost_handler(st.peer_lost_handler);
   detail::detach_place(*st.node, st.place, st.handle);
 }
 
 named_tensors remote_module_host::parameters() const {
-  std::lock_guard lock(state_->mutex);
+  std::lock_guard lock(state_->mailbox.state_mutex());
   named_tensors out;
   for (auto& [name, p] : state_->module->named_parameters())
     out.emplace_back(name, p.data().clone());
@@ -329,7 +295,7 @@ named_tensors remote_module_host::parameters() const {
 }
 
 std::uint64_t remote_module_host::steps_applied() const {
-  std::lock_guard lock(state_->mutex);
+  std::lock_guard lock(state_->mailbox.state_mutex());
   return state_->applied;
 }
 
