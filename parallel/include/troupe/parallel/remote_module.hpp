@@ -18,7 +18,7 @@
 //   auto dense = job.must(parallel::remote_module::connect(job, m));
 //   auto y = (*dense)(x);                                  // an autograd variable, as from a local module
 //   ... backward ...
-//   parallel::distributed_optimizer opt(local_optimizer, {dense.get()});  // steps it where it lives
+//   parallel::distributed_optimizer opt(std::move(local_optimizer), {dense.get()});  // steps it where it lives
 //
 // Steps are synchronous: the host applies its optimizer for step t once
 // every caller's step() for t arrived (gradients averaged over the callers
