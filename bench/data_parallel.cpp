@@ -129,7 +129,7 @@ settings parse(int argc, char** argv) {
   settings s;
   s.steps = static_cast<int>(bench::int_option(argc, argv, "steps", 6, 1, 1000));
   s.bucket_mib = bench::number_option(argc, argv, "bucket-mib", 25, 0.001, 4096);
-  s.min_buckets = bench::list_option(argc, argv, "min-buckets", std::to_string(s.min_buckets)).front();
+  s.min_buckets = bench::list_option(argc, argv, "min-buckets", {s.min_buckets}).front();
   return s;
 }
 
@@ -180,7 +180,7 @@ int parent(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     no_peers |= std::string_view(argv[i]) == "--no-peers";
   std::vector<std::uint32_t> counts;
-  for (auto n : bench::list_option(argc, argv, "replicas", "1,2,4"))
+  for (auto n : bench::list_option(argc, argv, "replicas", {1, 2, 4}))
     counts.push_back(static_cast<std::uint32_t>(n));
   bool any_wrong = false;
   std::vector<std::string> table;

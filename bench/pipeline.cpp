@@ -39,17 +39,18 @@
 #include <numeric>
 #include <thread>
 
-#include <caf/all.hpp>
+#include <optional>
 
 #include "baselines.hpp"
 #include "peer_process.hpp"
 #include "report.hpp"
-#include "troupe/actors/message_types.hpp"
+#include "troupe/actors/node.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/linear.hpp"
 #include "troupe/autograd/nn/relu.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/job.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
 
@@ -179,9 +180,12 @@ int main(int argc, char** argv) {
     return loss.item();
   };
 
-  caf::actor_system_config config;
-  actors::add_message_types(config);
-  caf::actor_system system{config};
+  // In-process pipelines run on a local job (no socket).
+  auto local = troupe::job::local();
+  if (!local) {
+    fmt::print(stderr, "pipeline: {}\n", local.error().message());
+    return 1;
+  }
 
   // --processes=2: this process is worker0 (coordinator, stage 0), the
   // child worker1 (stage 1); both build the model from the same seed.
@@ -219,7 +223,7 @@ int main(int argc, char** argv) {
     bool remote;
     std::size_t chunks; // model chunks per process (interleaved: > 1)
     bool overlap;       // pipeline_options::overlap_update
-    std::unique_ptr<parallel::pipeline> pipe;
+    std::optional<parallel::pipeline> pipe;
     std::vector<double> seconds;
     std::vector<double> bubbles;
     std::vector<double> fill_shares; // of the step, summed over stages
@@ -230,8 +234,9 @@ int main(int argc, char** argv) {
   auto make_pipe = [&](const configuration& c) {
     parallel::pipeline_options options;
     if (c.remote) {
-      options = parallel::remote_options(*node, recipe());
+      options = parallel::pipeline_options_from(recipe());
     } else {
+      options.in_this_process = true;
       options.model = make_model();
       options.optimizer = parallel::sgd_factory({.lr = 0.05});
       options.loss = parallel::mse_loss_function();
@@ -246,7 +251,7 @@ int main(int argc, char** argv) {
     options.defer_weight_gradients = defer_weight_gradients;
     options.fill_idle_with_weight_gradients = fill_idle;
     options.overlap_update = c.overlap;
-    return parallel::pipeline::create(c.remote ? node->system() : system, std::move(options));
+    return parallel::pipeline::create(c.remote ? *node : local->node(), std::move(options));
   };
   // A configuration's run failed: says why, and is false.
   auto failed = [](const configuration& c, const troupe::error& why) {
@@ -318,15 +323,15 @@ int main(int argc, char** argv) {
     return true;
   };
   std::vector<configuration> configurations;
-  const auto chunk_counts = bench::list_option(argc, argv, "chunks", "1");
-  const auto micro_batch_counts = bench::list_option(argc, argv, "micro-batches", "1,2,4,8");
+  const auto chunk_counts = bench::list_option(argc, argv, "chunks", {1});
+  const auto micro_batch_counts = bench::list_option(argc, argv, "micro-batches", {1, 2, 4, 8});
   // Equal micro-batches (no shares), then one split with a small first
   // micro-batch: (count, shares).
   std::vector<std::pair<std::size_t, std::vector<double>>> splits;
   for (auto m : micro_batch_counts)
     splits.emplace_back(m, std::vector<double>{});
   std::vector<double> unequal;
-  for (auto rows : bench::list_option(argc, argv, "unequal-rows", "48,104,104"))
+  for (auto rows : bench::list_option(argc, argv, "unequal-rows", {48, 104, 104}))
     unequal.push_back(static_cast<double>(rows));
   if (std::accumulate(unequal.begin(), unequal.end(), 0.0) != double(batch)) {
     fmt::print(stderr, "pipeline: --unequal-rows must add up to the batch, {}\n", batch);
@@ -345,7 +350,7 @@ int main(int argc, char** argv) {
           if (chunks > 1)
             name += fmt::format(" x{} chunks", chunks);
           configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, shares,
-                                    remote, std::size_t(chunks), false, nullptr, {}, {}, {}, {}, {}, 0, 0});
+                                    remote, std::size_t(chunks), false, std::nullopt, {}, {}, {}, {}, {}, 0, 0});
         }
     // Updates overlapping the next step: the unequal split and m = 2, 4.
     for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b})
@@ -357,7 +362,7 @@ int main(int argc, char** argv) {
           name += fmt::format(" ({} rows)", fmt::join(shares, "/"));
         name += ", updates overlapped";
         configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, shares, remote,
-                                  1, true, nullptr, {}, {}, {}, {}, {}, 0, 0});
+                                  1, true, std::nullopt, {}, {}, {}, {}, {}, 0, 0});
       }
   }
 

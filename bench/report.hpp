@@ -18,6 +18,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "troupe/command_line.hpp"
 
 #include "troupe/tensor/cpu_blas.hpp"
 
@@ -130,36 +133,27 @@ template <class F> double time_per_call(F&& fn, double seconds = 0.2) {
   return elapsed / static_cast<double>(calls);
 }
 
+/// Ends the program with 2 when `flags` rejected a value (naming it).
+inline void exit_on_bad_value(const command_line& flags) {
+  if (flags.rejected().empty())
+    return;
+  fmt::print(stderr, "{}: {}\n", flags.program(), fmt::join(flags.rejected(), "; "));
+  std::exit(2);
+}
+
 /// Command-line value of `--name=value`, or `fallback`.
 inline std::string option(int argc, char** argv, std::string_view name, std::string fallback) {
-  auto prefix = fmt::format("--{}=", name);
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg(argv[i]);
-    if (arg.starts_with(prefix))
-      return std::string(arg.substr(prefix.size()));
-  }
-  return fallback;
+  return command_line(argc, argv).text(name, std::move(fallback));
 }
 
 /// Command-line list `--name=1,2,4` of positive integers, or `fallback`'s;
 /// a bad item is reported (naming the option) and ends the program with 2.
-inline std::vector<std::size_t> list_option(int argc, char** argv, std::string_view name, std::string fallback) {
-  std::vector<std::size_t> values;
-  auto text = option(argc, argv, name, std::move(fallback));
-  std::size_t begin = 0;
-  while (begin <= text.size()) {
-    auto end = std::min(text.find(',', begin), text.size());
-    auto item = text.substr(begin, end - begin);
-    std::size_t value = 0;
-    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
-    if (ec != std::errc{} || ptr != item.data() + item.size() || value == 0) {
-      fmt::print(stderr, "--{}: '{}' is not a positive integer (expected a list such as 1,2,4)\n", name, item);
-      std::exit(2);
-    }
-    values.push_back(value);
-    begin = end + 1;
-  }
-  return values;
+inline std::vector<std::size_t> list_option(int argc, char** argv, std::string_view name,
+                                            std::vector<std::size_t> fallback) {
+  command_line flags(argc, argv);
+  auto values = flags.integers(name, {});
+  exit_on_bad_value(flags);
+  return values.empty() ? fallback : std::vector<std::size_t>(values.begin(), values.end());
 }
 
 /// Checks a benchmark's command line before anything runs: every argument
@@ -192,27 +186,22 @@ inline void check_flags(std::string_view bench, int argc, char** argv,
   }
 }
 
-/// `--name=X` parsed as a T in [min, max], or `fallback`; anything else is
+/// `--name=X` as an integer in [min, max], or `fallback`; anything else is
 /// reported, naming the option, and ends the program with 2.
-template <class T>
-T ranged_option(int argc, char** argv, std::string_view name, T fallback, T min, T max, std::string_view kind) {
-  auto text = option(argc, argv, name, fmt::format("{}", fallback));
-  T value{};
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || ptr != text.data() + text.size() || !(value >= min && value <= max)) {
-    fmt::print(stderr, "--{}: '{}' is not {} in [{}, {}]\n", name, text, kind, min, max);
-    std::exit(2);
-  }
+inline std::int64_t int_option(int argc, char** argv, std::string_view name, std::int64_t fallback,
+                               std::int64_t min, std::int64_t max) {
+  command_line flags(argc, argv);
+  auto value = flags.integer(name, fallback, min, max);
+  exit_on_bad_value(flags);
   return value;
 }
 
-inline std::int64_t int_option(int argc, char** argv, std::string_view name, std::int64_t fallback,
-                               std::int64_t min, std::int64_t max) {
-  return ranged_option(argc, argv, name, fallback, min, max, "an integer");
-}
-
+/// `--name=X` as a number in [min, max], as int_option.
 inline double number_option(int argc, char** argv, std::string_view name, double fallback, double min, double max) {
-  return ranged_option(argc, argv, name, fallback, min, max, "a number");
+  command_line flags(argc, argv);
+  auto value = flags.number(name, fallback, min, max);
+  exit_on_bad_value(flags);
+  return value;
 }
 
 } // namespace troupe::bench

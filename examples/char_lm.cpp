@@ -18,7 +18,8 @@
 #include <fstream>
 #include <iterator>
 
-#include "command_line.hpp"
+#include "license_corpus.hpp"
+#include "troupe/command_line.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/grad_mode.hpp"
@@ -30,57 +31,31 @@ using namespace troupe;
 namespace fs = std::filesystem;
 
 int main(int argc, char** argv) {
-  examples::command_line cli(argc, argv);
-  auto steps = cli.integer("steps", 500, 1, 1'000'000);
-  auto seed = cli.integer("seed", 1, 0, INT64_MAX);
-  auto dir = cli.text("data", "/usr/share/common-licenses");
-  auto save = cli.text("save", "");
-  auto rest = cli.finish();
-  if (!steps || !seed || !rest) {
-    const auto& failure = !steps ? steps.error() : !seed ? seed.error() : rest.error();
-    fmt::print(stderr, "char_lm: {}\n", failure.to_string());
-    return 2;
-  }
+  command_line cli(argc, argv);
+  const auto steps = cli.integer("steps", 500, 1, 1'000'000);
+  const auto seed = cli.integer("seed", 1, 0, INT64_MAX);
+  const auto dir = cli.text("data", "/usr/share/common-licenses");
+  const auto save = cli.text("save", "");
+  if (auto usage = cli.finish(); !usage)
+    return fmt::print(stderr, "char_lm: {}\n", usage.error().message()), 2;
 
-  // The corpus: every regular file in `dir`, in name order, as bytes.
-  std::error_code ec;
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_regular_file() && !entry.is_symlink()) files.push_back(entry.path());
-  if (ec || files.empty()) return fmt::print(stderr, "char_lm: no text files in '{}'\n", dir), 2;
-  std::sort(files.begin(), files.end());
-  std::string text;
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    text.append(std::istreambuf_iterator<char>(in), {});
-  }
-  std::array<bool, 256> seen{};
-  for (unsigned char c : text) seen[c] = true;
-  std::vector<int> index_of(256, -1); // byte -> token id
-  std::string vocab;                  // token id -> byte
-  for (int c = 0; c < 256; ++c)
-    if (seen[c]) index_of[c] = int(vocab.size()), vocab.push_back(char(c));
-  std::vector<std::int64_t> ids(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) ids[i] = index_of[static_cast<unsigned char>(text[i])];
-  auto corpus = tensor::from(ids, {std::int64_t(ids.size())});
-  const std::int64_t split = corpus.numel() * 9 / 10; // last 10%: validation
+  const examples::license_corpus corpus(dir);
+  if (corpus.files == 0) return fmt::print(stderr, "char_lm: no text files in '{}'\n", dir), 2;
+  const std::int64_t split = corpus.ids.numel() * 9 / 10; // last 10%: validation
 
-  nn::gpt_config config{.vocab_size = std::int64_t(vocab.size()), .block_size = 64, .n_layer = 2,
-                        .n_head = 4, .n_embd = 64, .dropout = 0.0, .seed = std::uint64_t(*seed)};
+  nn::gpt_config config{.vocab_size = corpus.vocab, .block_size = 64, .n_layer = 2,
+                        .n_head = 4, .n_embd = 64, .dropout = 0.0, .seed = std::uint64_t(seed)};
   auto model = std::make_shared<nn::gpt>(config);
   optim::adamw opt(model->named_parameters(), {.lr = 3e-3, .weight_decay = 0.01});
-  fmt::print("char_lm: {} files, {} characters, vocabulary {}, {} layers, {} parameters\n", files.size(),
-             text.size(), vocab.size(), config.n_layer, model->parameter_count());
+  fmt::print("char_lm: {} files, {} characters, vocabulary {}, {} layers, {} parameters\n", corpus.files,
+             corpus.characters, corpus.vocab, config.n_layer, model->parameter_count());
 
   // A batch: `batch` windows at offsets drawn from a counter-based stream,
   // so batch k is the same in any process for the same seed.
   constexpr std::int64_t batch = 16, seq = 64;
-  generator data_gen{std::uint64_t(*seed) + 1};
+  generator data_gen{std::uint64_t(seed) + 1};
   auto windows = [&](std::int64_t begin, std::int64_t end, generator& gen) {
-    auto starts = randint({batch}, gen, begin, end - seq - 1).to_vector<std::int64_t>();
-    std::vector<tensor> xs, ys;
-    for (auto s : starts) xs.push_back(corpus.narrow(0, s, seq)), ys.push_back(corpus.narrow(0, s + 1, seq));
-    return std::pair{stack(xs, 0), stack(ys, 0)};
+    return corpus.batch(gen, batch, seq, begin, end);
   };
   auto loss_on = [&](const std::pair<tensor, tensor>& xy) {
     auto logits = (*model)(autograd::variable(xy.first));
@@ -90,17 +65,17 @@ int main(int argc, char** argv) {
     autograd::no_grad_guard no_grad;
     generator val_gen{7}; // the same validation windows every time
     double total = 0;
-    for (int i = 0; i < 4; ++i) total += loss_on(windows(split, corpus.numel(), val_gen)).item();
+    for (int i = 0; i < 4; ++i) total += loss_on(windows(split, corpus.ids.numel(), val_gen)).item();
     return total / 4;
   };
 
   auto started = std::chrono::steady_clock::now();
-  for (std::int64_t step = 1; step <= *steps; ++step) {
+  for (std::int64_t step = 1; step <= steps; ++step) {
     opt.zero_grad();
     auto loss = loss_on(windows(0, split, data_gen));
     autograd::backward(loss);
     opt.step();
-    if (step == 1 || step % 50 == 0 || step == *steps) {
+    if (step == 1 || step % 50 == 0 || step == steps) {
       double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       fmt::print("step {:4}  loss {:.4f}  val {:.4f}  samples/s {:.1f}\n", step, loss.item(), validation_loss(),
                  double(step * batch) / seconds);
@@ -113,9 +88,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 60; ++i) {
     std::vector<std::int64_t> context;
     for (char c : sample.substr(sample.size() > std::size_t(seq) ? sample.size() - seq : 0))
-      context.push_back(std::max(index_of[static_cast<unsigned char>(c)], 0));
+      context.push_back(std::max(corpus.token_of[static_cast<unsigned char>(c)], 0));
     auto logits = (*model)(autograd::variable(tensor::from(context, {1, std::int64_t(context.size())})));
-    sample.push_back(vocab[std::size_t(argmax(logits.data().select(1, -1), -1).item())]);
+    sample.push_back(corpus.bytes[std::size_t(argmax(logits.data().select(1, -1), -1).item())]);
   }
   fmt::print("sample: \"{}\"\n", sample);
   if (!save.empty()) {

@@ -44,12 +44,13 @@ int main(int argc, char** argv) {
              model->size(), model->parameter_count(), stages, replicas, schedule == "gpipe" ? "GPipe" : "1F1B", micro);
   fmt::print("{}", parallel::to_string(split));
   auto hybrid = job.must(parallel::hybrid_pipeline::create(
-    job, {.replicas = std::size_t(replicas), .split = split, .schedule = parallel::schedule_named(schedule),
-          .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
+    job, {.replicas = std::size_t(replicas),
+          .pipeline = {.split = split, .schedule = parallel::schedule_named(schedule),
+                       .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}}));
 
   for (auto step : job.steps(steps)) {
     auto [x, y] = step == 1 ? std::pair{x0, y0} : corpus.batch(data, batch * replicas, seq);
-    step.report(job.must(hybrid->train_step(x, y), fmt::format("step {}", step.number())), batch * replicas);
+    step.report(job.must(hybrid.train_step(x, y), fmt::format("step {}", step.number())), batch * replicas);
   }
   return job.finish(0);
 }

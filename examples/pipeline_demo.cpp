@@ -56,9 +56,9 @@ int main(int argc, char** argv) {
 
   for (auto step : job.steps(steps)) {
     auto [x, y] = corpus.batch(data, batch, seq);
-    step.report(job.must(pipe->train_step(x, y), fmt::format("step {}", step.number())), batch);
+    step.report(job.must(pipe.train_step(x, y), fmt::format("step {}", step.number())), batch);
   }
-  const auto measured = parallel::per_micro_batch_ms(job.must(pipe->stats()), std::size_t(micro));
+  const auto measured = parallel::per_micro_batch_ms(job.must(pipe.stats()), std::size_t(micro));
   fmt::print("last step, per micro-batch:\n{}", parallel::to_string(split, measured));
   return job.finish(0);
 }

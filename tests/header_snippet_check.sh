@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Code in public header comments is an excerpt of a compiled example: after a
-# line `// From examples/NAME:` come indented `//   ` lines, each of which
-# must be a line of that example (leading spaces aside; `...` marks a gap).
+# Code in public header comments is an excerpt of a compiled example or test:
+# after a line `// From examples/NAME:` (or `tests/NAME`) come indented
+# `//   ` lines, each of which must be a line of that file (leading spaces
+# aside; `...` marks a gap). Indented code-like lines outside such a block
+# (a line ending in `;` or `{`) fail too: every snippet is compiled.
 # Fails, naming the header and line, when one is not; so the excerpts
 # cannot drift from code that compiles.
 #   header_snippet_check.sh SOURCE_DIR
@@ -12,19 +14,25 @@ while IFS= read -r header; do
   example="" in_block=0 lineno=0
   while IFS= read -r line; do
     lineno=$((lineno + 1))
-    if [[ $line =~ ^//\ From\ (examples/[A-Za-z0-9_./]+): ]]; then
+    if [[ $line =~ ^//\ From\ ((examples|tests)/[A-Za-z0-9_./]+): ]]; then
       example=$root/${BASH_REMATCH[1]} in_block=1
       [[ -f $example ]] || { echo "FAIL: $header:$lineno names $example, which does not exist"; status=1; }
       continue
     fi
-    ((in_block)) || continue
+    if ((!in_block)); then
+      if [[ $line == "//   "* && $line =~ [\;\{]$ ]]; then
+        echo "FAIL: $header:$lineno looks like code outside a '// From examples/NAME:' excerpt: $line"
+        status=1
+      fi
+      continue
+    fi
     if [[ $line == "//" ]]; then continue; fi
     if [[ $line != "//   "* ]]; then in_block=0; continue; fi
     code=${line#//   }
     code=${code#"${code%%[! ]*}"} # leading spaces
     [[ $code == "..." ]] && continue
     checked=$((checked + 1))
-    if ! sed 's/^ *//' "$example" | grep -Fxq -- "$code"; then
+    if ! sed 's/^ *//' "$example" | grep -Fx -- "$code" >/dev/null; then
       echo "FAIL: $header:$lineno is not a line of $example: $code"
       status=1
     fi

@@ -49,6 +49,9 @@ struct node::state {
   std::map<std::uint64_t, peer_lost_handler> handlers; // by id, in registration order
   std::uint64_t next_handler = 1;
   std::vector<caf::actor> spawned;
+  /// Actors of this node registered by register_actor, by place: stopped
+  /// with the node unless unregistered first.
+  std::map<std::string, caf::actor> registered;
   std::string node_name;
   std::string coordinator_name;
   caf::actor registry;
@@ -393,10 +396,12 @@ troupe::expected<void> node::join() {
 
   if (options_.is_coordinator()) {
     registry_ = spawn_registry(sys, options_.name, data_plane_token(options_));
-    auto port = listen(registry_, options_.coordinator.port);
-    if (!port)
-      return port.error();
-    port_ = *port;
+    if (!options_.local_only) { // nobody joins a local-only node: no listener
+      auto port = listen(registry_, options_.coordinator.port);
+      if (!port)
+        return port.error();
+      port_ = *port;
+    }
   } else {
     // Connect with a deadline (CAF's remote_actor() blocks forever on a
     // stopped peer), through the guarded control plane. A refused
@@ -481,9 +486,9 @@ troupe::expected<void> node::start_router() {
   ro.node_name = options_.name;
   ro.registry = registry_;
   ro.request_timeout = timeout;
-  ro.encrypted = options_.tls.requested();
+  ro.without_data_plane = options_.tls.requested() || options_.local_only;
   ro.data_plane.token = *token;
-  ro.arena_bytes = options_.arena_bytes;
+  ro.arena_bytes = options_.local_only ? 0 : options_.arena_bytes;
   ro.copy_into_arena_min_bytes = options_.arena_copy_min_bytes;
   ro.data_plane.spin_before_sleep = options_.data_plane_spin;
   if (options_.data_plane_spin.count() == 0)
@@ -499,7 +504,7 @@ troupe::expected<void> node::start_router() {
     std::lock_guard<std::mutex> guard(state_->mutex);
     state_->router = *router;
   }
-  if (!options_.tls.requested()) {
+  if (!ro.without_data_plane) {
     auto ok = ask<caf::ok_atom>(sys, registry_, timeout, "node " + options_.name + ": publish data-plane address",
                                 data_address_atom_v, options_.name, (*router)->data_plane_address());
     if (!ok)
@@ -537,6 +542,9 @@ void node::stop() {
   {
     std::lock_guard<std::mutex> guard(state_->mutex);
     spawned.swap(state_->spawned);
+    for (auto& [where, handle] : state_->registered)
+      spawned.push_back(std::move(handle));
+    state_->registered.clear();
     state_->handlers.clear();
     router.swap(state_->router);
   }
@@ -633,12 +641,20 @@ troupe::expected<void> node::register_actor(const place& where, const caf::actor
       local->detach(where.to_string());
     return ok.error();
   }
+  if (local) {
+    std::lock_guard<std::mutex> guard(state_->mutex);
+    state_->registered[where.to_string()] = handle;
+  }
   return {};
 }
 
 troupe::expected<void> node::unregister_actor(const place& where) {
   if (auto r = router())
     r->detach(where.to_string());
+  {
+    std::lock_guard<std::mutex> guard(state_->mutex);
+    state_->registered.erase(where.to_string());
+  }
   auto ok = ask_registry<caf::ok_atom>(*system_, *state_, options_.request_timeout,
                                        "unregister " + where.to_string(), unreg_name_atom_v, where.to_string());
   if (!ok)

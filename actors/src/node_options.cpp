@@ -253,6 +253,9 @@ troupe::expected<void> node_options::validate() const {
                       "node {} (rank {}) needs the coordinator's address: set {}=host:port or "
                       "--troupe.coordinator=host:port",
                       name, rank, env_coordinator);
+  if (local_only && world_size != 1)
+    return make_error(errc::invalid_argument, "a local-only node is a job of one process, but the world size is {}",
+                      world_size);
   if (heartbeat_timeout <= heartbeat_interval)
     return make_error(errc::invalid_argument, "heartbeat-timeout ({} ms) must exceed heartbeat-interval ({} ms)",
                       heartbeat_timeout.count(), heartbeat_interval.count());

@@ -210,7 +210,7 @@ struct tensor_router::impl {
       std::lock_guard guard(mutex);
       if (stopped || lost.count(node) || waiting[node].empty())
         return;
-      ready = options.encrypted ? agents.count(node) != 0 : connected.count(node) != 0;
+      ready = options.without_data_plane ? agents.count(node) != 0 : connected.count(node) != 0;
       if (ready)
         refused = drain_locked(self, node);
     }
@@ -220,7 +220,7 @@ struct tensor_router::impl {
       return;
     if (!resolving.insert(node).second)
       return;
-    if (options.encrypted) {
+    if (options.without_data_plane) {
       self->request(options.registry, options.request_timeout, lookup_node_atom_v, node)
         .then(
           [this, self, node](const caf::actor& agent) {
@@ -284,7 +284,7 @@ struct tensor_router::impl {
     std::deque<queued> sends;
     sends.swap(waiting[node]);
     refusals refused;
-    if (!options.encrypted) {
+    if (!options.without_data_plane) {
       auto id = connected[node];
       bool on_this_host = same_host.count(node) != 0;
       for (auto& q : sends) {
@@ -400,7 +400,7 @@ expected<std::shared_ptr<tensor_router>> tensor_router::start(caf::actor_system&
   st->options = std::move(options);
   std::shared_ptr<tensor_router> router(new tensor_router(std::move(st)));
   auto* raw = router->impl_.get();
-  if (!raw->options.encrypted) {
+  if (!raw->options.without_data_plane) {
     auto dp = raw->options.data_plane;
     dp.node_name = raw->options.node_name;
     dp.max_queued_sends = raw->options.max_queued_sends;
@@ -509,7 +509,7 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
     return make_error(errc::io_error, "tensor to {}: node {} was lost: {}", message.meta.destination, to.node,
                       it->second);
   }
-  if (!st.options.encrypted) {
+  if (!st.options.without_data_plane) {
     if (auto it = st.connected.find(to.node); it != st.connected.end()) {
       auto id = it->second;
       bool on_this_host = st.same_host.count(to.node) != 0;

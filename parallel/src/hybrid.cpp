@@ -5,11 +5,12 @@
 
 #include <fmt/format.h>
 
+#include "pipeline_state.hpp"
 #include "troupe/job.hpp"
 
 namespace troupe::parallel {
 
-expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(troupe::job& job, hybrid_options options) {
+expected<hybrid_pipeline> hybrid_pipeline::create(troupe::job& job, hybrid_options options) {
   if (!options.recipe.model)
     options.recipe = job.stages();
   if (options.places.empty()) {
@@ -24,38 +25,34 @@ expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(troupe::job& 
   }
   auto made = create(job.node(), std::move(options));
   if (made)
-    for (auto& replica : (*made)->replicas_)
-      replica->stop_with(job);
+    for (auto& replica : made->replicas_)
+      replica.state_->stop_with(job);
   return made;
 }
 
-expected<std::unique_ptr<hybrid_pipeline>> hybrid_pipeline::create(actors::node& node, hybrid_options options) {
+expected<hybrid_pipeline> hybrid_pipeline::create(actors::node& node, hybrid_options options) {
   const auto replicas = options.places.size();
   require(replicas >= 2, "hybrid_pipeline: {} replicas; need at least two (or use a pipeline)", replicas);
-  std::unique_ptr<hybrid_pipeline> out(new hybrid_pipeline);
+  require(options.pipeline.places.empty() && !options.pipeline.model && !options.pipeline.in_this_process,
+          "hybrid_pipeline: set places and the recipe in hybrid_options, not in its pipeline options");
+  hybrid_pipeline out;
   for (std::size_t k = 0; k < replicas; ++k) {
-    auto o = remote_options(node, options.recipe);
+    auto o = options.pipeline;
+    o.model = options.recipe.model ? options.recipe.model() : nullptr;
+    o.optimizer = options.recipe.optimizer;
+    o.loss = options.recipe.loss;
     o.places = options.places[k];
-    o.split = options.split;
-    o.schedule = options.schedule;
-    o.micro_batches = options.micro_batches;
-    o.micro_batch_shares = options.micro_batch_shares;
-    o.remat = options.remat;
-    o.defer_weight_gradients = options.defer_weight_gradients;
-    o.fill_idle_with_weight_gradients = options.fill_idle_with_weight_gradients;
-    o.overlap_update = options.overlap_update;
-    o.timeout = options.timeout;
     o.name = fmt::format("r{}", k);
     pipeline_replication r;
     r.index = static_cast<std::uint32_t>(k);
     r.places = options.places;
     r.bucket_bytes = options.bucket_bytes;
     o.replication = std::move(r);
-    auto created = pipeline::create(node.system(), std::move(o));
+    auto created = pipeline::create(node, std::move(o));
     if (!created)
       return make_error(created.error_value().code(), "hybrid_pipeline: replica {}: {}", k,
                         created.error_value().message());
-    out->replicas_.push_back(std::move(*created));
+    out.replicas_.push_back(std::move(*created));
   }
   return out;
 }
@@ -74,7 +71,7 @@ expected<double> hybrid_pipeline::train_step(const tensor& inputs, const tensor&
   std::vector<std::future<expected<double>>> steps;
   for (std::int64_t k = 0; k < n; ++k)
     steps.push_back(std::async(std::launch::async, [this, k, rows, &inputs, &targets] {
-      return replicas_[static_cast<std::size_t>(k)]->train_step(inputs.slice(0, k * rows, (k + 1) * rows),
+      return replicas_[static_cast<std::size_t>(k)].train_step(inputs.slice(0, k * rows, (k + 1) * rows),
                                                                 targets.slice(0, k * rows, (k + 1) * rows));
     }));
   double sum = 0;
@@ -95,7 +92,7 @@ expected<void> hybrid_pipeline::synchronize() {
   std::optional<troupe::error> failed;
   // Every replica, also after a failure: each waits at most its timeout.
   for (std::size_t k = 0; k < replicas_.size(); ++k)
-    if (auto done = replicas_[k]->synchronize(); !done && !failed)
+    if (auto done = replicas_[k].synchronize(); !done && !failed)
       failed = make_error(done.error_value().code(), "replica {}: {}", k, done.error_value().message());
   if (failed)
     return *failed;

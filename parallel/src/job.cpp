@@ -1,18 +1,17 @@
 #include "troupe/job.hpp"
 
 #include <atomic>
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <mutex>
 #include <optional>
-#include <set>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include "troupe/actors/node.hpp"
+#include "troupe/command_line.hpp"
 #include "troupe/parallel/remote.hpp"
 
 namespace troupe {
@@ -72,9 +71,12 @@ caf::behavior job_actor(caf::event_based_actor* self, std::uint32_t rank, std::f
 } // namespace
 
 struct job::state {
-  std::vector<std::string> args; // argv[1..]
-  std::set<std::size_t> used;
-  std::vector<std::string> usage_errors;
+  state(int argc, char** argv) : flags(argc, argv), program(flags.program()) {
+    for (int i = 1; i < argc; ++i)
+      args.emplace_back(argv[i]);
+  }
+  command_line flags;
+  std::vector<std::string> args; // argv[1..], for the node's --troupe.* flags
   std::string program;
   std::optional<parallel::stage_recipe> recipe;
   std::unique_ptr<actors::node> node;
@@ -98,16 +100,6 @@ struct job::state {
       served.set_value(code);
   }
 
-  std::optional<std::string> take(std::string_view name) {
-    const auto prefix = "--" + std::string(name) + "=";
-    for (std::size_t i = 0; i < args.size(); ++i)
-      if (std::string_view(args[i]).starts_with(prefix)) {
-        used.insert(i);
-        return args[i].substr(prefix.size());
-      }
-    return std::nullopt;
-  }
-
   /// Stops and forgets a node whose start failed half-way.
   void abandon_node() {
     stop_node();
@@ -127,14 +119,7 @@ struct job::state {
   }
 };
 
-job::job(int argc, char** argv) : state_(std::make_unique<state>()) {
-  if (argc > 0 && argv[0] != nullptr) {
-    std::string_view path = argv[0];
-    state_->program = std::string(path.substr(path.find_last_of('/') + 1));
-  }
-  for (int i = 1; i < argc; ++i)
-    state_->args.emplace_back(argv[i]);
-}
+job::job(int argc, char** argv) : state_(std::make_unique<state>(argc, argv)) {}
 
 job::~job() {
   if (state_ && !state_->finished && state_->node)
@@ -145,31 +130,15 @@ job::job(job&&) noexcept = default;
 job& job::operator=(job&&) noexcept = default;
 
 std::int64_t job::flag(std::string_view name, std::int64_t fallback, std::int64_t low, std::int64_t high) {
-  auto text = state_->take(name);
-  if (!text)
-    return fallback;
-  std::int64_t value = 0;
-  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
-  if (ec != std::errc{} || end != text->data() + text->size() || value < low || value > high) {
-    reject(fmt::format("--{} is '{}' but must be an integer in [{}, {}]", name, *text, low, high));
-    return fallback;
-  }
-  return value;
+  return state_->flags.integer(name, fallback, low, high);
 }
 
 std::string job::flag(std::string_view name, std::string fallback, const std::vector<std::string>& allowed) {
-  auto text = state_->take(name);
-  if (!text)
-    return fallback;
-  for (const auto& a : allowed)
-    if (*text == a)
-      return *text;
-  reject(fmt::format("--{} is '{}' but must be one of {}", name, *text, fmt::join(allowed, ", ")));
-  return fallback;
+  return state_->flags.choice(name, std::move(fallback), allowed);
 }
 
 void job::reject(std::string message) {
-  state_->usage_errors.push_back(std::move(message));
+  state_->flags.reject(std::move(message));
 }
 
 void job::host_stages(const parallel::stage_recipe& recipe) {
@@ -191,19 +160,31 @@ expected<void> job::try_start() {
   require(!st.node, "job::start: the job has started already");
   st.print_every = flag("print-every", 10, 1, 1'000'000'000);
   // Usage first, before anything listens: every flag was read by now.
-  for (std::size_t i = 0; i < st.args.size(); ++i)
-    if (!st.used.count(i) && !st.args[i].starts_with("--troupe."))
-      reject(fmt::format("unknown argument '{}'", st.args[i]));
-  if (!st.usage_errors.empty())
-    return make_error(errc::invalid_argument, "{}", fmt::join(st.usage_errors, "; "));
+  if (auto usage = st.flags.finish(); !usage)
+    return usage;
   std::vector<const char*> argv{st.program.c_str()};
   for (const auto& a : st.args)
     argv.push_back(a.c_str());
   auto options = actors::node_options::from(static_cast<int>(argv.size()), argv.data());
   if (!options)
     return options.error();
+  return join(*options);
+}
 
-  auto started = actors::node::start(*options);
+expected<job> job::local(std::string node_name) {
+  job out(0, nullptr);
+  out.state_->program = node_name;
+  actors::node_options options;
+  options.name = std::move(node_name);
+  options.local_only = true;
+  if (auto joined = out.join(options); !joined)
+    return joined.error();
+  return out;
+}
+
+expected<void> job::join(const actors::node_options& options) {
+  auto& st = *state_;
+  auto started = actors::node::start(options);
   if (!started)
     return started.error();
   st.node = std::move(*started);

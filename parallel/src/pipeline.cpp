@@ -1,6 +1,6 @@
 // The pipeline's driver: spawns and wires the stages, feeds micro-batches,
 // collects losses and completions, and turns every failure into an error.
-#include "troupe/parallel/pipeline.hpp"
+#include "pipeline_state.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -57,14 +57,36 @@ loss_function cross_entropy_loss_function() {
 }
 
 /// The blocking actor through which the calling thread talks to the stages.
-struct pipeline::driver {
+struct pipeline::state::driver {
   explicit driver(caf::actor_system& system) : self(system) {}
   caf::actor handle() const { return caf::actor_cast<caf::actor>(self.ptr()); }
   caf::scoped_actor self;
 };
 
-pipeline::pipeline(caf::actor_system& system, pipeline_options options)
-    : system_(system), options_(std::move(options)) {}
+pipeline::state::state(actors::node& node, pipeline_options options) : node_(node), options_(std::move(options)) {}
+
+pipeline::state::~state() {
+  if (job_ != nullptr)
+    job_->forget_at_finish(finish_hook_);
+  shutdown();
+}
+
+pipeline::pipeline(std::unique_ptr<state> st) : state_(std::move(st)) {}
+pipeline::~pipeline() = default;
+pipeline::pipeline(pipeline&&) noexcept = default;
+pipeline& pipeline::operator=(pipeline&&) noexcept = default;
+
+expected<double> pipeline::train_step(const tensor& inputs, const tensor& targets) {
+  return state_->train_step(inputs, targets);
+}
+expected<tensor> pipeline::forward(const tensor& inputs) { return state_->forward(inputs); }
+expected<void> pipeline::synchronize() { return state_->synchronize(); }
+expected<std::vector<stage_stats>> pipeline::stats() { return state_->stats(); }
+expected<std::vector<double>> pipeline::parameter_digests() { return state_->parameter_digests(); }
+std::size_t pipeline::stages() const noexcept { return state_->stages_.size(); }
+const partition& pipeline::split() const noexcept { return state_->options_.split; }
+const std::string& pipeline::stage_name(std::size_t index) const { return state_->names_.at(index); }
+std::uint64_t pipeline::steps() const noexcept { return state_->step_; }
 
 std::vector<double> per_micro_batch_ms(const std::vector<stage_stats>& stats, std::size_t micro_batches) {
   require(micro_batches > 0, "per_micro_batch_ms: micro_batches must be positive");
@@ -74,18 +96,12 @@ std::vector<double> per_micro_batch_ms(const std::vector<stage_stats>& stats, st
   return out;
 }
 
-pipeline::~pipeline() {
-  if (job_ != nullptr)
-    job_->forget_at_finish(finish_hook_);
-  shutdown();
-}
-
-void pipeline::stop_with(troupe::job& job) {
+void pipeline::state::stop_with(troupe::job& job) {
   job_ = &job;
   finish_hook_ = job.at_finish([this] { shutdown(); });
 }
 
-void pipeline::shutdown() {
+void pipeline::state::shutdown() {
   if (shut_down_)
     return;
   shut_down_ = true;
@@ -96,14 +112,14 @@ void pipeline::shutdown() {
   // Stages are detached actors: each stops when it sees the exit message.
   for (auto& stage : stages_)
     caf::anon_send_exit(stage, caf::exit_reason::user_shutdown);
-  if (options_.node != nullptr) {
+  if (!options_.in_this_process) {
     if (peer_lost_handler_)
-      options_.node->remove_peer_lost_handler(peer_lost_handler_);
+      node_.remove_peer_lost_handler(peer_lost_handler_);
     // Free the names for the next pipeline (errors: the node is gone anyway).
     for (std::size_t i = 0; i < stages_.size(); ++i)
-      (void)options_.node->unregister_actor(places_[i]);
+      (void)node_.unregister_actor(places_[i]);
     if (!driver_place_.name.empty())
-      (void)options_.node->unregister_actor(driver_place_);
+      (void)node_.unregister_actor(driver_place_);
   }
   // The driver's scoped actor counts as a live actor of the system: a job
   // finishing with this pipeline still in scope would wait for it.
@@ -111,8 +127,7 @@ void pipeline::shutdown() {
   driver_.reset();
 }
 
-expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
-                                                     pipeline_options options) {
+void pipeline::state::validate(pipeline_options& options) {
   require(options.model != nullptr && options.model->size() > 0,
           "pipeline: no model (or a model without layers)");
   require(!options.places.empty(), "pipeline: no places; give one place per stage");
@@ -149,17 +164,19 @@ expected<std::unique_ptr<pipeline>> pipeline::create(caf::actor_system& system,
               options.places.size());
     require(r.places[r.index] == options.places,
             "pipeline: replica {}'s row of replication.places differs from places", r.index);
-    require(options.node != nullptr || r.node != nullptr,
-            "pipeline: replicated stages in this process need replication.node for their reducers");
     require(r.bucket_bytes > 0, "pipeline: replication.bucket_bytes must be positive");
   }
-  std::unique_ptr<pipeline> out(new pipeline(system, std::move(options)));
-  if (auto started = out->start(); !started)
-    return started.error_value();
-  return out;
 }
 
-std::vector<std::vector<std::string>> pipeline::replica_rings() const {
+expected<pipeline> pipeline::create(actors::node& node, pipeline_options options) {
+  state::validate(options);
+  auto st = std::make_unique<state>(node, std::move(options));
+  if (auto started = st->start(); !started)
+    return started.error_value();
+  return pipeline(std::move(st));
+}
+
+std::vector<std::vector<std::string>> pipeline::state::replica_rings() const {
   std::vector<std::vector<std::string>> rings(options_.split.stages());
   if (!options_.replication)
     return rings;
@@ -174,8 +191,8 @@ std::vector<std::vector<std::string>> pipeline::replica_rings() const {
   return rings;
 }
 
-expected<void> pipeline::start() {
-  driver_ = std::make_unique<driver>(system_);
+expected<void> pipeline::state::start() {
+  driver_ = std::make_unique<driver>(node_.system());
   const auto p = options_.split.stages();
   for (std::size_t i = 0; i < p; ++i) {
     auto where = actors::place::parse(options_.places[i]);
@@ -186,19 +203,19 @@ expected<void> pipeline::start() {
     names_.push_back(places_.back().to_string());
     stage_traces_.push_back(trace::intern(names_.back()));
   }
-  if (options_.node != nullptr) {
+  if (!options_.in_this_process) {
     // The driver receives evaluation outputs through the router: give it a
     // place on this node. One name per pipeline in this process.
     static std::atomic<std::uint64_t> next_driver{0};
-    driver_place_ = actors::place{options_.node->name(), device::cpu(),
+    driver_place_ = actors::place{node_.name(), device::cpu(),
                                   fmt::format("pipeline-driver{}", next_driver++)};
-    if (auto ok = options_.node->register_actor(driver_place_, driver_->handle()); !ok)
+    if (auto ok = node_.register_actor(driver_place_, driver_->handle()); !ok)
       return ok.error_value();
     driver_trace_ = trace::intern(driver_place_.to_string());
-    sender_ = routed_tensor_sender(options_.node->router(), driver_place_.to_string());
+    sender_ = routed_tensor_sender(node_.router(), driver_place_.to_string());
     // A lost node reaches the driver as a message, so train_step sees it
     // while it waits (the handler runs on the node's agent thread).
-    peer_lost_handler_ = options_.node->on_peer_lost([driver = driver_->handle()](const actors::peer_lost& lost) {
+    peer_lost_handler_ = node_.on_peer_lost([driver = driver_->handle()](const actors::peer_lost& lost) {
       caf::anon_send(driver, peer_lost_atom::value, lost.node, lost.reason);
     });
   } else {
@@ -209,7 +226,7 @@ expected<void> pipeline::start() {
     const auto policy = policy_for(options_.schedule, i, p, options_.micro_batches);
     const bool remat = options_.remat == rematerialization::always ||
                        (options_.remat == rematerialization::all_but_last_stage && i + 1 < p);
-    if (options_.node != nullptr) {
+    if (!options_.in_this_process) {
       stage_spec spec;
       spec.index = i;
       spec.stages = p;
@@ -227,7 +244,7 @@ expected<void> pipeline::start() {
         spec.bucket_bytes = options_.replication->bucket_bytes;
         spec.ring_timeout_ms = static_cast<std::uint64_t>(options_.timeout.count());
       }
-      auto spawned = options_.node->spawn_remote(places_[i], stage_factory_name, to_message(spec));
+      auto spawned = node_.spawn_remote(places_[i], stage_factory_name, to_message(spec));
       if (!spawned)
         return make_error(spawned.error_value().code(), "pipeline: stage {} ({}) could not start: {}",
                           i, names_[i], spawned.error_value().message());
@@ -248,11 +265,11 @@ expected<void> pipeline::start() {
       if (options_.replication) {
         stage->replication.rank = options_.replication->index;
         stage->replication.ring = rings[i];
-        stage->replication.node = options_.replication->node;
+        stage->replication.node = &node_;
         stage->replication.bucket_bytes = options_.replication->bucket_bytes;
         stage->replication.timeout = options_.timeout;
       }
-      stages_.push_back(system_.spawn<caf::detached>(::troupe::parallel::stage_actor, std::move(stage)));
+      stages_.push_back(node_.system().spawn<caf::detached>(::troupe::parallel::stage_actor, std::move(stage)));
     }
     driver_->self->monitor(stages_.back());
   }
@@ -270,7 +287,7 @@ expected<void> pipeline::start() {
       .receive([](caf::ok_atom) {},
                [&](caf::error& err) {
                  failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not start: {}",
-                                     i, names_[i], system_.render(err));
+                                     i, names_[i], node_.system().render(err));
                });
     if (failed)
       return *failed;
@@ -278,8 +295,8 @@ expected<void> pipeline::start() {
   return {};
 }
 
-expected<void> pipeline::send_to_stage(std::size_t index, actors::tensor_message message) {
-  if (options_.node != nullptr) // the router records the send
+expected<void> pipeline::state::send_to_stage(std::size_t index, actors::tensor_message message) {
+  if (!options_.in_this_process) // the router records the send
     return sender_(stage_endpoint{index, places_[index], stages_[index]}, std::move(message));
   if (trace::enabled()) {
     message.flow_id = trace::next_flow_id();
@@ -293,7 +310,7 @@ expected<void> pipeline::send_to_stage(std::size_t index, actors::tensor_message
   return {};
 }
 
-expected<void> pipeline::fail(troupe::error err) {
+expected<void> pipeline::state::fail(troupe::error err) {
   broken_ = err;
   return err;
 }
@@ -338,7 +355,7 @@ std::vector<std::int64_t> micro_batch_rows(std::int64_t batch, std::size_t micro
   return rows;
 }
 
-expected<double> pipeline::train_step(const tensor& inputs, const tensor& targets) {
+expected<double> pipeline::state::train_step(const tensor& inputs, const tensor& targets) {
   require(inputs.defined() && targets.defined() && inputs.rank() >= 1 && targets.rank() >= 1,
           "pipeline::train_step: inputs and targets need a batch dimension");
   const auto batch = inputs.size(0);
@@ -402,7 +419,7 @@ expected<double> pipeline::train_step(const tensor& inputs, const tensor& target
   return loss;
 }
 
-expected<void> pipeline::await_step(std::uint64_t step, std::vector<double>& losses) {
+expected<void> pipeline::state::await_step(std::uint64_t step, std::vector<double>& losses) {
   const std::size_t m = losses.size();
   const std::size_t p = stages_.size();
   std::size_t losses_seen = 0;
@@ -459,7 +476,7 @@ expected<void> pipeline::await_step(std::uint64_t step, std::vector<double>& los
         auto i = stage_of(down.source);
         failed = make_error(errc::io_error, "pipeline: stage {} ({}) stopped during {}: {}", i,
                             i < names_.size() ? names_[i] : "?", phase(),
-                            system_.render(down.reason));
+                            node_.system().render(down.reason));
       },
       [&](peer_lost_atom, std::string& node, std::string& reason) {
         for (std::size_t i = 0; i < p && !failed; ++i)
@@ -493,7 +510,7 @@ expected<void> pipeline::await_step(std::uint64_t step, std::vector<double>& los
   return {};
 }
 
-expected<void> pipeline::synchronize() {
+expected<void> pipeline::state::synchronize() {
   if (broken_)
     return make_error(broken_->code(), "pipeline: an earlier step failed: {}", broken_->message());
   if (updating_step_ == 0)
@@ -502,7 +519,7 @@ expected<void> pipeline::synchronize() {
   return await_step(0, none);
 }
 
-expected<void> pipeline::ready_for_query() {
+expected<void> pipeline::state::ready_for_query() {
   if (shut_down_)
     return make_error(errc::invalid_argument, "pipeline: its job has finished; the stages are stopped");
   // After an earlier failure the query reports whatever the stages hold, as
@@ -513,7 +530,7 @@ expected<void> pipeline::ready_for_query() {
   return {};
 }
 
-expected<tensor> pipeline::forward(const tensor& inputs) {
+expected<tensor> pipeline::state::forward(const tensor& inputs) {
   require(inputs.defined() && inputs.rank() >= 1,
           "pipeline::forward: inputs need a batch dimension");
   if (shut_down_)
@@ -559,7 +576,7 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
         while (i < stages_.size() && stages_[i].address() != down.source)
           ++i;
         failed = make_error(errc::io_error, "pipeline: stage {} ({}) stopped during forward: {}",
-                            i, i < names_.size() ? names_[i] : "?", system_.render(down.reason));
+                            i, i < names_.size() ? names_[i] : "?", node_.system().render(down.reason));
       },
       [&](peer_lost_atom, std::string& node, std::string& reason) {
         for (std::size_t i = 0; i < stages_.size() && !failed; ++i)
@@ -580,7 +597,7 @@ expected<tensor> pipeline::forward(const tensor& inputs) {
   return cat(outputs, 0);
 }
 
-expected<std::vector<stage_stats>> pipeline::stats() {
+expected<std::vector<stage_stats>> pipeline::state::stats() {
   if (auto ready = ready_for_query(); !ready)
     return ready.error_value();
   std::vector<stage_stats> out(stages_.size());
@@ -594,7 +611,7 @@ expected<std::vector<stage_stats>> pipeline::stats() {
         },
         [&](caf::error& err) {
           failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,
-                              names_[i], system_.render(err));
+                              names_[i], node_.system().render(err));
         });
     if (failed)
       return *failed;
@@ -602,7 +619,7 @@ expected<std::vector<stage_stats>> pipeline::stats() {
   return out;
 }
 
-expected<std::vector<double>> pipeline::parameter_digests() {
+expected<std::vector<double>> pipeline::state::parameter_digests() {
   if (auto ready = ready_for_query(); !ready)
     return ready.error_value();
   std::vector<double> out(stages_.size());
@@ -612,7 +629,7 @@ expected<std::vector<double>> pipeline::parameter_digests() {
       .receive([&](double digest) { out[i] = digest; },
                [&](caf::error& err) {
                  failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not report: {}", i,
-                                     names_[i], system_.render(err));
+                                     names_[i], node_.system().render(err));
                });
     if (failed)
       return *failed;

@@ -1,10 +1,15 @@
 // The stage factory that every process of a pipeline job registers.
 #include "troupe/parallel/remote.hpp"
 
+#include "pipeline_state.hpp"
+#include "stage.hpp"
+
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include "troupe/actors/error_category.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/tensor_router.hpp"
 #include "troupe/job.hpp"
 #include "troupe/actors/trace.hpp"
 
@@ -71,25 +76,27 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
     });
 }
 
-expected<std::unique_ptr<pipeline>> pipeline::create(troupe::job& job, pipeline_options options) {
-  options.node = &job.node();
+expected<pipeline> pipeline::create(troupe::job& job, pipeline_options options) {
   if (!options.model)
     options.model = job.stages().model();
   if (!options.optimizer)
     options.optimizer = job.stages().optimizer;
   if (!options.loss)
     options.loss = job.stages().loss;
-  if (options.places.empty())
+  if (options.places.empty()) {
     options.places = job.places();
-  auto made = create(job.node().system(), std::move(options));
+    // In this process, the stages of the given split all on the first place.
+    if (options.in_this_process && !options.split.boundaries.empty())
+      options.places.assign(options.split.stages(), options.places.front());
+  }
+  auto made = create(job.node(), std::move(options));
   if (made)
-    (*made)->stop_with(job);
+    made->state_->stop_with(job);
   return made;
 }
 
-pipeline_options remote_options(actors::node& node, const stage_recipe& recipe) {
+pipeline_options pipeline_options_from(const stage_recipe& recipe) {
   pipeline_options options;
-  options.node = &node;
   options.model = recipe.model();
   options.optimizer = recipe.optimizer;
   options.loss = recipe.loss;

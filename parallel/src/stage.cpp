@@ -1,6 +1,6 @@
 // The stage actor: forward and backward of its slice per micro-batch, picked
 // from its work queue by the schedule's credits and priority.
-#include "troupe/parallel/stage.hpp"
+#include "stage.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -85,29 +85,29 @@ hybrid_options layout(std::vector<std::vector<std::string>> places, schedule_kin
   hybrid_options o;
   o.recipe = recipe();
   o.places = std::move(places);
-  o.schedule = schedule;
-  o.micro_batches = m;
-  o.timeout = 10s;
+  o.pipeline.schedule = schedule;
+  o.pipeline.micro_batches = m;
+  o.pipeline.timeout = 10s;
   o.bucket_bytes = 1024; // several buckets per stage
   return o;
 }
 
 void train_and_compare(actors::node& node, hybrid_options options) {
-  const bool overlap = options.overlap_update;
+  const bool overlap = options.pipeline.overlap_update;
   auto hybrid = hybrid_pipeline::create(node, std::move(options));
   ASSERT_TRUE(hybrid) << hybrid.error().message();
   auto [want_losses, want_digests] = reference();
   for (int s = 0; s < steps; ++s) {
     auto b = make_batch(s);
-    auto loss = (*hybrid)->train_step(b.inputs, b.targets);
+    auto loss = hybrid->train_step(b.inputs, b.targets);
     ASSERT_TRUE(loss) << loss.error().message();
     EXPECT_NEAR(*loss, want_losses[s], 1e-12) << "step " << s;
   }
   if (overlap) {
-    ASSERT_TRUE((*hybrid)->synchronize()); // parameter_digests would wait too
+    ASSERT_TRUE(hybrid->synchronize()); // parameter_digests would wait too
   }
-  auto r0 = (*hybrid)->replica(0).parameter_digests();
-  auto r1 = (*hybrid)->replica(1).parameter_digests();
+  auto r0 = hybrid->replica(0).parameter_digests();
+  auto r1 = hybrid->replica(1).parameter_digests();
   ASSERT_TRUE(r0 && r1);
   for (std::size_t st = 0; st < 2; ++st) {
     EXPECT_NEAR((*r0)[st], want_digests[st], 1e-9 * std::abs(want_digests[st])) << "stage " << st;
@@ -131,7 +131,7 @@ TEST(HybridInProcessOverlapped, TwoByTwoEqualsOneProcessWithUpdatesOverlappingTh
   ASSERT_TRUE(node) << node.error().message();
   register_stage_factory(**node, recipe());
   auto o = layout({{"worker0/cpu", "worker0/cpu"}, {"worker0/cpu", "worker0/cpu"}}, schedule_kind::one_f_one_b, 3);
-  o.overlap_update = true;
+  o.pipeline.overlap_update = true;
   train_and_compare(**node, std::move(o));
   (*node)->stop();
 }
@@ -159,8 +159,8 @@ TEST(HybridLayout, RefusesUnevenLayouts) {
                                            schedule_kind::gpipe, 1));
   ASSERT_TRUE(hybrid) << hybrid.error().message();
   auto b = make_batch(0);
-  EXPECT_THROW((void)(*hybrid)->train_step(b.inputs.slice(0, 0, 5), b.targets.slice(0, 0, 5)), usage_error);
-  hybrid->reset();
+  EXPECT_THROW((void)hybrid->train_step(b.inputs.slice(0, 0, 5), b.targets.slice(0, 0, 5)), usage_error);
+  { auto stopped = std::move(*hybrid); } // the stages stop before the node
   (*node)->stop();
 }
 
@@ -202,18 +202,18 @@ TEST(HybridCrossProcess, KilledStageProcessFailsEveryReplicaNamingIt) {
   cluster c;
   ASSERT_NO_FATAL_FAILURE(start_four(c));
   auto o = layout({{"worker0/cpu", "worker1/cpu"}, {"worker2/cpu", "worker3/cpu"}}, schedule_kind::gpipe, 2);
-  o.timeout = 3s;
+  o.pipeline.timeout = 3s;
   auto hybrid = hybrid_pipeline::create(*c.coordinator, std::move(o));
   ASSERT_TRUE(hybrid) << hybrid.error().message();
   auto b = make_batch(0);
-  ASSERT_TRUE((*hybrid)->train_step(b.inputs, b.targets));
+  ASSERT_TRUE(hybrid->train_step(b.inputs, b.targets));
   c.workers[2].signal(SIGKILL); // worker3: replica 1's stage 1
   auto start = std::chrono::steady_clock::now();
-  auto loss = (*hybrid)->train_step(b.inputs, b.targets);
+  auto loss = hybrid->train_step(b.inputs, b.targets);
   ASSERT_FALSE(loss);
   EXPECT_THAT(loss.error().message(), HasSubstr("worker3"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
-  hybrid->reset();
+  { auto stopped = std::move(*hybrid); } // the stages stop before the node
 }
 
 } // namespace

@@ -12,12 +12,14 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <filesystem>
 #include <future>
 #include <thread>
 
 #include "../actors/process_support.hpp"
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/parallel/data_parallel.hpp"
+#include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
 #include "troupe/tensor/ops.hpp"
 
@@ -84,6 +86,45 @@ TEST(Job, GoodFlagsAreRead) {
   EXPECT_EQ(j.flag("absent", 3, 1, 9), 3);
 }
 
+/// Sockets this process holds (file descriptors that are sockets).
+std::size_t open_sockets() {
+  std::size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    auto target = std::filesystem::read_symlink(entry.path(), ec);
+    if (!ec && target.string().starts_with("socket:"))
+      ++n;
+  }
+  return n;
+}
+
+TEST(LocalJob, OneProcessThatOpensNoSocketAndRunsAPipelineInIt) {
+  const auto sockets_before = open_sockets();
+  auto local = job::local("solo");
+  ASSERT_TRUE(local) << local.error().message();
+  EXPECT_EQ(open_sockets(), sockets_before) << "a local job listens nowhere and starts no data plane";
+  EXPECT_TRUE(local->is_driver());
+  EXPECT_EQ(local->world_size(), 1u);
+  EXPECT_EQ(local->places(), (std::vector<std::string>{"solo/cpu"}));
+  auto model = make_mlp();
+  auto pipe = parallel::pipeline::create(*local, {.model = model, .split = parallel::even(2, model->size()),
+                                                  .micro_batches = 2, .optimizer = parallel::sgd_factory({.lr = 0.05}),
+                                                  .loss = parallel::mse_loss_function(), .in_this_process = true});
+  ASSERT_TRUE(pipe) << pipe.error().message();
+  EXPECT_EQ(pipe->stages(), 2u);
+  EXPECT_EQ(pipe->stage_name(1), "solo/cpu/stage1");
+  generator gen{4};
+  auto x = randn({4, 8}, gen, 0.0, 1.0, dtype::float64);
+  auto first = pipe->train_step(x, x);
+  auto second = pipe->train_step(x, x);
+  ASSERT_TRUE(first && second);
+  EXPECT_LT(*second, *first);
+  EXPECT_EQ(local->finish(0), 0) << "finish stops the pipeline still in scope";
+  auto after = pipe->train_step(x, x);
+  ASSERT_FALSE(after);
+  EXPECT_THAT(after.error().message(), HasSubstr("its job has finished"));
+}
+
 /// Rank `rank` of 2 as a child process running `mode` (see main).
 child_process start_child(const std::string& mode, std::uint32_t rank, const std::string& name, std::uint16_t port) {
   std::vector<std::string> args{"--job-child", mode};
@@ -139,9 +180,9 @@ TEST(Job, RanksWithAnyNamesKnowEachOtherAndEndCleanly) {
   generator gen{4};
   auto x = randn({4, 8}, gen, 0.0, 1.0, dtype::float64);
   auto y = randn({4, 8}, gen, 0.0, 1.0, dtype::float64);
-  auto first = (*pipe)->train_step(x, y);
+  auto first = pipe->train_step(x, y);
   ASSERT_TRUE(first) << first.error().message();
-  auto second = (*pipe)->train_step(x, y);
+  auto second = pipe->train_step(x, y);
   ASSERT_TRUE(second) << second.error().message();
   EXPECT_LT(*second, *first) << "the job's recipe trains";
 
@@ -151,7 +192,7 @@ TEST(Job, RanksWithAnyNamesKnowEachOtherAndEndCleanly) {
   ASSERT_TRUE(status) << "the serving rank was released: " << server.output();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << server.output();
   EXPECT_LT(test::seconds_since(before), 20.0);
-  auto after = (*pipe)->train_step(x, y);
+  auto after = pipe->train_step(x, y);
   ASSERT_FALSE(after);
   EXPECT_THAT(after.error().message(), HasSubstr("its job has finished"));
 }

@@ -2,6 +2,8 @@
 // schedules' credits, recomputation, failures and usage errors.
 #include "troupe/parallel/pipeline.hpp"
 
+#include "pipeline_state.hpp"
+
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -13,7 +15,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "troupe/actors/message_types.hpp"
 #include "troupe/actors/trace.hpp"
 #include "troupe/actors/trace_reader.hpp"
 #include "troupe/actors/trace_report.hpp"
@@ -21,6 +22,7 @@
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/grad_mode.hpp"
 #include "troupe/autograd/nn/all.hpp"
+#include "troupe/job.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -67,17 +69,6 @@ double reference_step(nn::sequential& model, optim::optimizer& opt, const batch&
 
 class PipelineTest : public ::testing::Test {
 protected:
-  PipelineTest() : system_(config()) {}
-
-  static caf::actor_system_config& config() {
-    static caf::actor_system_config* cfg = [] {
-      auto* c = new caf::actor_system_config;
-      actors::add_message_types(*c);
-      return c;
-    }();
-    return *cfg;
-  }
-
   pipeline_options options(std::shared_ptr<nn::sequential> model, std::size_t stages,
                            std::size_t micro_batches, schedule_kind schedule) {
     pipeline_options o;
@@ -89,16 +80,17 @@ protected:
     o.optimizer = sgd_factory({.lr = 0.05, .momentum = 0.9});
     o.loss = mse_loss_function();
     o.timeout = std::chrono::seconds(20);
+    o.in_this_process = true;
     return o;
   }
 
   std::unique_ptr<pipeline> make(pipeline_options o) {
-    auto p = pipeline::create(system_, std::move(o));
+    auto p = pipeline::create(job_, std::move(o));
     EXPECT_TRUE(p.has_value()) << (p ? "" : p.error_value().message());
-    return p ? std::move(*p) : nullptr;
+    return p ? std::make_unique<pipeline>(std::move(*p)) : nullptr;
   }
 
-  caf::actor_system system_;
+  troupe::job job_ = troupe::job::local().value();
 };
 
 struct equivalence_case {
@@ -312,7 +304,7 @@ TEST_F(PipelineTest, MismatchedPlacesAndPartitionIsAUsageError) {
   auto o = options(make_mlp(), 2, 1, schedule_kind::gpipe);
   o.places.assign(3, "worker0/cpu");
   try {
-    (void)pipeline::create(system_, std::move(o));
+    (void)pipeline::create(job_, std::move(o));
     FAIL() << "expected usage_error";
   } catch (const usage_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("3 places for a partition of 2 stages"));
@@ -322,7 +314,7 @@ TEST_F(PipelineTest, MismatchedPlacesAndPartitionIsAUsageError) {
 TEST_F(PipelineTest, PartitionNotCoveringTheModelIsAUsageError) {
   auto o = options(make_mlp(), 2, 1, schedule_kind::gpipe);
   o.split = from_balance({4, 4}, 8);
-  EXPECT_THROW((void)pipeline::create(system_, std::move(o)), usage_error);
+  EXPECT_THROW((void)pipeline::create(job_, std::move(o)), usage_error);
   EXPECT_THROW((void)from_balance({4, 0, 4}, 8), usage_error);
   EXPECT_THROW((void)from_split_points({4, 2}, 8), usage_error);
 }
@@ -331,7 +323,7 @@ TEST_F(PipelineTest, BadPlaceIsAUsageError) {
   auto o = options(make_mlp(), 2, 1, schedule_kind::gpipe);
   o.places[1] = "worker 1/gpu";
   try {
-    (void)pipeline::create(system_, std::move(o));
+    (void)pipeline::create(job_, std::move(o));
     FAIL() << "expected usage_error";
   } catch (const usage_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("place worker 1/gpu of stage 1"));
@@ -370,7 +362,7 @@ TEST(MicroBatchRows, BadSharesAreUsageErrorsNamingTheValue) {
 TEST_F(PipelineTest, MicroBatchSharesAreCheckedWhenThePipelineIsCreated) {
   auto o = options(make_mlp(), 2, 3, schedule_kind::gpipe);
   o.micro_batch_shares = {1, 2};
-  EXPECT_THROW((void)pipeline::create(system_, std::move(o)), usage_error);
+  EXPECT_THROW((void)pipeline::create(job_, std::move(o)), usage_error);
   // Shares that would leave a micro-batch empty only for small batches are
   // fine until such a batch comes.
   auto lopsided = options(make_mlp(), 2, 2, schedule_kind::gpipe);
@@ -456,7 +448,7 @@ TEST_F(PipelineTest, KilledStageIsReportedByNameWithinTheTimeout) {
   // Stage 1 kills itself while computing the forward of micro-batch 1.
   model->append(nn::make<probe>([&self](int call) {
     if (call == 1 && self.load() != nullptr)
-      caf::anon_send_exit(self.load()->stage_actor(1), caf::exit_reason::kill);
+      caf::anon_send_exit(pipeline_access::stage_actor(*self.load(), 1), caf::exit_reason::kill);
   }));
   auto o = options(model, 2, 4, schedule_kind::one_f_one_b);
   o.split = from_balance({8, 9}, model->size());

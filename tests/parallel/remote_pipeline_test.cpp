@@ -16,6 +16,8 @@
 #include <caf/all.hpp>
 
 #include "../actors/process_support.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/grad_mode.hpp"
@@ -166,7 +168,7 @@ TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
   const auto& c = GetParam();
   cluster cl;
   ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
-  auto options = remote_options(*cl.coordinator, recipe());
+  auto options = pipeline_options_from(recipe());
   options.places = c.places;
   options.split = even(c.places.size(), options.model->size());
   options.schedule = c.schedule;
@@ -174,7 +176,7 @@ TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
   options.overlap_update = c.overlap_update;
   options.timeout = 20s;
   auto split = options.split;
-  auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
+  auto pipe = pipeline::create(*cl.coordinator, std::move(options));
   ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message() << "\n" << cl.worker.output();
 
   auto reference = make_mlp();
@@ -186,12 +188,12 @@ TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
     autograd::backward(loss);
     reference_opt.step();
     reference_opt.zero_grad();
-    auto got = (*pipe)->train_step(b.inputs, b.targets);
+    auto got = pipe->train_step(b.inputs, b.targets);
     ASSERT_TRUE(got.has_value()) << got.error_value().message() << "\n" << cl.worker.output();
     EXPECT_NEAR(*got, loss.item(), 1e-12) << "step " << step;
   }
   // Parameters stay in their processes; compare digests per stage.
-  auto digests = (*pipe)->parameter_digests();
+  auto digests = pipe->parameter_digests();
   ASSERT_TRUE(digests.has_value()) << digests.error_value().message();
   for (std::size_t s = 0; s < split.stages(); ++s) {
     double want = digest(*reference->slice(split.begin(s), split.end(s)));
@@ -199,12 +201,12 @@ TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
   }
   // Evaluation: outputs come back to the driver through the router.
   auto b = make_batch(99);
-  auto out = (*pipe)->forward(b.inputs);
+  auto out = pipe->forward(b.inputs);
   ASSERT_TRUE(out.has_value()) << out.error_value().message();
   autograd::no_grad_guard no_grad;
   EXPECT_LT(max_abs_diff(*out, reference->forward(autograd::variable(b.inputs)).data()), 1e-12);
   EXPECT_GT(cl.coordinator->router()->stats().data_plane_sends, 0u);
-  pipe->reset();
+  { auto stopped = std::move(*pipe); } // the stages stop before the cluster
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -220,15 +222,15 @@ INSTANTIATE_TEST_SUITE_P(
 void killed_stage_process_is_reported(bool overlap_update) {
   cluster cl;
   ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
-  auto options = remote_options(*cl.coordinator, recipe());
+  auto options = pipeline_options_from(recipe());
   options.places = {"worker0/cpu", "worker1/cpu"};
   options.micro_batches = 3;
   options.overlap_update = overlap_update;
   options.timeout = 5s;
-  auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
+  auto pipe = pipeline::create(*cl.coordinator, std::move(options));
   ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message();
   auto b = make_batch(0);
-  ASSERT_TRUE((*pipe)->train_step(b.inputs, b.targets).has_value());
+  ASSERT_TRUE(pipe->train_step(b.inputs, b.targets).has_value());
   // Kill worker1 while steps run; the step in flight (or the next) fails.
   std::thread killer([&] {
     std::this_thread::sleep_for(30ms);
@@ -237,15 +239,15 @@ void killed_stage_process_is_reported(bool overlap_update) {
   auto started = std::chrono::steady_clock::now();
   expected<double> loss = 0.0;
   for (int i = 0; i < 100000 && loss.has_value(); ++i)
-    loss = (*pipe)->train_step(b.inputs, b.targets);
+    loss = pipe->train_step(b.inputs, b.targets);
   killer.join();
   auto elapsed = std::chrono::steady_clock::now() - started;
   ASSERT_FALSE(loss.has_value());
   EXPECT_THAT(loss.error_value().message(), HasSubstr("stage 1 (worker1/cpu/stage1)"));
   EXPECT_LT(elapsed, 5s + 30ms) << loss.error_value().message();
-  auto again = (*pipe)->train_step(b.inputs, b.targets);
+  auto again = pipe->train_step(b.inputs, b.targets);
   ASSERT_FALSE(again.has_value());
-  pipe->reset();
+  { auto stopped = std::move(*pipe); } // the stages stop before the cluster
 }
 
 TEST(RemotePipelineFailure, KilledStageProcessIsReportedByNameWithinTheTimeout) {
@@ -259,14 +261,14 @@ TEST(RemotePipelineFailure, KilledStageProcessIsReportedWhileUpdatesOverlapTheNe
 TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {
   cluster cl;
   ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
-  auto options = remote_options(*cl.coordinator, recipe());
+  auto options = pipeline_options_from(recipe());
   options.places = {"worker0/cpu", "worker1/cpu"};
   options.micro_batches = 2;
   options.timeout = 1s;
-  auto pipe = pipeline::create(cl.coordinator->system(), std::move(options));
+  auto pipe = pipeline::create(*cl.coordinator, std::move(options));
   ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message();
   auto b = make_batch(0);
-  ASSERT_TRUE((*pipe)->train_step(b.inputs, b.targets).has_value());
+  ASSERT_TRUE(pipe->train_step(b.inputs, b.targets).has_value());
   cl.worker.signal(SIGSTOP); // alive but silent: no down message, only the timeout
   struct kill_at_exit {
     child_process& worker;
@@ -275,13 +277,13 @@ TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {
   // kill() returns before every thread has stopped: wait until they have.
   ASSERT_TRUE(all_threads_stopped(cl.worker.pid(), 5s)) << "worker1 did not stop";
   auto started = std::chrono::steady_clock::now();
-  auto loss = (*pipe)->train_step(b.inputs, b.targets);
+  auto loss = pipe->train_step(b.inputs, b.targets);
   auto elapsed = std::chrono::steady_clock::now() - started;
   ASSERT_FALSE(loss.has_value());
   EXPECT_THAT(loss.error_value().message(), HasSubstr("no progress for 1000 ms"));
   EXPECT_THAT(loss.error_value().message(), HasSubstr("stage 1 (worker1/cpu/stage1)"));
   EXPECT_LT(elapsed, 3s);
-  pipe->reset();
+  { auto stopped = std::move(*pipe); } // the stages stop before the cluster
 }
 
 } // namespace

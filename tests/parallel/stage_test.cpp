@@ -1,7 +1,7 @@
 // The stage factory's spawn arguments arrive from another process:
 // stage_spec_from must accept what to_message writes and refuse everything
 // else with a message naming the problem.
-#include "troupe/parallel/stage.hpp"
+#include "stage.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -13,7 +13,7 @@
 //   ...
 //   for (auto step : job.steps(steps)) {
 //     auto [x, y] = corpus.batch(data, batch, seq);
-//     step.report(job.must(pipe->train_step(x, y), fmt::format("step {}", step.number())), batch);
+//     step.report(job.must(pipe.train_step(x, y), fmt::format("step {}", step.number())), batch);
 //   }
 //   ...
 //   return job.finish(0);
@@ -42,13 +42,11 @@
 #include <string_view>
 #include <vector>
 
+#include "troupe/actors/fwd.hpp"
 #include "troupe/tensor/expected.hpp"
 
 namespace troupe {
 
-namespace actors {
-class node;
-}
 namespace parallel {
 struct stage_recipe;
 }
@@ -96,6 +94,10 @@ public:
 
   /// Keeps the command line; nothing starts before start().
   job(int argc, char** argv);
+  /// A started job of one process that opens no socket: node `node_name`,
+  /// rank 0 of 1, no flags. For in-process pipelines, tests and tools;
+  /// `job.places()` names its one place. Errors: the node could not start.
+  static expected<job> local(std::string node_name = "worker0");
   /// finish(0) if the driver has not finished; a serving rank stops its node.
   ~job();
   job(job&&) noexcept;
@@ -175,6 +177,8 @@ public:
   void forget_at_finish(std::uint64_t id);
 
 private:
+  /// start()'s work after the flags: the node, the factories, every rank.
+  expected<void> join(const actors::node_options& options);
   struct state;
   std::unique_ptr<state> state_;
 };

@@ -5,6 +5,7 @@ namespace troupe::actors {
 
 class device_map;
 class node;
+class tensor_router;
 struct node_options;
 struct peer_lost;
 struct place;

@@ -4,11 +4,21 @@
 // coordinator, with a node agent that spawns actors by factory name and
 // reports lost peers.
 //
-//   auto opts = node_options::from(argc, argv);       // flags + environment
-//   if (!opts) { fmt::print(stderr, "{}\n", opts.error().message()); return 2; }
-//   auto n = node::start(*opts);                      // joins, or fails clearly
-//   n->register_factory("stage", make_stage);         // on every node
-//   auto stage = n->spawn_remote(*place::parse("worker1/cpu/stage0"), "stage", caf::make_message(4));
+// A program gets its node from the job (troupe/job.hpp), spawns its actors
+// on the node's actor system and registers them under a place, where the
+// other processes find them.
+// From examples/ping_pong.cpp:
+//
+//   job.start();
+//   auto& n = job.node();
+//   auto router = n.router();
+//   ...
+//   auto actor = n.system().spawn([&, name]() -> caf::behavior {
+//   ...
+//   job.must(n.register_actor(ping, actor), "ping");
+//   job.must(n.await_actor(pong, 30s), "ping"); // until rank 1 has registered pong
+//
+// register_factory / spawn_remote build actors on another node by name.
 //
 // Threads: the node's methods block the calling thread (they use a scoped
 // actor with the node's request timeout) and must not be called from inside
@@ -89,7 +99,9 @@ public:
   /// already running may still call it once.
   void remove_peer_lost_handler(std::uint64_t id);
 
-  /// Registers `handle` under `where` (its full place string).
+  /// Registers `handle` under `where` (its full place string). An actor
+  /// of this node stays registered until unregister_actor, or until stop(),
+  /// which stops it: a program need not stop its own actors.
   troupe::expected<void> register_actor(const place& where, const caf::actor& handle);
   troupe::expected<void> unregister_actor(const place& where);
 

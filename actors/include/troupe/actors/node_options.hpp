@@ -39,6 +39,10 @@ struct node_options {
   /// interfaces otherwise. The data plane's TCP lanes use the interface of
   /// this address (network_interface.hpp) unless UCX_NET_DEVICES is set.
   std::string listen_address;
+  /// A one-process job that no other process joins (world size 1): no
+  /// control-plane listener, no data plane and no shared arena, so the job
+  /// opens no socket at all (job::local()).
+  bool local_only = false;
 
   /// BASP heartbeats, on every node. A peer silent for `heartbeat_timeout`
   /// is declared lost; the timeout must exceed the time to drain the largest

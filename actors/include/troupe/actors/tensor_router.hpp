@@ -2,15 +2,20 @@
 // One way to send a tensor to a place, whichever plane carries it
 // (docs/design.md, "The two planes"). Every node owns one router (node::router()).
 //
-//   auto router = n->router();                        // std::shared_ptr, capture it in actors
-//   tensor_message m{meta, value, 0};
-//   auto ok = router->send(*place::parse("worker1/cpu/stage1"), std::move(m), on_done, my_trace_name);
-//   if (!ok) ...                                      // refused at once: lost peer, back-pressure
+// The sending side, and the destination actor, registered under its place
+// (spawn_remote or node::register_actor), which receives an ordinary actor
+// message.
+// From examples/ping_pong.cpp:
 //
-// and the destination actor, registered under its place (spawn_remote or
-// node::register_actor), receives an ordinary CAF message:
+//   auto router = n.router();
+//   ...
+//   job.must(router->send(pong, std::move(m), {}, name), "ping");
+//   ...
+//   return {[router, ping, name](const tensor_message& m) {
+//   tensor_receive_scope scope(name, m);
 //
-//   [=](const tensor_message& m) { tensor_receive_scope scope(my_trace_name, m); ... }
+// send() refuses at once (lost peer, back-pressure) rather than queueing
+// without bound; the optional callback reports when the send completed.
 //
 // Which plane:
 //   destination in this process  a local CAF message; the handler sees the same
@@ -99,8 +104,10 @@ struct tensor_router_options {
   std::string node_name;
   caf::actor registry;
   std::chrono::milliseconds request_timeout{10000};
-  /// TLS on: tensors go over CAF's encrypted connections, no data plane.
-  bool encrypted = false;
+  /// No data plane: tensors to other nodes go over CAF's connections
+  /// (encrypted when TLS is on, the reason to choose this), and a
+  /// one-process job opens no UCX listener.
+  bool without_data_plane = false;
   /// The data plane's settings (node name, token and on_receive are filled in).
   data_plane_options data_plane;
   /// Sends queued per node while it is being resolved (or in flight over TLS).

@@ -2,29 +2,31 @@
 // The trace recorder: what actor code and the data plane call to record
 // events (docs/design.md, "Tracing").
 //
-// Enabling. One recording session per process:
+// Enabling. One recording session per process (a node starts it when
+// TROUPE_TRACE_DIR is set, see start_from_environment below).
+// From tests/actors/trace_test.cpp:
 //
 //   trace::options opts;
-//   opts.directory = "/tmp/run1";          // writes trace-<node>-<pid>.bin there
-//   opts.node = "node0";
-//   if (auto ok = trace::start(opts); !ok) log(ok.error().to_string());
+//   opts.directory = dir.string();
+//   opts.node = "node a";
+//   ASSERT_TRUE(trace::start(opts));
 //   ...
-//   trace::stop();                          // flushes everything (also at exit)
+//   trace::stop();
 //
-// or `trace::start_from_environment("node0")`, which starts a session when
+// `trace::start_from_environment("node0")` starts a session when
 // TROUPE_TRACE_DIR is set (TROUPE_TRACE_MAX_BYTES overrides the memory cap).
 //
 // Recording. Names are interned once (actor names at spawn, message kinds
-// once per type) and records refer to them by a small id:
+// once per type) and records refer to them by a small id; the flow id
+// travels with the message, so the receiver's record matches the sender's.
+// From tests/actors/trace_test.cpp:
 //
-//   static const auto kind = trace::intern("forward");
-//   auto flow = trace::next_flow_id();            // travels with the message
-//   trace::message_sent(self_name, {kind, dest_name, n, flow});
-//   // on the receiver, with the flow id taken from the message:
-//   trace::message_received(self_name, {kind, sender_name, n, flow});
-//   { trace::handler_scope h(self_name, {kind, sender_name, n, flow, step, micro_batch}); ... }
-//   // data plane, around a transfer:
-//   auto t0 = trace::now_ns(); ...; trace::data_write(self_name, peer_name, n, flow, t0);
+//   auto forward = trace::intern("forward");
+//   auto flow = trace::next_flow_id();
+//   trace::message_sent(alice, {forward, bob, 1000, flow, 7, 2});
+//   trace::message_received(bob, {forward, alice, 1000, flow, 7, 2});
+//   trace::handler_scope h(bob, {forward, alice, 1000, flow, 7, 2});
+//   trace::data_write(bob, alice, 4096, flow, trace::now_ns() - 500);
 //
 // Cost and thread model. Every recording call is one relaxed load and a
 // branch while tracing is off. While on, a call appends one 64-byte record to

@@ -4,15 +4,23 @@
 // replicas average their gradients through a ring of reducer actors while
 // backward is still running.
 //
-//   auto group = parallel::reducer_group::join(node, {.rank = r, .places = reducer_places(names)});
-//   auto dp = parallel::data_parallel::create(model->named_parameters(), **group);
-//   optim::sgd opt(model->named_parameters(), {.lr = 0.05});
-//   for (...) {
-//     opt.zero_grad();
-//     auto loss = nn::mse_loss(model->forward(my_shard), my_targets);
-//     if (auto ok = (*dp)->backward(loss); !ok) { /* names the lost replica */ }
-//     opt.step();                               // same gradients everywhere
-//   }
+// From examples/data_parallel_demo.cpp:
+//
+//   auto model = recipe.model(); // every rank: the same model from the same seed
+//   auto dp = job.must(parallel::data_parallel::create(job, model->named_parameters(), {.buckets = {bucket_bytes}}));
+//   auto optimizer = recipe.optimizer(model->named_parameters());
+//   ...
+//   optimizer->zero_grad();
+//   auto loss = recipe.loss((*model)(autograd::variable(x)), y);
+//   job.must(dp->backward(loss), fmt::format("step {}", step.number()));
+//   optimizer->step();
+//
+// create(job, ...) makes every rank of the job a replica in one reducer
+// group of its own; create(parameters, group) takes a group the caller
+// joined (examples/parameter_server_demo.cpp makes its two trainers one).
+// Both return expected<std::unique_ptr<data_parallel>>. backward() returns
+// an error naming a lost replica; once it succeeds every replica holds the
+// same averaged gradients, so the optimizer steps agree.
 //
 // How it overlaps. The parameters are grouped into buckets (gradient_bucket.hpp,
 // reverse order of registration). A grad-ready hook on every parameter copies

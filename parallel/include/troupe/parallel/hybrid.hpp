@@ -6,8 +6,9 @@
 // From examples/hybrid_demo.cpp:
 //
 //   auto hybrid = job.must(parallel::hybrid_pipeline::create(
-//     job, {.replicas = std::size_t(replicas), .split = split, .schedule = parallel::schedule_named(schedule),
-//           .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
+//     job, {.replicas = std::size_t(replicas),
+//           .pipeline = {.split = split, .schedule = parallel::schedule_named(schedule),
+//                        .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}}));
 //
 // train_step takes the whole batch. With 4 processes and 2
 // replicas, replica 0 is ranks 0 and 1 (stage 0, stage 1), replica 1 ranks
@@ -31,36 +32,31 @@
 #include <string>
 #include <vector>
 
-#include "troupe/actors/node.hpp"
+#include "troupe/actors/fwd.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
 
 namespace troupe::parallel {
 
 struct hybrid_options {
-  /// What every process builds (register_stage_factory with the same recipe
-  /// on every node that hosts a stage, this one included).
-  stage_recipe recipe{};
-  /// [replica][stage] places ("<node>/<device>"); at least two replicas,
-  /// every replica with the same number of stages.
-  std::vector<std::vector<std::string>> places{};
   /// With `places` empty (create from a job): the job's ranks cut into this
   /// many replicas of consecutive ranks, replica k's stage s on rank
   /// k * stages + s.
   std::size_t replicas = 0;
-  /// Stages' layers; empty: an even split.
-  partition split{};
-  schedule_kind schedule = schedule_kind::one_f_one_b;
-  std::size_t micro_batches = 1;
-  std::vector<double> micro_batch_shares{}; ///< as pipeline_options's
-  rematerialization remat = rematerialization::never;
-  bool defer_weight_gradients = true;          ///< as pipeline_options's
-  bool fill_idle_with_weight_gradients = true; ///< as pipeline_options's
-  /// As pipeline_options's: train_step returns before the stages' updates
-  /// (and so before their gradient averaging) are done; synchronize()
-  /// waits for them.
-  bool overlap_update = false;
-  std::chrono::milliseconds timeout{30000};
+  /// [replica][stage] places ("<node>/<device>"); at least two replicas,
+  /// every replica with the same number of stages.
+  std::vector<std::vector<std::string>> places{};
+  /// The pipeline every replica runs: split, schedule, micro-batches,
+  /// rematerialization, deferral, overlap_update, timeout. Its model,
+  /// optimizer and loss come from `recipe`, its places from `places` (leave
+  /// them unset). With overlap_update, train_step returns before the
+  /// stages' updates (and so before their gradient averaging) are done;
+  /// synchronize() waits for them.
+  pipeline_options pipeline{};
+  /// What every process builds (register_stage_factory with the same recipe
+  /// on every node that hosts a stage, this one included); from a job: the
+  /// job's recipe when this one has no model.
+  stage_recipe recipe{};
   /// Gradient bucket cap of each stage's data parallelism.
   std::size_t bucket_bytes = bucket_options{}.bucket_bytes;
 };
@@ -69,10 +65,10 @@ class hybrid_pipeline {
 public:
   /// Validates the layout (usage_error naming the value) and creates the
   /// replicas' pipelines.
-  static expected<std::unique_ptr<hybrid_pipeline>> create(actors::node& node, hybrid_options options);
+  static expected<hybrid_pipeline> create(actors::node& node, hybrid_options options);
   /// Over the job's processes: the recipe from job::host_stages when
   /// `options.recipe` has no model, places from `replicas` when empty.
-  static expected<std::unique_ptr<hybrid_pipeline>> create(troupe::job& job, hybrid_options options);
+  static expected<hybrid_pipeline> create(troupe::job& job, hybrid_options options);
 
   /// One synchronous step on the whole batch, cut into equal shards (rows a
   /// multiple of the replicas, each shard at least `micro_batches` rows, or
@@ -85,11 +81,11 @@ public:
   expected<void> synchronize();
 
   std::size_t replicas() const noexcept { return replicas_.size(); }
-  pipeline& replica(std::size_t k) { return *replicas_.at(k); }
+  pipeline& replica(std::size_t k) { return replicas_.at(k); }
 
 private:
   hybrid_pipeline() = default;
-  std::vector<std::unique_ptr<pipeline>> replicas_;
+  std::vector<pipeline> replicas_;
 };
 
 } // namespace troupe::parallel

@@ -4,9 +4,16 @@
 // the NCCL unique id through actor messages, and reduces device buffers with
 // NCCL on its own stream).
 //
-//   auto group = reducer_group::join(node, o);                     // the actor ring
-//   auto nccl = nccl_communicator::create(**group, {.where = device::cuda(local_rank)});
-//   auto ok = (*nccl)->allreduce(gradients, reduce_op::average);   // gradients on cuda:N
+// Each rank creates its communicator from its reducer_group (the actor
+// ring, reducer_group.hpp) and the CUDA device it reduces on; the test runs
+// rank k as a thread on cuda:k.
+// From tests/parallel/nccl_communicator_test.cpp:
+//
+//   auto c = nccl_communicator::create(*ring.groups[k], {.where = device::cuda(static_cast<std::int32_t>(k)),
+//                                                        .timeout = 30000ms});
+//   ...
+//   data[k] = input(k, count, type).to(device::cuda(static_cast<std::int32_t>(k)));
+//   auto ok = comms_[k]->allreduce(data[k], op);
 //
 // Built only when CMake found CUDA and NCCL (the macro TROUPE_HAVE_NCCL is
 // then defined for every user of troupe::parallel); NCCL's and CUDA's types

@@ -4,19 +4,31 @@
 // embedding-bag semantics and updated from sparse row gradients by an
 // optimizer whose state lives on the server.
 //
-// From examples/parameter_server_demo.cpp (master, one server, two trainers):
+// examples/parameter_server_demo.cpp runs a master (rank 0), one server
+// (rank 1) holding the table "emb" (100 rows of 16, SGD with lr 0.05) and
+// two trainers (ranks 2 and 3) whose dense layer `fc` is data parallel.
+// From examples/parameter_server_demo.cpp:
 //
-//   parallel::parameter_server_options ps;
-//   ps.tables = {{.name = "emb", .rows = 100, .dim = 16, .optimizer = {.lr = 0.05}}};
 //   ps.servers = {job.places()[1]};
 //   ps.trainers = {job.places()[2], job.places()[3]};
-//   if (job.rank() == 1) { auto server = job.must(parallel::parameter_server::host(job, ps)); return job.serve(); }
-//   auto client = job.must(parallel::parameter_client::connect(job, ps));
-//   parallel::remote_embedding_bag emb(*client, "emb", bag_mode::sum);
 //   ...
-//   auto y = fc(emb(ids, offsets));                 // lookup on the servers, pooled there
-//   dp->backward(loss);                             // dense grads averaged, sparse rows recorded
-//   optimizer.step();                               // distributed_optimizer: local step + rows pushed to their shards
+//   auto server = job.must(parallel::parameter_server::host(job, ps), "parameter server");
+//   ...
+//   auto client = job.must(parallel::parameter_client::connect(job, ps), "parameter client");
+//   ...
+//   parallel::remote_embedding_bag emb(*client, "emb", bag_mode::sum);
+//   parallel::distributed_optimizer optimizer(std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}),
+//                                             {client.get()});
+//   ...
+//   loss = autograd::cross_entropy((*fc)(emb(b.ids, b.offsets)), b.targets);
+//   job.must(dp->backward(loss), fmt::format("step {}", step));
+//   job.must(optimizer.step(), fmt::format("step {}", step));
+//
+// The server rank then serves (job.serve()). emb(ids, offsets) is looked up
+// on the servers and pooled there; backward averages the dense gradients
+// (data_parallel.hpp) and records the sparse rows; the distributed
+// optimizer's step() takes the local step and pushes the rows to their
+// shards.
 //
 // Each server shard is an actor: one thread owning its rows and optimizer
 // state, fed by the node's router (requests arrive from the data plane's

@@ -3,12 +3,18 @@
 // balance list or split points) or by profiling every layer and choosing the
 // split that minimises the slowest stage within each place's memory cap.
 //
-//   auto profile = parallel::profile_layers(*model, sample);          // per-layer costs
-//   auto split = parallel::balance_by_profile(profile, {.stages = 4});
-//   if (!split) ...                                                   // no split fits the caps
-//   fmt::print("{}", parallel::to_string(*split));
-//   // stage 0: layers [0, 3), predicted 1.204 ms, 2.1 MiB
-//   // ...
+// From tests/parallel/partition_test.cpp:
+//
+//   auto profile = profile_layers(*model, sample, profiling);
+//   ...
+//   auto split = balance_by_profile(profile, stages_of(2));
+//   ASSERT_TRUE(split.has_value());
+//   EXPECT_EQ(split->end(0), 2u) << to_string(*split);
+//
+// profile_layers measures each layer's costs; stages_of(2) is a
+// balance_options with two stages. When no split fits the memory caps,
+// balance_by_profile returns an error instead. to_string prints a line per
+// stage: "stage 0: layers [0, 5), predicted 12.000 ms, 1.0 KiB".
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -11,11 +11,18 @@
 //           .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
 //   for (auto step : job.steps(steps)) {
 //     auto [x, y] = corpus.batch(data, batch, seq);
-//     step.report(job.must(pipe->train_step(x, y), fmt::format("step {}", step.number())), batch);
+//     step.report(job.must(pipe.train_step(x, y), fmt::format("step {}", step.number())), batch);
 //   }
 //
-// In one process, create(caf::actor_system&, options) with places that name
-// the stages ("worker0/cpu") runs them as local actors (the tests do).
+// In one process (tests, a program without other ranks), a local job and
+// `in_this_process` run every stage as an actor of this process.
+// From tests/parallel/pipeline_test.cpp:
+//
+//   troupe::job job_ = troupe::job::local().value();
+//   ...
+//   o.in_this_process = true;
+//   ...
+//   auto p = pipeline::create(job_, std::move(o));
 //
 // A step is synchronous: the batch is cut into micro-batches along dim 0,
 // gradients accumulate over all of them (micro-batch j weighted by b_j / B),
@@ -23,15 +30,14 @@
 // equal single-process training on the whole batch (up to float summation
 // order).
 //
-// Placement. Without `options.node` every stage runs in the calling process
+// Placement. With `in_this_process` every stage runs in the calling process
 // (local actors, tensors shared by reference) and places only name the
-// stages ("worker0/cpu/stage1"). With a node (remote.hpp), each stage is
+// stages ("worker0/cpu/stage1"). Otherwise (remote.hpp) each stage is
 // spawned on its place's node by the "troupe.pipeline_stage" factory — every
 // process builds the same model from the same seed and keeps its slice —
 // and tensors travel through the nodes' tensor routers; control messages
-// (begin, losses, completions, apply) stay on CAF. Stage code sends tensors
-// only through a `tensor_sender` (stage.hpp), so it is the same code either
-// way.
+// (begin, losses, completions, apply) stay on the control plane. Stage code
+// sends tensors through one interface either way.
 //
 // Failure. Every wait has `options.timeout`; a stage that dies (its actor
 // exits, its process is killed: CAF's down message) or reports an error, or
@@ -40,23 +46,20 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include <caf/actor.hpp>
-#include <caf/fwd.hpp>
-
 #include "troupe/actors/fwd.hpp"
-#include "troupe/actors/place.hpp"
-#include "troupe/actors/trace.hpp"
 #include "troupe/autograd/nn/sequential.hpp"
 #include "troupe/autograd/optim/adam.hpp"
+#include "troupe/autograd/optim/optimizer.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/parallel/gradient_bucket.hpp"
 #include "troupe/parallel/partition.hpp"
 #include "troupe/parallel/schedule.hpp"
-#include "troupe/parallel/stage.hpp"
 #include "troupe/tensor/expected.hpp"
 
 namespace troupe {
@@ -64,6 +67,48 @@ class job;
 }
 
 namespace troupe::parallel {
+
+/// The mean loss of one micro-batch: output of the last stage and the
+/// micro-batch's targets. The pipeline weights micro-batch j by b_j / B, so
+/// its gradients and loss equal those of the full batch's mean loss.
+using loss_function =
+  std::function<autograd::variable(const autograd::variable& output, const tensor& target)>;
+
+/// Builds an optimizer over a stage's named parameters (the names of the
+/// whole model, so optimizer state maps back onto the full model).
+using optimizer_factory =
+  std::function<std::unique_ptr<optim::optimizer>(optim::named_variables parameters)>;
+
+/// When a stage recomputes its forward in backward (activation
+/// checkpointing) instead of stashing every layer's output.
+enum class rematerialization : std::uint8_t {
+  never,
+  always,
+  all_but_last_stage, ///< the last stage runs backward right after forward: nothing to save
+};
+
+/// A stage's statistics of the last step, and totals.
+struct stage_stats {
+  /// The most bytes of activations held at once for in-flight micro-batches:
+  /// each stashed micro-batch's input and every layer output its graph keeps
+  /// (only input and output with recomputation).
+  std::uint64_t peak_stashed_bytes = 0;
+  /// The most bytes held at once for deferred weight gradients (each
+  /// micro-batch's layer inputs and output gradients until the step's last
+  /// backward; 0 without deferral).
+  std::uint64_t peak_deferred_bytes = 0;
+  std::uint64_t peak_in_flight = 0;
+  /// Time spent computing (forward, backward, optimizer) in the last step.
+  double busy_ms = 0;
+  /// The part of busy_ms spent on weight gradients computed while the stage
+  /// had no forward or backward to run (fill_idle_with_weight_gradients).
+  double fill_ms = 0;
+  /// busy_ms and fill_ms summed over every step since the stage began:
+  /// with overlap_update, the difference across a run of steps measures
+  /// them without waiting for each step's updates.
+  double total_busy_ms = 0;
+  double total_fill_ms = 0;
+};
 
 /// Rows of each micro-batch of a `batch`-row batch: `micro_batches` equal
 /// parts (the first batch % m one row larger) without shares, else parts
@@ -96,8 +141,6 @@ struct pipeline_replication {
   /// pipeline_options::places. Stage s of replica k keeps its reducer at
   /// `<places[k][s]>/r<k>.stage<s>.reducer`.
   std::vector<std::vector<std::string>> places;
-  /// In one process (no pipeline_options::node): the node the reducers use.
-  actors::node* node = nullptr;
   std::size_t bucket_bytes = bucket_options{}.bucket_bytes;
 };
 
@@ -159,10 +202,11 @@ struct pipeline_options {
   /// Bound on every wait of train_step and forward (the time between two
   /// progress messages, not for the whole step).
   std::chrono::milliseconds timeout{30000};
-  /// Cross-process: this process's node (it must outlive the pipeline).
-  /// Stages are spawned on their places' nodes, which must have the stage
-  /// factory registered (remote.hpp, register_stage_factory).
-  actors::node* node = nullptr;
+  /// Every stage is an actor of this process, whatever its place (places
+  /// only name the stages; with `places` empty, every stage on the job's
+  /// first place). Off: each stage is spawned on its place's node, which
+  /// must have the stage factory registered (remote.hpp; the job does it).
+  bool in_this_process = false;
   /// Prefix of the stage names ("<name>.stage1"), so that several pipelines
   /// can have stages on one node; empty: "stage1".
   std::string name{};
@@ -176,21 +220,22 @@ std::vector<double> per_micro_batch_ms(const std::vector<stage_stats>& stats, st
 
 class pipeline {
 public:
-  /// Validates the options (usage_error with a message naming the value:
-  /// places vs partition size, a partition that does not cover the model,
-  /// missing optimizer or loss) and spawns the stages. Errors from the
-  /// runtime (a stage that does not answer its wiring) are values.
-  static expected<std::unique_ptr<pipeline>> create(caf::actor_system& system,
-                                                    pipeline_options options);
   /// A pipeline over the job's processes: what `options` leaves unset comes
   /// from the job — the model, optimizer and loss from its stage recipe
-  /// (job::host_stages), one stage per rank in rank order.
-  static expected<std::unique_ptr<pipeline>> create(troupe::job& job, pipeline_options options);
+  /// (job::host_stages), one stage per rank in rank order. Validates the
+  /// options (usage_error with a message naming the value: places vs
+  /// partition size, a partition that does not cover the model, missing
+  /// optimizer or loss) and starts the stages; runtime errors (a stage that
+  /// does not answer) are values. The job stops the pipeline at finish().
+  static expected<pipeline> create(troupe::job& job, pipeline_options options);
+  /// The same on a node of the program's own (`node` outlives the pipeline);
+  /// nothing comes from a job.
+  static expected<pipeline> create(actors::node& node, pipeline_options options);
 
-  /// Stops the stages.
+  /// Stops the stages (waiting for their last updates first).
   ~pipeline();
-  pipeline(const pipeline&) = delete;
-  pipeline& operator=(const pipeline&) = delete;
+  pipeline(pipeline&&) noexcept;
+  pipeline& operator=(pipeline&&) noexcept;
 
   /// One synchronous training step on a batch; returns the batch's mean loss.
   /// Throws usage_error for inputs and targets whose batch sizes differ or
@@ -214,58 +259,18 @@ public:
   /// held in other processes with a reference without moving them.
   expected<std::vector<double>> parameter_digests();
 
-  std::size_t stages() const noexcept { return stages_.size(); }
-  const partition& split() const noexcept { return options_.split; }
-  /// The stage's actor (tests kill it to check failure handling).
-  const caf::actor& stage_actor(std::size_t index) const { return stages_.at(index); }
+  std::size_t stages() const noexcept;
+  const partition& split() const noexcept;
   /// "worker0/cpu/stage1".
-  const std::string& stage_name(std::size_t index) const { return names_.at(index); }
-  std::uint64_t steps() const noexcept { return step_; }
+  const std::string& stage_name(std::size_t index) const;
+  std::uint64_t steps() const noexcept;
 
 private:
   friend class hybrid_pipeline;
-  /// Stops the stages and frees their names: the destructor's work, also
-  /// run by the job's finish() when the pipeline outlives it. Idempotent.
-  void shutdown();
-  /// Has the job stop this pipeline at its finish().
-  void stop_with(troupe::job& job);
-  troupe::job* job_ = nullptr;
-  std::uint64_t finish_hook_ = 0;
-  bool shut_down_ = false;
-  pipeline(caf::actor_system& system, pipeline_options options);
-  expected<void> start();
-  /// Per stage, every replica's reducer place (empty without replication).
-  std::vector<std::vector<std::string>> replica_rings() const;
-  /// Waits for the replies of `step` (0: none, only the previous step's
-  /// updates still running); fills `losses`.
-  expected<void> await_step(std::uint64_t step, std::vector<double>& losses);
-  expected<void> fail(troupe::error err);
-  /// What stats() and parameter_digests() wait for first: synchronize(),
-  /// whose failure they report, unless the pipeline had already failed.
-  expected<void> ready_for_query();
-  /// A tensor from the driver to stage `index` (local send or the sender).
-  expected<void> send_to_stage(std::size_t index, actors::tensor_message message);
-
-  struct driver;
-  caf::actor_system& system_;
-  pipeline_options options_;
-  std::unique_ptr<driver> driver_;
-  std::vector<caf::actor> stages_;
-  std::vector<std::string> names_;
-  std::vector<actors::place> places_;
-  actors::place driver_place_;
-  trace::name_id driver_trace_;
-  /// With a node: the driver's sends through its router.
-  tensor_sender sender_;
-  std::uint64_t peer_lost_handler_ = 0;
-  std::vector<trace::name_id> stage_traces_;
-  std::uint64_t step_ = 0;
-  /// overlap_update: the step whose optimizer updates are still running
-  /// (0: none) and how many stages reported theirs so far.
-  std::uint64_t updating_step_ = 0;
-  std::size_t updates_seen_ = 0;
-  /// Set once a step failed: the stages' state is no longer consistent.
-  std::optional<troupe::error> broken_;
+  friend struct pipeline_access;
+  struct state;
+  explicit pipeline(std::unique_ptr<state> st);
+  std::unique_ptr<state> state_;
 };
 
 } // namespace troupe::parallel

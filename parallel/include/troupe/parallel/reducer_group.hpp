@@ -3,11 +3,18 @@
 // owns one reducer, registered under `<node>/cpu/<prefix><rank>`, and the
 // ring is rank order: rank r receives from r-1 and sends to r+1 (mod N).
 //
-//   reducer_group_options o;
-//   o.rank = 1;
-//   o.places = {"worker0/cpu/reducer0", "worker1/cpu/reducer1"};  // every member, by rank
-//   auto group = reducer_group::join(node, o);                      // waits until all are registered
-//   auto ok = ring_allreduce((*group), gradients, {.op = reduce_op::average});
+// Every member joins with its rank and the places of all members, by rank
+// (places_for(2) is reducer_places({"worker0", "worker1"}), that is
+// "worker0/cpu/reducer0" and "worker1/cpu/reducer1"); join waits until all
+// are registered and returns expected<std::unique_ptr<reducer_group>>.
+// From tests/parallel/collectives_test.cpp:
+//
+//   auto group = reducer_group::join(*c.coordinator,
+//                                    {.rank = 0, .places = places_for(2), .timeout = 3000ms, .same_host = path});
+//   ...
+//   auto ok = ring_allreduce(**group, data);
+//
+// ring_allreduce sums by default; {.op = reduce_op::average} averages.
 //
 // The collectives (ring_allreduce.hpp, reduce_scatter.hpp, all_gather.hpp,
 // broadcast.hpp; collectives.hpp includes them all) run on the calling thread

@@ -12,12 +12,12 @@
 //           parallel::adam_factory({.lr = 3e-3, .weight_decay = 0.01}, true),
 //
 // job.host_stages registers the factory (register_stage_factory); a program
-// with a node of its own calls register_stage_factory and remote_options.
+// with a node of its own calls register_stage_factory and
+// pipeline_options_from.
 #include <functional>
 #include <memory>
 
-#include "troupe/actors/node.hpp"
-#include "troupe/actors/tensor_router.hpp"
+#include "troupe/actors/fwd.hpp"
 #include "troupe/parallel/pipeline.hpp"
 
 namespace troupe::parallel {
@@ -31,16 +31,13 @@ struct stage_recipe {
   loss_function loss;
 };
 
-/// Sends through `router` to the endpoint's place (its handle is unused).
-/// `sender_name` names the sending actor in traces ("worker0/cpu/stage1").
-tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router, std::string_view sender_name = {});
-
 /// Registers the "troupe.pipeline_stage" factory on `node`. Call it on every
 /// node that may host a stage, before the driver creates the pipeline.
 void register_stage_factory(actors::node& node, stage_recipe recipe);
 
-/// Pipeline options for stages on the job's nodes: `node` set, the model (for the partition) built from the recipe, and the
-/// recipe's optimizer and loss. Set places, split, schedule and micro-batches.
-pipeline_options remote_options(actors::node& node, const stage_recipe& recipe);
+/// Pipeline options with the recipe's model (built here, for the
+/// partition), optimizer and loss. Set places, split, schedule and
+/// micro-batches, then pipeline::create(node, options).
+pipeline_options pipeline_options_from(const stage_recipe& recipe);
 
 } // namespace troupe::parallel

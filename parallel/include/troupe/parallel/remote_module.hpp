@@ -8,17 +8,31 @@
 // accumulate where they live) and returns the input's gradient, so
 // gradients keep flowing into whatever produced the input on the caller.
 //
-//   parallel::remote_module_options m;
-//   m.name = "dense";
-//   m.place = job.places()[1];                             // hosted on rank 1
-//   m.callers = {job.places()[2], job.places()[3]};
-//   m.factory = [] { return std::make_shared<nn::linear>(16, 8, 1); };
-//   m.optimizer = parallel::sgd_factory({.lr = 0.05});
-//   if (job.rank() == 1) { auto host = job.must(parallel::remote_module_host::host(job, m)); return job.serve(); }
-//   auto dense = job.must(parallel::remote_module::connect(job, m));
-//   auto y = (*dense)(x);                                  // an autograd variable, as from a local module
-//   ... backward ...
-//   parallel::distributed_optimizer opt(std::move(local_optimizer), {dense.get()});  // steps it where it lives
+// The test hosts a module named "head" (its options list both callers'
+// places in `o.callers`) and connects its two callers, all in one process.
+// From tests/parallel/remote_module_test.cpp:
+//
+//   o.place = "worker0/cpu";
+//   ...
+//   o.factory = make_head;
+//   o.optimizer = sgd_factory({.lr = 0.1});
+//   ...
+//   auto h = std::async(std::launch::async, [&] { return remote_module_host::host(node, o); });
+//   ...
+//   auto c = remote_module::connect(node, o, i);
+//   ...
+//   distributed_optimizer opt(std::make_unique<optim::sgd>(pre[i]->named_parameters(), optim::sgd_options{.lr = 0.1}),
+//                             {m.callers[i].get()});
+//   ...
+//   auto loss = autograd::mse_loss((*m.callers[i])((*pre[i])(autograd::variable(xs[i][s]))), autograd::variable(ys[i][s]));
+//   autograd::backward(loss);
+//   ASSERT_TRUE(opt.step());
+//
+// In a job, the rank at `place` calls remote_module_host::host(job, o) and
+// serves, and each caller calls remote_module::connect(job, o). A call
+// returns an autograd variable, as a local module does; backward sends the
+// gradient to the host, and the distributed optimizer steps the module
+// where it lives together with the caller's own parameters.
 //
 // Steps are synchronous: the host applies its optimizer for step t once
 // every caller's step() for t arrived (gradients averaged over the callers

@@ -6,11 +6,11 @@
 // `register_backend` and every op reaches it without a change to callers.
 //
 // Conventions shared by every kernel:
-// - operands are on this backend's device and have the dtypes the op
-//   checked (float32/float64 unless said otherwise; index tensors int64);
-// - inputs may be arbitrary strided views (including stride-0 broadcasts)
-//   unless a kernel says "contiguous"; outputs are written in place;
-// - kernels are single-threaded and deterministic: the same inputs and
+// - Operands are on this backend's device and have the dtypes the op
+//   checked (float32/float64 unless said otherwise, index tensors int64).
+// - Inputs may be arbitrary strided views (including stride-0 broadcasts)
+//   unless a kernel says "contiguous". Outputs are written in place.
+// - Kernels are single-threaded and deterministic: the same inputs and
 //   shapes give bitwise the same result (distributed runs compare against
 //   local ones).
 #include <cstddef>

@@ -1,5 +1,6 @@
 #pragma once
-// A pipeline stage: one actor owning a contiguous slice of the model, an
+// A pipeline stage (internal: the pipeline's driver and the stage factory
+// spawn it): one actor owning a contiguous slice of the model, an
 // optimizer over the slice's parameters, and the stash of every in-flight
 // micro-batch's graph (docs/design.md, "Actors and how a training step flows").
 //
@@ -53,6 +54,7 @@
 #include "troupe/autograd/nn/sequential.hpp"
 #include "troupe/autograd/optim/optimizer.hpp"
 #include "troupe/parallel/gradient_bucket.hpp"
+#include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/schedule.hpp"
 #include "troupe/tensor/expected.hpp"
 
@@ -69,17 +71,6 @@ using loss_atom = caf::atom_constant<caf::atom("p_loss")>;
 using micro_batch_done_atom = caf::atom_constant<caf::atom("p_mbdone")>;
 using stage_failed_atom = caf::atom_constant<caf::atom("p_failed")>;
 
-/// The mean loss of one micro-batch: output of the last stage and the
-/// micro-batch's targets. The pipeline weights micro-batch j by b_j / B, so
-/// its gradients and loss equal those of the full batch's mean loss.
-using loss_function =
-  std::function<autograd::variable(const autograd::variable& output, const tensor& target)>;
-
-/// Builds an optimizer over a stage's named parameters (the names of the
-/// whole model, so optimizer state maps back onto the full model).
-using optimizer_factory =
-  std::function<std::unique_ptr<optim::optimizer>(optim::named_variables parameters)>;
-
 /// A neighbour of a stage: where it lives and (when known) its handle.
 struct stage_endpoint {
   std::size_t index = 0;
@@ -94,18 +85,14 @@ struct stage_endpoint {
 /// recorded once whichever plane carries it.
 using tensor_sender = std::function<expected<void>(const stage_endpoint& to, actors::tensor_message message)>;
 
+/// Sends through `router` to the endpoint's place (its handle is unused).
+/// `sender_name` names the sending actor in traces ("worker0/cpu/stage1").
+tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router, std::string_view sender_name = {});
+
 /// Sends with a local CAF message to `to.handle` (zero copy in process;
 /// CAF's own serialization when the handle is remote); `sender_name` names
 /// the sending actor in traces.
 tensor_sender local_tensor_sender(std::string_view sender_name = {});
-
-/// When a stage recomputes its forward in backward (activation
-/// checkpointing) instead of stashing every layer's output.
-enum class rematerialization : std::uint8_t {
-  never,
-  always,
-  all_but_last_stage, ///< the last stage runs backward right after forward: nothing to save
-};
 
 /// A replicated stage (pipeline x data parallel): the stage's replicas form
 /// a reducer ring, and the stage averages its gradients with them
@@ -179,28 +166,7 @@ expected<stage_spec> stage_spec_from(const caf::message& message);
 /// The spec's ring, split and validated (empty when not replicated).
 expected<std::vector<std::string>> ring_places(const stage_spec& spec);
 
-/// Statistics of the last step (reset by p_begin), and totals.
-struct stage_stats {
-  /// The most bytes of activations held at once for in-flight micro-batches:
-  /// each stashed micro-batch's input and every layer output its graph keeps
-  /// (only input and output with recomputation).
-  std::uint64_t peak_stashed_bytes = 0;
-  /// The most bytes held at once for deferred weight gradients (each
-  /// micro-batch's layer inputs and output gradients until the step's last
-  /// backward; 0 without deferral).
-  std::uint64_t peak_deferred_bytes = 0;
-  std::uint64_t peak_in_flight = 0;
-  /// Time spent computing (forward, backward, optimizer) in the last step.
-  double busy_ms = 0;
-  /// The part of busy_ms spent on weight gradients computed while the stage
-  /// had no forward or backward to run (fill_idle_with_weight_gradients).
-  double fill_ms = 0;
-  /// busy_ms and fill_ms summed over every step since the stage began:
-  /// with overlap_update, the difference across a run of steps measures
-  /// them without waiting for each step's updates.
-  double total_busy_ms = 0;
-  double total_fill_ms = 0;
-};
+/// stage_stats (pipeline.hpp): of the last step, reset by p_begin.
 
 /// The stage actor's behaviour; spawn it detached:
 ///   sys.spawn<caf::detached>(stage_actor, std::make_shared<stage_options>(...))

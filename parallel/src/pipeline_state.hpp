@@ -1,0 +1,90 @@
+#pragma once
+// The pipeline's driver state behind parallel::pipeline (pipeline.hpp):
+// the stage actors, the blocking actor through which the calling thread
+// talks to them, and the step bookkeeping. Internal: the public header
+// holds no CAF type.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+
+#include "stage.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/place.hpp"
+#include "troupe/actors/trace.hpp"
+#include "troupe/parallel/pipeline.hpp"
+
+namespace troupe::parallel {
+
+struct pipeline::state {
+  /// Checks the options (usage_error naming the value) and fills the
+  /// partition when it is empty.
+  static void validate(pipeline_options& options);
+
+  state(actors::node& node, pipeline_options options);
+  /// Forgets the job's finish hook and stops the stages.
+  ~state();
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+
+  /// Spawns and wires the stages.
+  expected<void> start();
+  expected<double> train_step(const tensor& inputs, const tensor& targets);
+  expected<tensor> forward(const tensor& inputs);
+  expected<void> synchronize();
+  expected<std::vector<stage_stats>> stats();
+  expected<std::vector<double>> parameter_digests();
+
+  /// Stops the stages and frees their names: the destructor's work, also
+  /// run by the job's finish() when the pipeline outlives it. Idempotent.
+  void shutdown();
+  /// Has the job stop this pipeline at its finish().
+  void stop_with(troupe::job& job);
+
+  /// Per stage, every replica's reducer place (empty without replication).
+  std::vector<std::vector<std::string>> replica_rings() const;
+  /// Waits for the replies of `step` (0: none, only the previous step's
+  /// updates still running); fills `losses`.
+  expected<void> await_step(std::uint64_t step, std::vector<double>& losses);
+  expected<void> fail(troupe::error err);
+  /// What stats() and parameter_digests() wait for first: synchronize(),
+  /// whose failure they report, unless the pipeline had already failed.
+  expected<void> ready_for_query();
+  /// A tensor from the driver to stage `index` (local send or the sender).
+  expected<void> send_to_stage(std::size_t index, actors::tensor_message message);
+
+  struct driver;
+  actors::node& node_;
+  pipeline_options options_;
+  troupe::job* job_ = nullptr;
+  std::uint64_t finish_hook_ = 0;
+  bool shut_down_ = false;
+  std::unique_ptr<driver> driver_;
+  std::vector<caf::actor> stages_;
+  std::vector<std::string> names_;
+  std::vector<actors::place> places_;
+  actors::place driver_place_;
+  trace::name_id driver_trace_;
+  /// Across processes: the driver's sends through its router.
+  tensor_sender sender_;
+  std::uint64_t peer_lost_handler_ = 0;
+  std::vector<trace::name_id> stage_traces_;
+  std::uint64_t step_ = 0;
+  /// overlap_update: the step whose optimizer updates are still running
+  /// (0: none) and how many stages reported theirs so far.
+  std::uint64_t updating_step_ = 0;
+  std::size_t updates_seen_ = 0;
+  /// Set once a step failed: the stages' state is no longer consistent.
+  std::optional<troupe::error> broken_;
+};
+
+/// What tests reach behind the public surface.
+struct pipeline_access {
+  /// Stage `index`'s actor (tests kill it to check failure handling).
+  static caf::actor stage_actor(const pipeline& p, std::size_t index) { return p.state_->stages_.at(index); }
+};
+
+} // namespace troupe::parallel
