@@ -21,16 +21,16 @@ done
 # Values are checked, not read with atoi (which made 'x' a zero).
 for b in "$@"; do
   case $(basename "$b") in
-    gemm|codec|mlp_step|elementwise|ops) expect 2 "\-\-rounds: 'x' is not an integer" -- "$b" --rounds=x ;;
-    pipeline) expect 2 "\-\-processes: '3' is not an integer in \[1, 2\]" -- "$b" --processes=3 ;;
+    gemm|codec|mlp_step|elementwise|ops) expect 2 "\-\-rounds is 'x' but must be an integer" -- "$b" --rounds=x ;;
+    pipeline) expect 2 "\-\-processes is '3' but must be an integer in \[1, 2\]" -- "$b" --processes=3 ;;
     data_parallel) expect 2 "\-\-replicas: '0' is not a positive integer" -- "$b" --replicas=2,0 ;;
-    allreduce) expect 2 "\-\-chunk-kib: '-1'" -- "$b" --chunk-kib=-1
-               expect 2 "\-\-pass-kib: '1'" -- "$b" --pass-kib=1
+    allreduce) expect 2 "\-\-chunk-kib is '-1' but must be an integer" -- "$b" --chunk-kib=-1
+               expect 2 "\-\-pass-kib is '1' but must be an integer in \[4," -- "$b" --pass-kib=1
                expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest ;;
     gpt_step) expect 2 "\-\-models: 'gpt2' is not one of" -- "$b" --models=gpt,gpt2
               expect 2 "\-\-device: 'cuda:1' is not cpu or cuda:0" -- "$b" --device=cuda:1
               expect 2 "\-\-drift-steps: '50' must be 0 (off) or at least 200" -- "$b" --drift-steps=50 ;;
-    transport) expect 2 "\-\-rounds: '1e9'" -- "$b" --rounds=1e9 ;;
+    transport) expect 2 "\-\-rounds is '1e9' but must be an integer" -- "$b" --rounds=1e9 ;;
   esac
 done
 [[ $fail -eq 0 ]] && echo "OK: $# benchmarks check their command lines"
