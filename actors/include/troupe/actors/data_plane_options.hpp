@@ -58,14 +58,14 @@ struct data_plane_options {
   /// Rendezvous sends per peer handed to UCX and not yet completed (the
   /// receiver has not pulled the payload yet); more wait in the queue even
   /// when the credit window has room. Over tcp on two cores 4 outran 64 at
-  /// 1 MiB (data_plane.cpp, "Measured"). 0: no limit beyond the window.
+  /// 1 MiB (docs/performance.md, "Data plane transport"). 0: no limit beyond the window.
   std::size_t max_rendezvous_in_flight = 4;
   /// After the last piece of work, keep progressing the worker this long
   /// (yielding the core to any other runnable thread between polls) before
   /// sleeping in epoll; owed acks go back when the spin ends. A reply that
   /// comes back within it is not delayed by waking a sleeping thread: over
   /// tcp the median round trip went from 49-70 to 27-41 us, p99 from 70-128
-  /// to 48-67 us (data_plane.cpp, "Measured"); pipeline throughput was
+  /// to 48-67 us (docs/performance.md, "Data plane transport"); pipeline throughput was
   /// unchanged. 0: sleep at once (no CPU spent when idle, slower replies).
   std::chrono::microseconds spin_before_sleep{50};
   /// The same poll, for as long as a rendezvous transfer (a large payload
