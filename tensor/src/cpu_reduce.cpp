@@ -1,5 +1,7 @@
 // CPU row reductions and softmax. Sums go through row_sum (cpu_backend.hpp),
-// whose order depends only on the row length.
+// whose order depends only on the row length; softmax goes to the AVX2 row
+// kernels of cpu_vector_math.hpp where the CPU has them, and the loops
+// below are its scalar path (TROUPE_VECTOR_MATH=off).
 #include <algorithm>
 #include <cmath>
 
@@ -15,13 +17,8 @@ template <class T> bool is_nan(T x) {
   return x != x; // NOLINT: true only for floating NaN
 }
 
-/// y[j] = exp(y[j]) over a contiguous row, with the vector exp where the
-/// CPU has it (cpu_vector_math.hpp), as the elementwise exp does.
+/// y[j] = exp(y[j]) over a contiguous row (the scalar path).
 template <class T> void exp_in_place(T* y, std::int64_t n) {
-  if (vector_math::available()) {
-    vector_math::exp(y, y, n);
-    return;
-  }
   for (std::int64_t j = 0; j < n; ++j)
     y[j] = std::exp(y[j]);
 }
@@ -72,6 +69,10 @@ void cpu_backend::softmax(const tensor& a, bool log, tensor& out) {
     using T = typename decltype(tag)::type;
     const T* x = a.data<T>();
     T* y = out.data<T>();
+    if (vector_math::available()) {
+      vector_math::softmax_rows(x, y, rows, cols, log);
+      return;
+    }
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* xr = x + r * cols;
       T* yr = y + r * cols;
@@ -104,6 +105,10 @@ void cpu_backend::softmax_backward(const tensor& grad, const tensor& output, boo
     const T* g = grad.data<T>();
     const T* y = output.data<T>();
     T* dx = out.data<T>();
+    if (vector_math::available()) {
+      vector_math::softmax_backward_rows(g, y, dx, rows, cols, log);
+      return;
+    }
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* gr = g + r * cols;
       const T* yr = y + r * cols;

@@ -35,4 +35,18 @@ void gelu(const double* x, double* y, std::int64_t n);
 void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
 void gelu_backward(const double* grad, const double* x, double* y, std::int64_t n);
 
+// -- row kernels (cpu_vector_rows.cpp) over `rows` contiguous rows of n >= 1 ----
+//
+// A row's sums run lane-wise in blocks of 128 elements, so their order
+// depends only on n; the exponentials are the exp above.
+
+/// y = softmax(x) of each row, or log-softmax when `log`.
+void softmax_rows(const float* x, float* y, std::int64_t rows, std::int64_t n, bool log);
+void softmax_rows(const double* x, double* y, std::int64_t rows, std::int64_t n, bool log);
+/// dx from dL/dy `grad` and y = softmax(x) (log: y = log-softmax(x)).
+void softmax_backward_rows(const float* grad, const float* y, float* dx, std::int64_t rows, std::int64_t n,
+                           bool log);
+void softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows, std::int64_t n,
+                           bool log);
+
 } // namespace troupe::detail::vector_math

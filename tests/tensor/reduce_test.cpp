@@ -136,5 +136,80 @@ TEST(Reduce, SoftmaxBackwardsMatchFiniteDifferences) {
   }
 }
 
+/// dL/dx of softmax (log: log-softmax) rows in float64 from x and dL/dy.
+std::vector<double> softmax_backward_reference(const tensor& x, const tensor& g, bool log) {
+  auto y = softmax_reference(x, false);
+  auto gv = values(g);
+  const auto rows = x.size(0);
+  const auto cols = x.size(1);
+  std::vector<double> out(y.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double total = 0;
+    for (std::int64_t j = 0; j < cols; ++j)
+      total += log ? gv[r * cols + j] : gv[r * cols + j] * y[r * cols + j];
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const auto k = r * cols + j;
+      out[k] = log ? gv[k] - y[k] * total : y[k] * (gv[k] - total);
+    }
+  }
+  return out;
+}
+
+// Row lengths around the vector widths (4 doubles, 8 floats, blocks of 128):
+// every partial last vector and more than one block.
+TEST(Reduce, SoftmaxRowsOfEveryLengthMatchTheFloat64Reference) {
+  for (std::int64_t cols : {1, 3, 4, 5, 7, 8, 9, 15, 17, 31, 33, 86, 127, 129, 300, 1031}) {
+    SCOPED_TRACE(cols);
+    auto x = mul(sample({3, cols}, 7), 8.0);
+    auto g = sample({3, cols}, 8);
+    for (bool log : {false, true}) {
+      auto y = log ? log_softmax(x, 1) : softmax(x, 1);
+      expect_close(y, softmax_reference(x, log), 1e-14);
+      expect_close(log ? log_softmax_backward(g, y, 1) : softmax_backward(g, y, 1),
+                   softmax_backward_reference(x, g, log), 1e-13);
+      // float32 within 1e-6 (1 + |ref|) of the float64 result: a few ulp of
+      // exp, the sum's rounding and the shift.
+      auto x32 = x.to(dtype::float32);
+      auto y32 = log ? log_softmax(x32, 1) : softmax(x32, 1);
+      expect_close(y32, softmax_reference(x, log), 1e-6);
+      auto g32 = g.to(dtype::float32);
+      expect_close(log ? log_softmax_backward(g32, y32, 1) : softmax_backward(g32, y32, 1),
+                   softmax_backward_reference(x, g, log), 1e-6);
+    }
+  }
+}
+
+TEST(Reduce, SoftmaxOfAStridedViewEqualsSoftmaxOfItsCopy) {
+  // A transposed view and a narrowed one (offset, row stride 13) go through
+  // the same contiguous rows as their copies: bitwise the same result.
+  auto base = mul(sample({9, 13}, 9), 4.0);
+  for (dtype type : {dtype::float64, dtype::float32}) {
+    auto x = base.to(type);
+    for (const auto& view : {x.t(), x.narrow(1, 1, 11)}) {
+      EXPECT_EQ(values(softmax(view, 1)), values(softmax(view.contiguous(), 1)));
+      EXPECT_EQ(values(log_softmax(view, 0)), values(log_softmax(view.contiguous(), 0)));
+    }
+  }
+}
+
+TEST(Reduce, SoftmaxOfMaskedRowsIsZeroWhereMasked) {
+  // A causal mask writes -inf: those positions get exactly 0 (log: -inf),
+  // the others the softmax of the rest.
+  for (dtype type : {dtype::float64, dtype::float32}) {
+    auto x = tensor::from(std::vector<double>{1, -INFINITY, 2, -INFINITY, 3, 0, -INFINITY, -INFINITY, 0.5},
+                          {1, 9})
+               .to(type);
+    auto y = values(softmax(x, 1));
+    auto ly = values(log_softmax(x, 1));
+    const double total = std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(0.0) + std::exp(0.5);
+    for (int j : {1, 3, 6, 7}) {
+      EXPECT_EQ(y[j], 0.0);
+      EXPECT_EQ(ly[j], -INFINITY);
+    }
+    EXPECT_NEAR(y[4], std::exp(3.0) / total, 1e-6);
+    EXPECT_NEAR(ly[8], 0.5 - std::log(total), 1e-6);
+  }
+}
+
 } // namespace
 } // namespace troupe
