@@ -1,9 +1,12 @@
 // CPU kernels for convolution (im2col/col2im; the GEMM is ops.cpp's), max
-// pooling and layer normalisation.
+// pooling and layer normalisation. Layer norm goes to the AVX2 row kernels
+// of cpu_vector_math.hpp where the CPU has them; its loops here are the
+// scalar path (TROUPE_VECTOR_MATH=off).
 #include <cmath>
 #include <limits>
 
 #include "cpu_backend.hpp"
+#include "cpu_vector_math.hpp"
 #include "dispatch.hpp"
 
 namespace troupe::detail {
@@ -126,15 +129,26 @@ void cpu_backend::layer_norm(const tensor& input, const tensor& weight, const te
     T* y = output.data<T>();
     T* mu = mean.data<T>();
     T* rs = rstd.data<T>();
+    if (vector_math::available()) {
+      vector_math::layer_norm({.x = x, .weight = w, .bias = b, .eps = static_cast<T>(eps), .y = y, .mean = mu,
+                               .rstd = rs, .rows = rows, .d = d});
+      return;
+    }
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* xr = x + r * d;
       T* yr = y + r * d;
       // Two passes (mean, then squared deviations) rather than E[x^2] -
-      // E[x]^2, which cancels catastrophically for large means.
-      const T m = row_sum(xr, d, 1) / static_cast<T>(d);
+      // E[x]^2, which cancels catastrophically for large means; both
+      // relative to x[0], so a large mean's sum does not lose the spread
+      // (as the vector path's Welford pass).
+      const T shift = xr[0];
       for (std::int64_t j = 0; j < d; ++j)
-        yr[j] = (xr[j] - m) * (xr[j] - m);
+        yr[j] = xr[j] - shift;
+      const T shifted_mean = row_sum(yr, d, 1) / static_cast<T>(d);
+      for (std::int64_t j = 0; j < d; ++j)
+        yr[j] = (yr[j] - shifted_mean) * (yr[j] - shifted_mean);
       const T var = row_sum(yr, d, 1) / static_cast<T>(d);
+      const T m = shift + shifted_mean;
       const T inv = T(1) / std::sqrt(var + static_cast<T>(eps));
       mu[r] = m;
       rs[r] = inv;
@@ -170,10 +184,13 @@ void cpu_backend::layer_norm_backward(const tensor& grad, const tensor& input, c
     T* gx = grad_input.data<T>();
     T* gw = grad_weight.data<T>();
     T* gb = grad_bias.data<T>();
+    if (vector_math::available()) {
+      vector_math::layer_norm_backward({.grad = g, .x = x, .mean = mu, .rstd = rs, .weight = w, .grad_input = gx,
+                                        .grad_weight = gw, .grad_bias = gb, .rows = rows, .d = d});
+      return;
+    }
     std::fill(gw, gw + d, T(0));
     std::fill(gb, gb + d, T(0));
-    std::vector<T> gxhat(static_cast<std::size_t>(d));
-    std::vector<T> product(static_cast<std::size_t>(d));
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* gr = g + r * d;
       const T* xr = x + r * d;
@@ -181,27 +198,29 @@ void cpu_backend::layer_norm_backward(const tensor& grad, const tensor& input, c
       // With xhat = (x - mean) * rstd and gxhat = grad * weight:
       // dx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
       // The row's statistics in locals: read through pointers that the
-      // stores below might alias, they kept the loops scalar.
+      // stores below might alias, they kept the loops scalar. The two sums
+      // in eight lanes, as row_sum's blocks.
       const T m = mu[r];
       const T s = rs[r];
-      T* gh = gxhat.data();
-      T* pr = product.data();
-      if (w != nullptr)
-        for (std::int64_t j = 0; j < d; ++j)
-          gh[j] = gr[j] * w[j];
-      else
-        std::copy(gr, gr + d, gh);
+      T lane_g[8] = {};
+      T lane_gx[8] = {};
       for (std::int64_t j = 0; j < d; ++j) {
         const T xhat = (xr[j] - m) * s;
-        pr[j] = gh[j] * xhat;
+        const T gh = w != nullptr ? gr[j] * w[j] : gr[j];
+        lane_g[j % 8] += gh;
+        lane_gx[j % 8] += gh * xhat;
         gw[j] += gr[j] * xhat;
         gb[j] += gr[j];
       }
-      const T mean_g = row_sum(gh, d, 1) / static_cast<T>(d);
-      const T mean_gx = row_sum(pr, d, 1) / static_cast<T>(d);
+      const auto lanes_sum = [](const T* l) {
+        return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+      };
+      const T mean_g = lanes_sum(lane_g) / static_cast<T>(d);
+      const T mean_gx = lanes_sum(lane_gx) / static_cast<T>(d);
       for (std::int64_t j = 0; j < d; ++j) {
         const T xhat = (xr[j] - m) * s;
-        dr[j] = s * (gh[j] - mean_g - xhat * mean_gx);
+        const T gh = w != nullptr ? gr[j] * w[j] : gr[j];
+        dr[j] = s * (gh - mean_g - xhat * mean_gx);
       }
     }
   });

@@ -49,4 +49,39 @@ void softmax_backward_rows(const float* grad, const float* y, float* dx, std::in
 void softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows, std::int64_t n,
                            bool log);
 
+/// Layer norm of `rows` contiguous rows of d: y = (x - mean) rstd weight +
+/// bias (weight and bias [d] or null), with each row's mean and rstd =
+/// 1 / sqrt(var + eps) stored.
+template <class T> struct layer_norm_rows {
+  const T* x = nullptr;
+  const T* weight = nullptr;
+  const T* bias = nullptr;
+  T eps = 0;
+  T* y = nullptr;
+  T* mean = nullptr;
+  T* rstd = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t d = 0;
+};
+void layer_norm(const layer_norm_rows<float>& rows);
+void layer_norm(const layer_norm_rows<double>& rows);
+
+/// The gradients of layer norm from dL/dy `grad` and the forward's x, mean
+/// and rstd: grad_input [rows, d] is written, grad_weight and grad_bias [d]
+/// are overwritten with the sums over rows (in row order).
+template <class T> struct layer_norm_backward_rows {
+  const T* grad = nullptr;
+  const T* x = nullptr;
+  const T* mean = nullptr;
+  const T* rstd = nullptr;
+  const T* weight = nullptr; ///< may be null
+  T* grad_input = nullptr;
+  T* grad_weight = nullptr;
+  T* grad_bias = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t d = 0;
+};
+void layer_norm_backward(const layer_norm_backward_rows<float>& rows);
+void layer_norm_backward(const layer_norm_backward_rows<double>& rows);
+
 } // namespace troupe::detail::vector_math

@@ -165,6 +165,135 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
                1e-6);
 }
 
+/// Layer norm of [rows, d] and its gradients, in float64 by two passes.
+struct layer_norm_reference {
+  std::vector<double> output, mean, rstd, grad_input, grad_weight, grad_bias;
+};
+
+layer_norm_reference reference_layer_norm(const tensor& x, const tensor& w, const tensor& b,
+                                          const tensor& g, double eps) {
+  const auto d = x.size(-1);
+  const auto rows = x.numel() / d;
+  auto xv = values(x), gv = values(g);
+  auto wv = w.defined() ? values(w) : std::vector<double>(d, 1.0);
+  auto bv = b.defined() ? values(b) : std::vector<double>(d, 0.0);
+  layer_norm_reference ref;
+  ref.grad_weight.assign(d, 0.0);
+  ref.grad_bias.assign(d, 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double* xr = xv.data() + r * d;
+    const double* gr = gv.data() + r * d;
+    double m = 0, v = 0;
+    for (std::int64_t j = 0; j < d; ++j)
+      m += xr[j];
+    m /= d;
+    for (std::int64_t j = 0; j < d; ++j)
+      v += (xr[j] - m) * (xr[j] - m);
+    const double s = 1 / std::sqrt(v / d + eps);
+    ref.mean.push_back(m);
+    ref.rstd.push_back(s);
+    double mean_g = 0, mean_gx = 0;
+    for (std::int64_t j = 0; j < d; ++j) {
+      const double xhat = (xr[j] - m) * s;
+      ref.output.push_back(xhat * wv[j] + bv[j]);
+      mean_g += gr[j] * wv[j] / d;
+      mean_gx += gr[j] * wv[j] * xhat / d;
+      ref.grad_weight[j] += gr[j] * xhat;
+      ref.grad_bias[j] += gr[j];
+    }
+    for (std::int64_t j = 0; j < d; ++j)
+      ref.grad_input.push_back(s * (gr[j] * wv[j] - mean_g - (xr[j] - m) * s * mean_gx));
+  }
+  return ref;
+}
+
+// Row lengths around the vector widths (4 doubles, 8 floats, four lane sets
+// of Welford, blocks of 128), each affine case, in float64 and float32.
+TEST(LayerNorm, RowsOfEveryLengthMatchTheFloat64Reference) {
+  for (std::int64_t d : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 86, 129, 256, 1001}) {
+    SCOPED_TRACE(d);
+    auto x = add(mul(sample({5, d}, 20), 3.0), 0.5);
+    auto w = sample({d}, 21);
+    auto b = sample({d}, 22);
+    auto g = sample({5, d}, 23);
+    for (int affine = 0; affine < 4; ++affine) {
+      SCOPED_TRACE(affine);
+      const tensor wa = (affine & 1) != 0 ? w : tensor{};
+      const tensor ba = (affine & 2) != 0 ? b : tensor{};
+      auto ref = reference_layer_norm(x, wa, ba, g, 1e-5);
+      auto r = layer_norm(x, wa, ba, 1e-5);
+      expect_close(r.output, ref.output, 1e-13);
+      expect_close(r.mean, ref.mean, 1e-14);
+      expect_close(r.rstd, ref.rstd, 1e-13);
+      auto grads = layer_norm_backward(g, x, r, wa);
+      expect_close(grads.input, ref.grad_input, 1e-12);
+      expect_close(grads.weight, ref.grad_weight, 1e-13);
+      expect_close(grads.bias, ref.grad_bias, 1e-14);
+      // float32: within 1e-5 (1 + |ref|) of the float64 results (d = 1
+      // normalises to zero exactly; rstd carries a few ulp, dx the
+      // cancellation in gxhat - mean - xhat mean(gxhat xhat)).
+      auto to32 = [](const tensor& t) { return t.defined() ? t.to(dtype::float32) : tensor{}; };
+      auto r32 = layer_norm(to32(x), to32(wa), to32(ba), 1e-5);
+      expect_close(r32.output, ref.output, 1e-5);
+      expect_close(r32.mean, ref.mean, 1e-6);
+      expect_close(r32.rstd, ref.rstd, 1e-5);
+      auto grads32 = layer_norm_backward(to32(g), to32(x), r32, to32(wa));
+      expect_close(grads32.input, ref.grad_input, 1e-5);
+      expect_close(grads32.weight, ref.grad_weight, 1e-5);
+      expect_close(grads32.bias, ref.grad_bias, 1e-5);
+    }
+  }
+}
+
+TEST(LayerNorm, LargeMeansAndAnOutlierLoseNoAccuracy) {
+  // Mean 1e4 with deviations of 1 (E[x^2] - E[x]^2 would lose 8 of float64's
+  // 16 digits), and rows whose first element is 100 standard deviations off.
+  for (std::int64_t d : {37, 256}) {
+    auto x = add(sample({4, d}, 24), 1e4);
+    auto outlier = sample({4, d}, 25);
+    for (std::int64_t r = 0; r < 4; ++r)
+      outlier.select(0, r).narrow(0, 0, 1).fill(100.0);
+    for (const auto& rows : {x, outlier}) {
+      auto ref = reference_layer_norm(rows, tensor{}, tensor{}, tensor::zeros(rows.shape()), 0.0);
+      auto r = layer_norm(rows, tensor{}, tensor{}, 0.0);
+      expect_close(r.rstd, ref.rstd, 1e-10);
+      expect_close(r.output, ref.output, 1e-10);
+      // float32 on the float32-rounded input, against the float64
+      // normalisation of that same input: rstd within 1e-5; the output
+      // within 1e-3, since x - mean cannot beat float32's rounding of the
+      // mean (half an ulp of 1e4 over a spread of 0.58 is 8.5e-4).
+      auto rows32 = rows.to(dtype::float32);
+      auto ref32 = reference_layer_norm(rows32.to(dtype::float64), tensor{}, tensor{}, tensor::zeros(rows.shape()), 0.0);
+      auto r32 = layer_norm(rows32, tensor{}, tensor{}, 0.0);
+      expect_close(r32.rstd, ref32.rstd, 1e-5);
+      expect_close(r32.output, ref32.output, 1e-3);
+    }
+  }
+}
+
+TEST(LayerNorm, AStridedInputEqualsItsContiguousCopy) {
+  // Transposed input and gradient, and a weight read every other element:
+  // bitwise what their contiguous copies give.
+  auto x = sample({19, 6}, 26);
+  auto w = sample({38}, 27);
+  auto b = sample({19}, 28);
+  auto g = sample({19, 6}, 29);
+  for (dtype type : {dtype::float64, dtype::float32}) {
+    auto xt = x.to(type).t();
+    auto gt = g.to(type).t();
+    auto wv = w.to(type).view({19, 2}).select(1, 0);
+    auto bt = b.to(type);
+    auto strided = layer_norm(xt, wv, bt);
+    auto copied = layer_norm(xt.contiguous(), wv.contiguous(), bt);
+    EXPECT_EQ(values(strided.output), values(copied.output));
+    auto grads = layer_norm_backward(gt, xt, strided, wv);
+    auto grads_copied = layer_norm_backward(gt.contiguous(), xt.contiguous(), copied, wv.contiguous());
+    EXPECT_EQ(values(grads.input), values(grads_copied.input));
+    EXPECT_EQ(values(grads.weight), values(grads_copied.weight));
+    EXPECT_EQ(values(grads.bias), values(grads_copied.bias));
+  }
+}
+
 TEST(EmbeddingBag, SumsAndMeansBagsWithAnEmptyBag) {
   auto weight = make({1, 2, 10, 20, 100, 200}, {3, 2});
   auto indices = tensor::from<std::int64_t>({0, 2, 1, 2, 2}, {5});
