@@ -625,21 +625,11 @@ variable dropout(const variable& input, double p, bool training) {
 
 variable cross_entropy(const variable& logits, const tensor& targets) {
   const auto& x = data_of(logits, "cross_entropy", "logits");
-  require(x.rank() == 2, "cross_entropy: logits must be [n, classes], got shape {}", x.shape());
-  require(targets.defined() && targets.type() == dtype::int64,
-          "cross_entropy: targets must be int64, got {}", targets);
-  const auto n = x.size(0);
-  const auto classes = x.size(1);
-  require(targets.rank() == 1 && targets.size(0) == n,
-          "cross_entropy: targets must be [{}] for logits {}, got shape {}", n, x.shape(),
-          targets.shape());
-  require(n > 0, "cross_entropy: empty batch (logits {})", x.shape());
-  auto values = targets.to_vector<std::int64_t>();
-  for (std::size_t i = 0; i < values.size(); ++i)
-    require(values[i] >= 0 && values[i] < classes,
-            "cross_entropy: target {} at position {} is outside [0, {})", values[i], i, classes);
-  auto picked = gather(log_softmax(logits, 1), 1, targets.reshape({n, 1}));
-  return neg(mean(picked));
+  auto r = troupe::cross_entropy(x, targets);
+  return record("cross_entropy", r.loss, {logits},
+                [x, targets, lse = r.log_sum_exp](const tensor& g, const needs_mask&) {
+                  return std::vector<tensor>{cross_entropy_backward(g, x, targets, lse)};
+                });
 }
 
 variable mse_loss(const variable& input, const variable& target) {

@@ -21,6 +21,23 @@ void backend::bmm(const tensor& a, const tensor& b, tensor& out) {
   }
 }
 
+void backend::cross_entropy(const tensor& logits, const tensor& targets, tensor& loss, tensor& log_sum_exp) {
+  const auto n = logits.size(0);
+  const auto at = targets.reshape({n, 1});
+  const auto picked = troupe::gather(troupe::log_softmax(logits, 1), 1, at).reshape({n});
+  log_sum_exp.copy_from(troupe::sub(troupe::gather(logits, 1, at).reshape({n}), picked));
+  loss.copy_from(troupe::mul(troupe::sum(picked), -1.0 / static_cast<double>(n)));
+}
+
+void backend::cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                                     const tensor& log_sum_exp, tensor& out) {
+  const auto n = logits.size(0);
+  const auto at = targets.reshape({n, 1});
+  auto probabilities = troupe::exp(troupe::sub(logits, log_sum_exp.reshape({n, 1})));
+  const auto minus_one = tensor::full({n, 1}, -1.0, logits.type(), logits.where());
+  out.copy_from(troupe::mul(troupe::scatter_add(probabilities, 1, at, minus_one), troupe::mul(grad, 1.0 / static_cast<double>(n))));
+}
+
 std::shared_ptr<storage> backend::allocate(std::size_t, device where) {
   throw usage_error(fmt::format("storage::allocate: not implemented by the {} backend (device {})", name(), where));
 }

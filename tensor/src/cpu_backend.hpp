@@ -24,6 +24,10 @@ public:
   void softmax(const tensor& a, bool log, tensor& out) override;
   void softmax_backward(const tensor& grad, const tensor& output, bool log,
                         tensor& out) override;
+  void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss,
+                     tensor& log_sum_exp) override;
+  void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                              const tensor& log_sum_exp, tensor& out) override;
 
   void gemm(const tensor& a, const tensor& b, tensor& out, double alpha, double beta) override;
 

@@ -1,4 +1,4 @@
-// CPU row reductions and softmax. Sums go through row_sum (cpu_backend.hpp),
+// CPU row reductions, softmax and cross-entropy. Sums go through row_sum (cpu_backend.hpp),
 // whose order depends only on the row length; softmax goes to the AVX2 row
 // kernels of cpu_vector_math.hpp where the CPU has them, and the loops
 // below are its scalar path (TROUPE_VECTOR_MATH=off).
@@ -128,6 +128,66 @@ void cpu_backend::softmax_backward(const tensor& grad, const tensor& output, boo
         for (std::int64_t j = 0; j < cols; ++j)
           dr[j] = yr[j] * (gr[j] - dot);
       }
+    }
+  });
+}
+
+void cpu_backend::cross_entropy(const tensor& logits, const tensor& targets, tensor& loss,
+                                tensor& log_sum_exp) {
+  const auto rows = logits.size(0);
+  const auto cols = logits.size(1);
+  const auto* at = base_of<std::int64_t>(targets) + targets.offset();
+  const auto step = targets.strides()[0];
+  dispatch_floating(logits.type(), "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = logits.data<T>();
+    T* lse = log_sum_exp.data<T>();
+    if (vector_math::available()) {
+      vector_math::log_sum_exp_rows(x, lse, rows, cols);
+    } else {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * cols;
+        const T top = *std::max_element(xr, xr + cols);
+        T lane[8] = {};
+        for (std::int64_t j = 0; j < cols; ++j)
+          lane[j % 8] += std::exp(xr[j] - top);
+        lse[r] = top + std::log(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
+      }
+    }
+    // The rows' losses summed in double, eight lanes by row: their order
+    // depends only on the row count.
+    double lane[8] = {};
+    for (std::int64_t r = 0; r < rows; ++r)
+      lane[r % 8] += static_cast<double>(lse[r]) - static_cast<double>(x[r * cols + at[r * step]]);
+    const double total = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    *loss.data<T>() = static_cast<T>(total / static_cast<double>(rows));
+  });
+}
+
+void cpu_backend::cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                                         const tensor& log_sum_exp, tensor& out) {
+  const auto rows = logits.size(0);
+  const auto cols = logits.size(1);
+  const auto* at = base_of<std::int64_t>(targets) + targets.offset();
+  const auto step = targets.strides()[0];
+  dispatch_floating(logits.type(), "cross_entropy_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = logits.data<T>();
+    const T* lse = base_of<T>(log_sum_exp) + log_sum_exp.offset();
+    const auto lse_step = log_sum_exp.strides()[0];
+    T* dx = out.data<T>();
+    // dL/dx = grad (softmax(x) - onehot) / n, softmax(x) = exp(x - lse).
+    const T scale = static_cast<T>(grad.item() / static_cast<double>(rows));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      T* dr = dx + r * cols;
+      const T shift = lse[r * lse_step];
+      if (vector_math::available())
+        vector_math::exp_scaled(xr, shift, scale, dr, cols);
+      else
+        for (std::int64_t j = 0; j < cols; ++j)
+          dr[j] = std::exp(xr[j] - shift) * scale;
+      dr[at[r * step]] -= scale;
     }
   });
 }

@@ -48,6 +48,12 @@ void softmax_backward_rows(const float* grad, const float* y, float* dx, std::in
                            bool log);
 void softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows, std::int64_t n,
                            bool log);
+/// lse[r] = log Σ exp(x[r, :]) (max-shifted), for cross-entropy.
+void log_sum_exp_rows(const float* x, float* lse, std::int64_t rows, std::int64_t n);
+void log_sum_exp_rows(const double* x, double* lse, std::int64_t rows, std::int64_t n);
+/// y = exp(x - shift) * scale over one contiguous row of n.
+void exp_scaled(const float* x, float shift, float scale, float* y, std::int64_t n);
+void exp_scaled(const double* x, double shift, double scale, double* y, std::int64_t n);
 
 /// Layer norm of `rows` contiguous rows of d: y = (x - mean) rstd weight +
 /// bias (weight and bias [d] or null), with each row's mean and rstd =

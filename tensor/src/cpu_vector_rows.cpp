@@ -1,7 +1,8 @@
-// Row kernels of softmax and layer norm over contiguous rows with AVX2
-// lanes (cpu_vector_math.hpp has the contract). Softmax takes a row's
-// maximum, then writes exp(x - max) while it sums them, then scales in place
-// (the row is in L1 by then); log-softmax only sums the exponentials. Layer
+// Row kernels of softmax, cross-entropy and layer norm over contiguous rows
+// with AVX2 lanes (cpu_vector_math.hpp has the contract). Softmax takes a
+// row's maximum, then writes exp(x - max) while it sums them, then scales
+// in place (the row is in L1 by then); log-softmax and cross-entropy only
+// sum the exponentials. Layer
 // norm takes mean and variance in one Welford pass, then writes the row;
 // its backward takes its two sums and the parameters' gradients in one
 // pass, then writes dx.
@@ -182,6 +183,26 @@ void softmax_backward_rows_of(const typename L::scalar* g, const typename L::sca
       });
     }
   }
+}
+
+template <class L>
+void log_sum_exp_rows_of(const typename L::scalar* x, typename L::scalar* lse, std::int64_t rows, std::int64_t n) {
+  using T = typename L::scalar;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    const T top = max_of<L>(xr, n);
+    lse[r] = top + log_of(exp_sum<L>(xr, top, nullptr, n));
+  }
+}
+
+template <class L>
+void exp_scaled_of(const typename L::scalar* x, typename L::scalar shift, typename L::scalar scale,
+                   typename L::scalar* y, std::int64_t n) {
+  const auto s = L::splat(shift);
+  const auto c = L::splat(scale);
+  for_vectors<L>(n, [&](std::int64_t i, std::int64_t count) {
+    store_n<L>(y + i, L::mul(L::exp(L::sub(load_n<L>(x + i, count), s)), c), count);
+  });
 }
 
 /// Welford's running mean and sum of squared deviations of `count` values
@@ -372,6 +393,18 @@ void softmax_backward_rows(const float* grad, const float* y, float* dx, std::in
 void softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows, std::int64_t n,
                            bool log) {
   softmax_backward_rows_of<double_lanes>(grad, y, dx, rows, n, log);
+}
+void log_sum_exp_rows(const float* x, float* lse, std::int64_t rows, std::int64_t n) {
+  log_sum_exp_rows_of<float_lanes>(x, lse, rows, n);
+}
+void log_sum_exp_rows(const double* x, double* lse, std::int64_t rows, std::int64_t n) {
+  log_sum_exp_rows_of<double_lanes>(x, lse, rows, n);
+}
+void exp_scaled(const float* x, float shift, float scale, float* y, std::int64_t n) {
+  exp_scaled_of<float_lanes>(x, shift, scale, y, n);
+}
+void exp_scaled(const double* x, double shift, double scale, double* y, std::int64_t n) {
+  exp_scaled_of<double_lanes>(x, shift, scale, y, n);
 }
 void layer_norm(const layer_norm_rows<float>& rows) { layer_norm_rows_of<float_lanes>(rows); }
 void layer_norm(const layer_norm_rows<double>& rows) { layer_norm_rows_of<double_lanes>(rows); }

@@ -171,4 +171,54 @@ tensor log_softmax_backward(const tensor& grad, const tensor& output, std::int64
   return softmax_backward_impl("log_softmax_backward", grad, output, dim, true);
 }
 
+namespace {
+
+/// Checks logits [n, classes] (n > 0) and targets [n] in [0, classes).
+void check_cross_entropy(const char* op, const tensor& logits, const tensor& targets) {
+  require_defined(op, logits, "logits");
+  require_floating(op, logits);
+  require(logits.rank() == 2, "{}: logits must be [n, classes], got shape {}", op, logits.shape());
+  require_index(op, targets, "targets");
+  require_same_device(op, logits, targets);
+  const auto n = logits.size(0);
+  require(targets.rank() == 1 && targets.size(0) == n, "{}: targets must be [{}] for logits {}, got shape {}", op, n,
+          logits.shape(), targets.shape());
+  require(n > 0, "{}: empty batch (logits {})", op, logits.shape());
+  const auto classes = logits.size(1);
+  auto values = index_values(targets);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    require(values[i] >= 0 && values[i] < classes, "{}: target {} at position {} is outside [0, {})", op, values[i],
+            i, classes);
+}
+
+} // namespace
+
+cross_entropy_result cross_entropy(const tensor& logits, const tensor& targets) {
+  check_cross_entropy("cross_entropy", logits, targets);
+  auto& kernels = backend_for(logits.where(), "cross_entropy");
+  cross_entropy_result result{tensor::empty({}, logits.type(), logits.where()),
+                              tensor::empty({logits.size(0)}, logits.type(), logits.where())};
+  kernels.cross_entropy(logits.contiguous(), targets, result.loss, result.log_sum_exp);
+  return result;
+}
+
+tensor cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                              const tensor& log_sum_exp) {
+  const char* op = "cross_entropy_backward";
+  check_cross_entropy(op, logits, targets);
+  require_defined(op, grad, "grad");
+  require_defined(op, log_sum_exp, "log_sum_exp");
+  require(grad.numel() == 1, "{}: grad must hold one element (the loss's), got shape {}", op, grad.shape());
+  require(log_sum_exp.shape() == dims{logits.size(0)}, "{}: log_sum_exp shape {} should be [{}] for logits {}", op,
+          log_sum_exp.shape(), logits.size(0), logits.shape());
+  for (const auto* t : {&grad, &log_sum_exp}) {
+    require_same_device(op, logits, *t);
+    require_same_dtype(op, logits, *t);
+  }
+  auto& kernels = backend_for(logits.where(), op);
+  auto out = tensor::empty(logits.shape(), logits.type(), logits.where());
+  kernels.cross_entropy_backward(grad.reshape({}), logits.contiguous(), targets, log_sum_exp, out);
+  return out;
+}
+
 } // namespace troupe

@@ -269,6 +269,19 @@ TEST(FunctionsGradcheck, CrossEntropy) {
   EXPECT_TRUE(gradcheck([&](const inputs& v) { return cross_entropy(v[0], targets); }, {logits}));
 }
 
+TEST(FunctionsGradcheck, CrossEntropyOfOddWidthsAndATransposedInput) {
+  // Rows not a multiple of the vector width, and logits that reach the op
+  // as a transposed view of a [classes, n] tensor.
+  for (std::int64_t classes : {5, 9, 13}) {
+    SCOPED_TRACE(classes);
+    auto targets = int64s({0, classes - 1, 2, 1, classes / 2}, {5});
+    EXPECT_TRUE(gradcheck([&](const inputs& v) { return cross_entropy(v[0], targets); },
+                          {random_tensor({5, classes}, 48, 0.0, 3.0)}));
+    EXPECT_TRUE(gradcheck([&](const inputs& v) { return cross_entropy(transpose(v[0], 0, 1), targets); },
+                          {random_tensor({classes, 5}, 49)}));
+  }
+}
+
 TEST(Functions, CrossEntropyMatchesReferenceAndNamesBadTarget) {
   auto logits = tensor::from<double>({1.0, 2.0, 3.0, 0.5, 0.5, 0.5}, {2, 3});
   variable x(logits, true);

@@ -1,7 +1,8 @@
-// Reductions and softmax against float64 references.
+// Reductions, softmax and cross-entropy against float64 references.
 #include <cmath>
 
 #include "test_util.hpp"
+#include "troupe/tensor/backend.hpp"
 
 namespace troupe {
 namespace {
@@ -209,6 +210,94 @@ TEST(Reduce, SoftmaxOfMaskedRowsIsZeroWhereMasked) {
     EXPECT_NEAR(y[4], std::exp(3.0) / total, 1e-6);
     EXPECT_NEAR(ly[8], 0.5 - std::log(total), 1e-6);
   }
+}
+
+/// -mean(gather(log_softmax(logits, 1), 1, targets)) and its gradient in
+/// float64 from the composed ops: what the fused op must equal.
+struct composed_cross_entropy {
+  double loss;
+  tensor grad;
+};
+
+composed_cross_entropy cross_entropy_by_composed_ops(const tensor& logits, const tensor& targets, double upstream) {
+  const auto n = logits.size(0);
+  auto log_probs = log_softmax(logits.to(dtype::float64), 1);
+  auto picked = gather(log_probs, 1, targets.reshape({n, 1}));
+  // d(-mean(picked)) / d(picked) = -upstream / n at each target.
+  auto grad_picked = tensor::full({n, 1}, -upstream / static_cast<double>(n), dtype::float64);
+  auto grad_log_probs = scatter_add(tensor::zeros(log_probs.shape(), dtype::float64), 1, targets.reshape({n, 1}),
+                                    grad_picked);
+  return {-mean(picked).item(), log_softmax_backward(grad_log_probs, log_probs, 1)};
+}
+
+TEST(CrossEntropy, FusedEqualsTheComposedOpsForEveryRowLength) {
+  for (std::int64_t classes : {1, 2, 3, 5, 7, 8, 9, 17, 86, 129, 1000}) {
+    SCOPED_TRACE(classes);
+    const std::int64_t n = 11;
+    auto logits = mul(sample({n, classes}, 30), 6.0);
+    generator gen{31, 0};
+    auto targets = randint({n}, gen, 0, classes);
+    auto ref = cross_entropy_by_composed_ops(logits, targets, 0.75);
+    auto r = cross_entropy(logits, targets);
+    EXPECT_EQ(r.loss.rank(), 0);
+    EXPECT_NEAR(r.loss.item(), ref.loss, 1e-14 * (1 + std::abs(ref.loss)));
+    auto upstream = tensor::full({}, 0.75, dtype::float64);
+    expect_close(cross_entropy_backward(upstream, logits, targets, r.log_sum_exp), ref.grad, 1e-14);
+    // float32 within 1e-6 (1 + |ref|) of the float64 result.
+    auto logits32 = logits.to(dtype::float32);
+    auto r32 = cross_entropy(logits32, targets);
+    EXPECT_EQ(r32.loss.type(), dtype::float32);
+    EXPECT_NEAR(r32.loss.item(), ref.loss, 1e-6 * (1 + std::abs(ref.loss)));
+    expect_close(cross_entropy_backward(upstream.to(dtype::float32), logits32, targets, r32.log_sum_exp), ref.grad,
+                 1e-6);
+  }
+}
+
+TEST(CrossEntropy, StridedLogitsAndTargetsEqualTheirCopies) {
+  auto base = mul(sample({13, 7}, 32), 3.0);
+  auto pairs = tensor::from<std::int64_t>({6, 0, 1, 0, 0, 0, 3, 0, 2, 0, 5, 0, 4, 0, 6, 0, 1, 0, 0, 0, 2, 0, 3, 0, 5, 0},
+                                          {13, 2});
+  auto targets = pairs.select(1, 0); // stride 2
+  for (dtype type : {dtype::float64, dtype::float32}) {
+    auto logits = base.to(type).t().contiguous().t(); // [13, 7] with strides [1, 13]
+    auto r = cross_entropy(logits, targets);
+    auto copied = cross_entropy(logits.contiguous(), targets.contiguous());
+    EXPECT_EQ(r.loss.item(), copied.loss.item());
+    auto upstream = tensor::full({}, 1.0, type);
+    EXPECT_EQ(values(cross_entropy_backward(upstream, logits, targets, r.log_sum_exp)),
+              values(cross_entropy_backward(upstream, logits.contiguous(), targets.contiguous(),
+                                            copied.log_sum_exp)));
+  }
+}
+
+TEST(CrossEntropy, TheComposedDefaultOfOtherBackendsAgrees) {
+  // A backend without a fused kernel (backend::cross_entropy's default)
+  // gives what the CPU's fused one does, within rounding.
+  auto logits = mul(sample({6, 9}, 33), 4.0);
+  auto targets = tensor::from<std::int64_t>({8, 0, 3, 3, 1, 7}, {6});
+  auto& cpu = backend_for(device::cpu());
+  auto loss = tensor::empty({}, dtype::float64);
+  auto lse = tensor::empty({6}, dtype::float64);
+  cpu.backend::cross_entropy(logits, targets, loss, lse);
+  auto fused = cross_entropy(logits, targets);
+  EXPECT_NEAR(loss.item(), fused.loss.item(), 1e-14);
+  expect_close(lse, fused.log_sum_exp, 1e-14);
+  auto upstream = tensor::full({}, 2.0, dtype::float64);
+  auto grad = tensor::empty({6, 9}, dtype::float64);
+  cpu.backend::cross_entropy_backward(upstream, logits, targets, fused.log_sum_exp, grad);
+  expect_close(grad, cross_entropy_backward(upstream, logits, targets, fused.log_sum_exp), 1e-14);
+}
+
+TEST(CrossEntropy, NamesBadTargetsAndShapes) {
+  auto logits = sample({2, 3}, 34);
+  EXPECT_THAT(test::usage_error_of([&] { (void)cross_entropy(logits, tensor::from<std::int64_t>({1, 3}, {2})); }),
+              HasSubstr("cross_entropy: target 3 at position 1 is outside [0, 3)"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)cross_entropy(logits, tensor::from<std::int64_t>({0, 0, 0}, {3})); }),
+              HasSubstr("cross_entropy: targets must be [2] for logits [2, 3], got shape [3]"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)cross_entropy(logits.reshape({6}), tensor::from<std::int64_t>({0}, {1})); }),
+              HasSubstr("cross_entropy: logits must be [n, classes], got shape [6]"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)cross_entropy(logits, tensor::from<double>({0, 1}, {2})); }),
+              HasSubstr("cross_entropy: targets must be int64, got float64"));
 }
 
 } // namespace

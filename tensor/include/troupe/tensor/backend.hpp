@@ -142,6 +142,17 @@ public:
   /// dL/dx of row-wise (log-)softmax from dL/dy and y, all contiguous.
   virtual void softmax_backward(const tensor& grad, const tensor& output, bool log,
                                 tensor& out) = 0;
+  /// Mean cross entropy of contiguous logits [n, classes] against int64
+  /// targets [n] (checked to lie in [0, classes)): `loss` (rank 0) and each
+  /// row's log Σ exp in `log_sum_exp` [n]. The default composes
+  /// log_softmax, gather and sum.
+  virtual void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss,
+                             tensor& log_sum_exp);
+  /// out = grad (exp(logits - log_sum_exp) - onehot(targets)) / n with the
+  /// rank-0 `grad`; logits contiguous. The default composes exp, scatter_add
+  /// and mul.
+  virtual void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                                      const tensor& log_sum_exp, tensor& out);
 
   // -- linear algebra ------------------------------------------------------------
 

@@ -88,6 +88,19 @@ tensor log_softmax(const tensor& a, std::int64_t dim);
 tensor softmax_backward(const tensor& grad, const tensor& output, std::int64_t dim);
 tensor log_softmax_backward(const tensor& grad, const tensor& output, std::int64_t dim);
 
+struct cross_entropy_result {
+  tensor loss;        ///< rank 0: mean over rows of log Σ exp(logits) - logits[target]
+  tensor log_sum_exp; ///< [n]: each row's log Σ exp(logits), for the backward
+};
+/// Mean cross entropy of logits [n, classes] against int64 class indices
+/// [n] in [0, classes), as one op: what -mean(gather(log_softmax(logits,
+/// 1), 1, targets)) gives, without the [n, classes] log-probabilities.
+cross_entropy_result cross_entropy(const tensor& logits, const tensor& targets);
+/// dL/dlogits = grad (softmax(logits) - onehot(targets)) / n, from the
+/// rank-0 dL/dloss `grad` and the forward's log_sum_exp.
+tensor cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                              const tensor& log_sum_exp);
+
 // -- linear algebra (OpenBLAS on the CPU) -------------------------------------------
 
 /// [m, k] x [k, n] -> [m, n]. Transposed views are passed to GEMM as
