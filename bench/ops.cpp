@@ -73,6 +73,11 @@ int main(int argc, char** argv) {
   const std::vector<op_case> cases{
     {"gelu [2048, 1024]",
      [&] { return forward_backward(variable(hidden), [](const variable& x) { return autograd::gelu(x); }, hidden); }},
+    {"gelu tanh [2048, 1024]",
+     [&] {
+       return forward_backward(
+         variable(hidden), [](const variable& x) { return autograd::gelu(x, gelu_approximation::tanh); }, hidden);
+     }},
     {"softmax [128, 128, 128]",
      [&] {
        return forward_backward(variable(scores), [](const variable& x) { return autograd::softmax(x, -1); }, scores);

@@ -235,10 +235,10 @@ variable relu(const variable& a) {
   });
 }
 
-variable gelu(const variable& a) {
+variable gelu(const variable& a, gelu_approximation approximate) {
   const auto& x = data_of(a, "gelu", "a");
-  return record("gelu", troupe::gelu(x), {a}, [x](const tensor& g, const needs_mask&) {
-    return std::vector<tensor>{gelu_backward(g, x)};
+  return record("gelu", troupe::gelu(x, approximate), {a}, [x, approximate](const tensor& g, const needs_mask&) {
+    return std::vector<tensor>{gelu_backward(g, x, approximate)};
   });
 }
 

@@ -48,6 +48,7 @@ def make_cases():
 
     return [
         lambda: forward_backward(hidden, F.gelu, hidden),
+        lambda: forward_backward(hidden, lambda x: F.gelu(x, approximate="tanh"), hidden),
         lambda: forward_backward(scores, lambda x: F.softmax(x, -1), scores),
         lambda: forward_backward(activations, norm, activations),
         lambda: forward_backward(activations, attention, activations),

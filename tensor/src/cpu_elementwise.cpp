@@ -157,6 +157,27 @@ template <class T> T gelu_derivative(T x) {
   return cdf + x * pdf;
 }
 
+/// GELU's tanh approximation as x s, s = sigmoid(2 u) = 1 / (1 + e), e =
+/// exp(-2 u), u = sqrt(2 / pi) (x + 0.044715 x^3): the vector path's
+/// formula (cpu_vector_math.cpp), 1 - s taken as e s where it would cancel.
+template <class T> struct gelu_tanh_gates {
+  T s;
+  T one_minus_s;
+};
+
+template <class T> gelu_tanh_gates<T> gelu_tanh_gate(T x) {
+  constexpr T minus_2k = T(-2 * std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+  const T e = std::exp(minus_2k * x * (T(1) + T(0.044715) * x * x));
+  const T s = T(1) / (T(1) + e);
+  return {s, e < T(1) ? e * s : T(1) - s};
+}
+
+template <class T> T gelu_tanh_derivative(T x) {
+  constexpr T two_k = T(2 * std::numbers::sqrt2 * std::numbers::inv_sqrtpi);
+  const auto g = gelu_tanh_gate(x);
+  return g.s + x * (g.s * g.one_minus_s) * ((T(1) + T(3 * 0.044715) * x * x) * two_k);
+}
+
 } // namespace
 
 void cpu_backend::unary(unary_op op, const tensor& a, double scalar, tensor& out) {
@@ -192,6 +213,10 @@ void cpu_backend::unary(unary_op op, const tensor& a, double scalar, tensor& out
           if (vectorized1<T>(a, out, [](auto... args) { vector_math::sigmoid(args...); }))
             return;
           return map1<T>(a, out, [](T x) { return T(1) / (T(1) + std::exp(-x)); });
+        case unary_op::gelu_tanh:
+          if (vectorized1<T>(a, out, [](auto... args) { vector_math::gelu_tanh(args...); }))
+            return;
+          return map1<T>(a, out, [](T x) { return x * gelu_tanh_gate(x).s; });
         default: break;
       }
     }
@@ -226,6 +251,10 @@ void cpu_backend::binary(binary_op op, const tensor& a, const tensor& b, tensor&
           return map2<T>(a, b, out, [](T g, T y) { return g * y * (T(1) - y); });
         case binary_op::tanh_backward:
           return map2<T>(a, b, out, [](T g, T y) { return g * (T(1) - y * y); });
+        case binary_op::gelu_tanh_backward:
+          if (vectorized2<T>(a, b, out, [](auto... args) { vector_math::gelu_tanh_backward(args...); }))
+            return;
+          return map2<T>(a, b, out, [](T g, T x) { return g * gelu_tanh_derivative(x); });
         default: break;
       }
     }

@@ -1,10 +1,10 @@
 // float32 GELU and its gradient through oneDNN's eltwise primitives
-// (algorithm gelu_erf), for cpu_vector_math.hpp. SLEEF's erf costs about
+// (algorithms gelu_erf and gelu_tanh), for cpu_vector_math.hpp. SLEEF's erf costs about
 // 3 ns per element here; oneDNN's JIT-compiled kernel is as fast as
 // PyTorch's (bench/elementwise). float64 stays with SLEEF (oneDNN's
 // eltwise has no f64).
 //
-// Primitives are made once per element count (a training step repeats the
+// Primitives are made once per element count and algorithm (a training step repeats the
 // same shapes) and kept in a map of at most 256 sizes (a program with ever
 // new sizes starts it over); each calling thread has its own stream.
 // oneDNN runs on OpenMP here: every call pins the calling thread's team to
@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -37,21 +38,21 @@ dnnl::memory::desc flat(std::int64_t n) {
   return dnnl::memory::desc({n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
 }
 
-std::shared_ptr<const gelu_primitives> primitives_for(std::int64_t n) {
+std::shared_ptr<const gelu_primitives> primitives_for(std::int64_t n, dnnl::algorithm algorithm) {
   static std::mutex mutex;
-  static std::map<std::int64_t, std::shared_ptr<const gelu_primitives>> made;
+  static std::map<std::pair<std::int64_t, dnnl::algorithm>, std::shared_ptr<const gelu_primitives>> made;
   std::lock_guard lock(mutex);
   constexpr std::size_t most_sizes = 256;
-  if (made.size() >= most_sizes && made.find(n) == made.end())
+  const auto key = std::make_pair(n, algorithm);
+  if (made.size() >= most_sizes && made.find(key) == made.end())
     made.clear(); // callers still running hold their primitives' shared_ptr
-  auto& slot = made[n];
+  auto& slot = made[key];
   if (!slot) {
     const auto& engine = cpu_engine();
     const auto md = flat(n);
     dnnl::eltwise_forward::primitive_desc forward(
-      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::eltwise_gelu_erf, md), engine);
-    dnnl::eltwise_backward::primitive_desc backward(
-      dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_gelu_erf, md, md), engine, forward);
+      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, md), engine);
+    dnnl::eltwise_backward::primitive_desc backward(dnnl::eltwise_backward::desc(algorithm, md, md), engine, forward);
     slot = std::make_shared<const gelu_primitives>(
       gelu_primitives{dnnl::eltwise_forward(forward), dnnl::eltwise_backward(backward)});
   }
@@ -67,27 +68,39 @@ dnnl::memory wrap(std::int64_t n, const float* data) {
   return dnnl::memory(flat(n), cpu_engine(), const_cast<float*>(data)); // read-only use
 }
 
-} // namespace
-
-void gelu(const float* x, float* y, std::int64_t n) {
+void run_forward(dnnl::algorithm algorithm, const float* x, float* y, std::int64_t n) {
   if (n == 0)
     return;
   omp_set_num_threads(1);
-  auto p = primitives_for(n);
+  auto p = primitives_for(n, algorithm);
   auto& stream = thread_stream();
   p->forward.execute(stream, {{DNNL_ARG_SRC, wrap(n, x)}, {DNNL_ARG_DST, wrap(n, y)}});
   stream.wait();
 }
 
-void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n) {
+void run_backward(dnnl::algorithm algorithm, const float* grad, const float* x, float* y, std::int64_t n) {
   if (n == 0)
     return;
   omp_set_num_threads(1);
-  auto p = primitives_for(n);
+  auto p = primitives_for(n, algorithm);
   auto& stream = thread_stream();
   p->backward.execute(stream,
                       {{DNNL_ARG_SRC, wrap(n, x)}, {DNNL_ARG_DIFF_DST, wrap(n, grad)}, {DNNL_ARG_DIFF_SRC, wrap(n, y)}});
   stream.wait();
+}
+
+} // namespace
+
+void gelu(const float* x, float* y, std::int64_t n) { run_forward(dnnl::algorithm::eltwise_gelu_erf, x, y, n); }
+
+void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n) {
+  run_backward(dnnl::algorithm::eltwise_gelu_erf, grad, x, y, n);
+}
+
+void gelu_tanh(const float* x, float* y, std::int64_t n) { run_forward(dnnl::algorithm::eltwise_gelu_tanh, x, y, n); }
+
+void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n) {
+  run_backward(dnnl::algorithm::eltwise_gelu_tanh, grad, x, y, n);
 }
 
 } // namespace troupe::detail::vector_math

@@ -27,6 +27,10 @@ struct float_lanes {
   static vector fma(vector a, vector b, vector c) { return _mm256_fmadd_ps(a, b, c); }
   /// a > b ? a : b lane by lane: a NaN in `a` keeps b.
   static vector max(vector a, vector b) { return _mm256_max_ps(a, b); }
+  /// a < b ? c : d lane by lane.
+  static vector select_less(vector a, vector b, vector c, vector d) {
+    return _mm256_blendv_ps(d, c, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+  }
   static vector exp(vector v) { return Sleef_expf8_u10avx2(v); }
   static vector tanh(vector v) { return Sleef_tanhf8_u10avx2(v); }
   static vector erf(vector v) { return Sleef_erff8_u10avx2(v); }
@@ -45,6 +49,9 @@ struct double_lanes {
   static vector div(vector a, vector b) { return _mm256_div_pd(a, b); }
   static vector fma(vector a, vector b, vector c) { return _mm256_fmadd_pd(a, b, c); }
   static vector max(vector a, vector b) { return _mm256_max_pd(a, b); }
+  static vector select_less(vector a, vector b, vector c, vector d) {
+    return _mm256_blendv_pd(d, c, _mm256_cmp_pd(a, b, _CMP_LT_OQ));
+  }
   static vector exp(vector v) { return Sleef_expd4_u10avx2(v); }
   static vector tanh(vector v) { return Sleef_tanhd4_u10avx2(v); }
   static vector erf(vector v) { return Sleef_erfd4_u10avx2(v); }

@@ -56,6 +56,46 @@ void gelu_backward_of(const typename L::scalar* grad, const typename L::scalar* 
   });
 }
 
+constexpr double sqrt_2_over_pi = 0.79788456080286535588; // sqrt(2 / pi)
+constexpr double gelu_tanh_cubic = 0.044715;
+
+/// sigmoid(2 u) and 1 - sigmoid(2 u) for gelu_tanh's u = sqrt(2 / pi) (x +
+/// 0.044715 x^3), with 0.5 (1 + tanh(u)) = sigmoid(2 u) = 1 / (1 + e), e =
+/// exp(-2 u). 1 - s is e s where s > 1/2 (1 - s would cancel) and 1 - s
+/// elsewhere (e may be inf there: exp's overflow for very negative x gives
+/// s = 0, not NaN).
+template <class L> struct gelu_tanh_gates {
+  typename L::vector s;
+  typename L::vector one_minus_s;
+};
+
+template <class L> gelu_tanh_gates<L> gelu_tanh_gate(typename L::vector v) {
+  using T = typename L::scalar;
+  const auto one = L::splat(T(1));
+  const auto inner = L::fma(L::mul(v, v), L::splat(T(gelu_tanh_cubic)), one);
+  const auto e = L::exp(L::mul(L::mul(v, inner), L::splat(T(-2 * sqrt_2_over_pi))));
+  const auto s = L::div(one, L::add(one, e));
+  return {s, L::select_less(e, one, L::mul(e, s), L::sub(one, s))};
+}
+
+template <class L> void gelu_tanh_of(const typename L::scalar* x, typename L::scalar* y, std::int64_t n) {
+  map<L>(x, nullptr, y, n, [](auto v, auto) { return L::mul(v, gelu_tanh_gate<L>(v).s); });
+}
+
+template <class L>
+void gelu_tanh_backward_of(const typename L::scalar* grad, const typename L::scalar* x, typename L::scalar* y,
+                           std::int64_t n) {
+  using T = typename L::scalar;
+  map<L>(x, grad, y, n, [](auto v, auto g) {
+    // d/dx x s(2u) = s + x s (1 - s) 2 u', u' = sqrt(2 / pi) (1 + 3 0.044715 x^2).
+    const auto gates = gelu_tanh_gate<L>(v);
+    const auto du2 = L::mul(L::fma(L::mul(v, v), L::splat(T(3 * gelu_tanh_cubic)), L::splat(T(1))),
+                            L::splat(T(2 * sqrt_2_over_pi)));
+    const auto slope = L::mul(L::mul(v, L::mul(gates.s, gates.one_minus_s)), du2);
+    return L::mul(g, L::add(gates.s, slope));
+  });
+}
+
 } // namespace
 
 void exp(const float* x, float* y, std::int64_t n) { exp_of<float_lanes>(x, y, n); }
@@ -67,6 +107,10 @@ void sigmoid(const double* x, double* y, std::int64_t n) { sigmoid_of<double_lan
 void gelu(const double* x, double* y, std::int64_t n) { gelu_of<double_lanes>(x, y, n); }
 void gelu_backward(const double* grad, const double* x, double* y, std::int64_t n) {
   gelu_backward_of<double_lanes>(grad, x, y, n);
+}
+void gelu_tanh(const double* x, double* y, std::int64_t n) { gelu_tanh_of<double_lanes>(x, y, n); }
+void gelu_tanh_backward(const double* grad, const double* x, double* y, std::int64_t n) {
+  gelu_tanh_backward_of<double_lanes>(grad, x, y, n);
 }
 
 } // namespace troupe::detail::vector_math

@@ -2,9 +2,12 @@
 // Private: the transcendental elementwise functions of the CPU backend over
 // contiguous arrays, with SLEEF's vector functions (the vector math PyTorch
 // uses; 1.0-ulp variants) when this CPU has AVX2 and FMA, chosen at run
-// time; float32 GELU and its gradient with oneDNN's eltwise kernels, which
-// are about ten times faster than SLEEF's erf (cpu_onednn_gelu.cpp). glibc's scalar erff costs 2.2 ns per element for small inputs and
-// 11-13 ns once GELU's inputs grow during training; SLEEF's is branch-free.
+// time; float32 GELU (exact and tanh) and its gradient with oneDNN's
+// eltwise kernels, which are about ten times faster than SLEEF's erf
+// (cpu_onednn_gelu.cpp). glibc's scalar erff costs 2.2 ns per element for
+// small inputs and 11-13 ns once GELU's inputs grow during training;
+// SLEEF's is branch-free. The row kernels below (softmax, cross-entropy,
+// layer norm) are hand-written AVX2 loops around SLEEF's exp.
 //
 // Every element goes through the vector function, the last partial vector
 // too (padded), so an element's result never depends on its position or on
@@ -34,6 +37,15 @@ void gelu(const double* x, double* y, std::int64_t n);
 /// grad * (Phi(x) + x phi(x)).
 void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
 void gelu_backward(const double* grad, const double* x, double* y, std::int64_t n);
+/// The tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x +
+/// 0.044715 x^3): float32 with oneDNN's gelu_tanh (half the time of the
+/// SLEEF form in bench/ops), float64 as x sigmoid(2 u) (the same function)
+/// with the vector exp.
+void gelu_tanh(const float* x, float* y, std::int64_t n);
+void gelu_tanh(const double* x, double* y, std::int64_t n);
+/// grad * d/dx of gelu_tanh.
+void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n);
+void gelu_tanh_backward(const double* grad, const double* x, double* y, std::int64_t n);
 
 // -- row kernels (cpu_vector_rows.cpp) over `rows` contiguous rows of n >= 1 ----
 //

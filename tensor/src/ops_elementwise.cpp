@@ -157,8 +157,9 @@ tensor abs(const tensor& a) {
 tensor relu(const tensor& a) {
   return unary_elementwise("relu", unary_op::relu, a, 0.0, operand_types::floating);
 }
-tensor gelu(const tensor& a) {
-  return unary_elementwise("gelu", unary_op::gelu, a, 0.0, operand_types::floating);
+tensor gelu(const tensor& a, gelu_approximation approximate) {
+  const auto op = approximate == gelu_approximation::tanh ? unary_op::gelu_tanh : unary_op::gelu;
+  return unary_elementwise("gelu", op, a, 0.0, operand_types::floating);
 }
 tensor sigmoid(const tensor& a) {
   return unary_elementwise("sigmoid", unary_op::sigmoid, a, 0.0, operand_types::floating);
@@ -168,9 +169,9 @@ tensor relu_backward(const tensor& grad, const tensor& input) {
   return binary_elementwise("relu_backward", binary_op::relu_backward, grad, input,
                             operand_types::floating);
 }
-tensor gelu_backward(const tensor& grad, const tensor& input) {
-  return binary_elementwise("gelu_backward", binary_op::gelu_backward, grad, input,
-                            operand_types::floating);
+tensor gelu_backward(const tensor& grad, const tensor& input, gelu_approximation approximate) {
+  const auto op = approximate == gelu_approximation::tanh ? binary_op::gelu_tanh_backward : binary_op::gelu_backward;
+  return binary_elementwise("gelu_backward", op, grad, input, operand_types::floating);
 }
 tensor sigmoid_backward(const tensor& grad, const tensor& output) {
   return binary_elementwise("sigmoid_backward", binary_op::sigmoid_backward, grad, output,

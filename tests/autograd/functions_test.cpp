@@ -61,6 +61,9 @@ TEST(FunctionsGradcheck, ElementwiseMath) {
   EXPECT_TRUE(gradcheck([](const inputs& v) { return pow(v[0], -0.5); }, {p}));
   EXPECT_TRUE(gradcheck([](const inputs& v) { return relu(v[0]); }, {a}));
   EXPECT_TRUE(gradcheck([](const inputs& v) { return gelu(v[0]); }, {a}));
+  EXPECT_TRUE(gradcheck([](const inputs& v) { return gelu(v[0], gelu_approximation::tanh); }, {a}));
+  EXPECT_TRUE(gradcheck([](const inputs& v) { return gelu(v[0], gelu_approximation::tanh); },
+                        {random_tensor({37}, 50, 0.0, 4.0)}));
   EXPECT_TRUE(gradcheck([](const inputs& v) { return sigmoid(v[0]); }, {a}));
 }
 

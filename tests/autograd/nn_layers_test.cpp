@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numbers>
 
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
@@ -142,6 +143,11 @@ TEST(NnLayers, ReluAndGeluMatchTheirFormulas) {
   for (double v : {-2.0, -0.5, 0.0, 1.5})
     expected.push_back(v * 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))));
   expect_near_all(g(variable(x)).data(), expected);
+  gelu approximate(gelu_approximation::tanh);
+  expected.clear();
+  for (double v : {-2.0, -0.5, 0.0, 1.5})
+    expected.push_back(0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * v * v * v))));
+  expect_near_all(approximate(variable(x)).data(), expected);
 }
 
 TEST(NnLayers, DropoutIsIdentityInEvalAndScalesKeptElementsInTraining) {

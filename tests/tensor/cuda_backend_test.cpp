@@ -109,6 +109,7 @@ TEST_F(CudaBackend, UnaryOpsMatchTheCpu) {
     check("sqrt", [](const tensor& a) { return sqrt(a); }, positive);
     check("relu", [](const tensor& a) { return relu(a); }, x);
     check("gelu", [](const tensor& a) { return gelu(a); }, x);
+    check("gelu_tanh", [](const tensor& a) { return gelu(a, gelu_approximation::tanh); }, x);
     check("sigmoid", [](const tensor& a) { return sigmoid(a); }, x);
   }
   for (auto type : {dtype::int64, dtype::int32}) {
@@ -144,6 +145,8 @@ TEST_F(CudaBackend, BinaryOpsMatchTheCpuWithBroadcasting) {
     all("greater", [](const tensor& x, const tensor& y) { return greater(x, y); });
     all("relu_backward", [](const tensor& x, const tensor& y) { return relu_backward(x, y); });
     all("gelu_backward", [](const tensor& x, const tensor& y) { return gelu_backward(x, y); });
+    all("gelu_tanh_backward",
+        [](const tensor& x, const tensor& y) { return gelu_backward(x, y, gelu_approximation::tanh); });
     all("sigmoid_backward", [](const tensor& x, const tensor& y) { return sigmoid_backward(x, y); });
     all("tanh_backward", [](const tensor& x, const tensor& y) { return tanh_backward(x, y); });
     check("div", [](const tensor& x, const tensor& y) { return div(x, y); }, a, away_from_zero);
@@ -286,6 +289,24 @@ TEST_F(CudaBackend, SoftmaxAndItsGradientMatchTheCpu) {
       // Over a dimension that is not the last (the op transposes first).
       expect_close(softmax(x.to(gpu), 0), softmax(x, 0), tolerance(type));
     }
+  }
+}
+
+TEST_F(CudaBackend, CrossEntropyAndItsGradientMatchTheCpu) {
+  // The CUDA backend has no fused kernel: backend::cross_entropy's default
+  // composes log_softmax, gather and scatter_add on the device.
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    auto x = mul(sample({9, 86}, 34, type), 5.0);
+    generator gen{35, 0};
+    auto targets = randint({9}, gen, 0, 86);
+    auto upstream = tensor::full({}, 0.5, type);
+    auto cpu = cross_entropy(x, targets);
+    auto cuda = cross_entropy(x.to(gpu), targets.to(gpu));
+    expect_close(cuda.loss, cpu.loss, 10 * tolerance(type));
+    expect_close(cuda.log_sum_exp, cpu.log_sum_exp, 10 * tolerance(type));
+    expect_close(cross_entropy_backward(upstream.to(gpu), x.to(gpu), targets.to(gpu), cuda.log_sum_exp),
+                 cross_entropy_backward(upstream, x, targets, cpu.log_sum_exp), tolerance(type));
   }
 }
 

@@ -53,6 +53,52 @@ TEST(Elementwise, GeluIsExactNotTheTanhApproximation) {
   EXPECT_NEAR(gelu(make({1.0}, {1})).item(), 0.8413447460685429, 1e-15);
 }
 
+/// PyTorch's approximate='tanh' GELU and its derivative.
+double gelu_tanh_reference(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+double gelu_tanh_derivative_reference(double x) {
+  // 1 - tanh(u)^2 as 1 / cosh(u)^2, which does not cancel for large u.
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  const double u = k * (x + 0.044715 * x * x * x);
+  const double c = std::cosh(u);
+  return 0.5 * (1.0 + std::tanh(u)) + 0.5 * x / (c * c) * k * (1.0 + 3 * 0.044715 * x * x);
+}
+
+TEST(Elementwise, GeluTanhIsPyTorchsApproximation) {
+  // At x = 1 the tanh form gives 0.841191990..., the erf form 0.841344746...
+  EXPECT_NEAR(gelu(make({1.0}, {1}), gelu_approximation::tanh).item(), 0.8411919906082768, 1e-15);
+  // Over the whole range, the special values and every length of the last
+  // partial vector: float64 within 8 ulp (1 + |ref|), float32 within 8 of
+  // its own, of the float64 reference (computed on the rounded input).
+  std::vector<double> inputs{-1000, -100, -30, -10, -5.5, -1, -1e-3, -1e-30, 0, 1e-30, 1e-3, 1, 5.5, 10, 30, 100, 1000};
+  for (int i = 0; i <= 997; ++i)
+    inputs.push_back(-12.0 + 24.0 * i / 997.0);
+  for (auto type : {dtype::float32, dtype::float64}) {
+    const double ulp = type == dtype::float32 ? 0x1p-23 : 0x1p-52;
+    auto x = tensor::from(inputs, {static_cast<std::int64_t>(inputs.size())}).to(type);
+    auto grad = tensor::full(x.shape(), 0.75, type);
+    auto y = values(gelu(x, gelu_approximation::tanh));
+    auto dy = values(gelu_backward(grad, x, gelu_approximation::tanh));
+    auto xs = values(x);
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const double want = gelu_tanh_reference(xs[i]);
+      const double want_dy = 0.75 * gelu_tanh_derivative_reference(xs[i]);
+      EXPECT_LE(std::abs(y[i] - want), 8 * ulp * (1.0 + std::abs(want))) << "gelu_tanh(" << xs[i] << ")";
+      EXPECT_LE(std::abs(dy[i] - want_dy), 8 * ulp * (1.0 + std::abs(want_dy))) << "gelu_tanh'(" << xs[i] << ")";
+    }
+    // A strided view goes through the same function: its copy's bits.
+    auto strided = x.narrow(0, 1, 1000).view({10, 100}).t();
+    EXPECT_EQ(values(gelu(strided, gelu_approximation::tanh)),
+              values(gelu(strided.contiguous(), gelu_approximation::tanh)));
+    auto nan = tensor::full({9}, std::nan(""), type);
+    for (double v : values(gelu(nan, gelu_approximation::tanh)))
+      EXPECT_TRUE(std::isnan(v));
+  }
+}
+
 TEST(Elementwise, BinaryOpsBroadcastLikeNumPy) {
   auto a = sample({2, 3, 4}, 2);
   auto b = sample({3, 1}, 3);
@@ -152,7 +198,8 @@ TEST(Elementwise, AnElementsResultDoesNotDependOnTheArraysLength) {
   auto x = mul(sample({37}, 5, dtype::float32), 4.0);
   auto head = x.slice(0, 0, 5).contiguous();
   for (auto f : {+[](const tensor& t) { return gelu(t); }, +[](const tensor& t) { return exp(t); },
-                 +[](const tensor& t) { return tanh(t); }, +[](const tensor& t) { return sigmoid(t); }}) {
+                 +[](const tensor& t) { return tanh(t); }, +[](const tensor& t) { return sigmoid(t); },
+                 +[](const tensor& t) { return gelu(t, gelu_approximation::tanh); }}) {
     auto all = values(f(x));
     auto part = values(f(head));
     EXPECT_EQ(part, std::vector<double>(all.begin(), all.begin() + 5));
@@ -217,13 +264,15 @@ TEST(Elementwise, WhereSelectsAndBroadcasts) {
 TEST(Elementwise, FusedBackwardsMatchFiniteDifferences) {
   auto x = sample({7}, 7);
   auto g = sample({7}, 8);
-  auto check = [&](tensor (*forward)(const tensor&), const tensor& fused) {
+  auto check = [&](auto forward, const tensor& fused) {
     auto numeric = test::numeric_gradient(
         [&](const tensor& v) { return test::weighted_sum(forward(v), g); }, x);
     expect_close(fused, numeric, 1e-7);
   };
   check(relu, relu_backward(g, x));
-  check(gelu, gelu_backward(g, x));
+  check([](const tensor& v) { return gelu(v); }, gelu_backward(g, x));
+  check([](const tensor& v) { return gelu(v, gelu_approximation::tanh); },
+        gelu_backward(g, x, gelu_approximation::tanh));
   check(sigmoid, sigmoid_backward(g, sigmoid(x)));
   check(tanh, tanh_backward(g, tanh(x)));
 }

@@ -12,7 +12,7 @@ variable relu::forward(const variable& input) {
 }
 
 variable gelu::forward(const variable& input) {
-  return autograd::gelu(input);
+  return autograd::gelu(input, approximate_);
 }
 
 dropout::dropout(double p) : p_(p) {

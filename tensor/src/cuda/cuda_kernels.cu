@@ -32,6 +32,21 @@ template <class T> __device__ inline T erf_of(T x) {
 
 constexpr double sqrt1_2 = 0.70710678118654752440;     // sqrt(2) / 2
 constexpr double inv_sqrt_2pi = 0.39894228040143267794; // 1 / sqrt(2 pi)
+constexpr double sqrt_2_over_pi = 0.79788456080286535588; // sqrt(2 / pi)
+
+/// GELU's tanh approximation's 0.5 (1 + tanh(u)) as s = sigmoid(2 u) = 1 /
+/// (1 + e), e = exp(-2 u), u = sqrt(2 / pi) (x + 0.044715 x^3), and 1 - s
+/// as e s where it would cancel: the CPU's formula.
+template <class T> struct gelu_tanh_gates {
+  T s;
+  T one_minus_s;
+};
+
+template <class T> __device__ inline gelu_tanh_gates<T> gelu_tanh_gate(T x) {
+  const T e = exp_of(T(-2 * sqrt_2_over_pi) * x * (T(1) + T(0.044715) * x * x));
+  const T s = T(1) / (T(1) + e);
+  return {s, e < T(1) ? e * s : T(1) - s};
+}
 
 template <class T> __device__ inline T unary_value(unary_kernel op, T x, T s) {
   switch (op) {
@@ -67,6 +82,7 @@ template <class T> __device__ inline T unary_value(unary_kernel op, T x, T s) {
       case unary_kernel::relu: return x > T(0) ? x : T(0);
       case unary_kernel::gelu: return T(0.5) * x * (T(1) + erf_of(x * T(sqrt1_2)));
       case unary_kernel::sigmoid: return T(1) / (T(1) + exp_of(-x));
+      case unary_kernel::gelu_tanh: return x * gelu_tanh_gate(x).s;
       default: break;
     }
   }
@@ -77,6 +93,11 @@ template <class T> __device__ inline T gelu_derivative(T x) {
   const T cdf = T(0.5) * (T(1) + erf_of(x * T(sqrt1_2)));
   const T pdf = exp_of(T(-0.5) * x * x) * T(inv_sqrt_2pi);
   return cdf + x * pdf;
+}
+
+template <class T> __device__ inline T gelu_tanh_derivative(T x) {
+  const auto g = gelu_tanh_gate(x);
+  return g.s + x * (g.s * g.one_minus_s) * ((T(1) + T(3 * 0.044715) * x * x) * T(2 * sqrt_2_over_pi));
 }
 
 template <class T> __device__ inline T binary_value(binary_kernel op, T x, T y) {
@@ -95,6 +116,7 @@ template <class T> __device__ inline T binary_value(binary_kernel op, T x, T y) 
       case binary_kernel::gelu_backward: return x * gelu_derivative(y);
       case binary_kernel::sigmoid_backward: return x * y * (T(1) - y);
       case binary_kernel::tanh_backward: return x * (T(1) - y * y);
+      case binary_kernel::gelu_tanh_backward: return x * gelu_tanh_derivative(y);
       default: break;
     }
   }

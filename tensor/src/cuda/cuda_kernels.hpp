@@ -27,10 +27,11 @@ enum class element : std::uint8_t { float32 = 0, float64 = 1, int64 = 2, int32 =
 /// Mirrors troupe::unary_op and troupe::binary_op (backend.hpp); the
 /// backend checks the correspondence with static_asserts.
 enum class unary_kernel : std::uint8_t {
-  neg, abs, add_scalar, mul_scalar, pow, exp, log, tanh, sqrt, relu, gelu, sigmoid,
+  neg, abs, add_scalar, mul_scalar, pow, exp, log, tanh, sqrt, relu, gelu, sigmoid, gelu_tanh,
 };
 enum class binary_kernel : std::uint8_t {
   add, sub, mul, div, maximum, greater, relu_backward, gelu_backward, sigmoid_backward, tanh_backward,
+  gelu_tanh_backward,
 };
 
 struct index_space {

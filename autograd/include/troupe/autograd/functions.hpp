@@ -36,7 +36,8 @@ variable tanh(const variable& a);
 variable sqrt(const variable& a);
 variable pow(const variable& a, double exponent);
 variable relu(const variable& a);
-variable gelu(const variable& a);
+/// Exact GELU, or its tanh approximation (PyTorch's approximate='tanh').
+variable gelu(const variable& a, gelu_approximation approximate = gelu_approximation::none);
 variable sigmoid(const variable& a);
 
 // -- reductions ------------------------------------------------------------------

@@ -29,6 +29,7 @@ namespace troupe {
 enum class unary_op : std::uint8_t {
   neg, abs, add_scalar, mul_scalar, // also int64 and int32
   pow, exp, log, tanh, sqrt, relu, gelu, sigmoid,
+  gelu_tanh, ///< GELU's tanh approximation (ops.hpp)
 };
 
 /// Elementwise functions of two tensors. The *_backward ops take
@@ -38,6 +39,7 @@ enum class binary_op : std::uint8_t {
   add, sub, mul, // also int64 and int32
   div, maximum, greater,
   relu_backward, gelu_backward, sigmoid_backward, tanh_backward,
+  gelu_tanh_backward,
 };
 
 /// Row reductions.

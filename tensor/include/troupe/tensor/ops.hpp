@@ -58,13 +58,18 @@ tensor sqrt(const tensor& a);
 tensor pow(const tensor& a, double exponent);
 tensor abs(const tensor& a);
 tensor relu(const tensor& a);
-/// Exact GELU: x * Phi(x) with the error function (PyTorch's default).
-tensor gelu(const tensor& a);
+/// How gelu computes Phi (PyTorch's `approximate` argument).
+enum class gelu_approximation : std::uint8_t {
+  none, ///< exact: x * Phi(x) with the error function (PyTorch's default)
+  tanh, ///< 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (approximate='tanh')
+};
+tensor gelu(const tensor& a, gelu_approximation approximate = gelu_approximation::none);
 tensor sigmoid(const tensor& a);
 
 // Fused derivatives, used by autograd (grad is dL/dy).
 tensor relu_backward(const tensor& grad, const tensor& input);
-tensor gelu_backward(const tensor& grad, const tensor& input);
+tensor gelu_backward(const tensor& grad, const tensor& input,
+                     gelu_approximation approximate = gelu_approximation::none);
 tensor sigmoid_backward(const tensor& grad, const tensor& output);
 tensor tanh_backward(const tensor& grad, const tensor& output);
 
