@@ -22,6 +22,7 @@
 #include <csignal>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -73,7 +74,7 @@ reducer_group_options group_options(std::uint32_t rank, std::uint32_t n, int alg
 }
 
 /// One group per algorithm that runs (index as in `runs`).
-using groups = std::unique_ptr<reducer_group>[2];
+using groups = std::optional<reducer_group>[2];
 
 expected<void> join_all(actors::node& node, groups& out) {
   for (int a = 0; a < 2; ++a)
@@ -81,9 +82,9 @@ expected<void> join_all(actors::node& node, groups& out) {
       auto g = reducer_group::join(node, group_options(node.rank(), node.options().world_size, a));
       if (!g)
         return g.error();
-      if (a == 0 && !(*g)->shares_memory())
+      if (a == 0 && !g->shares_memory())
         return make_error(errc::invalid_argument, "the ranks did not agree on shared memory (not one host?)");
-      out[a] = std::move(*g);
+      out[a].emplace(std::move(*g));
     }
   return {};
 }

@@ -95,7 +95,7 @@ expected<replica_result> train(actors::node& node, std::uint32_t replicas, const
   data_parallel_options options;
   options.buckets.bucket_bytes = static_cast<std::size_t>(s.bucket_mib * (1 << 20));
   options.buckets.min_buckets = s.min_buckets;
-  auto dp = data_parallel::create(model->named_parameters(), **group, options);
+  auto dp = data_parallel::create(model->named_parameters(), *group, options);
   if (!dp)
     return dp.error();
   optim::sgd sgd(model->named_parameters(), {.lr = 0.05});
@@ -103,25 +103,24 @@ expected<replica_result> train(actors::node& node, std::uint32_t replicas, const
   autograd::variable x(randn({batch, dim}, gen));
   autograd::variable y(randn({batch, dim}, gen));
   replica_result out;
-  out.buckets = (*dp)->buckets().size();
+  out.buckets = dp->buckets().size();
   for (int step = 0; step < warmup + s.steps; ++step) {
     const auto start = bench::now_seconds();
     sgd.zero_grad();
     auto loss = autograd::mse_loss((*model)(x), y);
-    if (auto ok = (*dp)->backward(loss); !ok)
+    if (auto ok = dp->backward(loss); !ok)
       return ok.error();
     sgd.step();
     if (step < warmup)
       continue;
     out.step_seconds.push_back(bench::now_seconds() - start);
-    auto st = (*dp)->last_stats();
+    auto st = dp->last_stats();
     out.hidden.push_back(st.hidden_fraction());
     out.exposed_ms.push_back(st.exposed_ms);
     out.backward_ms.push_back(st.backward_ms);
     out.reduce_ms.push_back(st.reduce_ms);
   }
   out.digest = fnv1a(*model);
-  dp->reset();
   return out;
 }
 

@@ -109,7 +109,7 @@ int lookup_child(int argc, char** argv) {
   std::vector<double> times;
   for (std::int64_t i = 0; i < calls + 100; ++i) {
     auto start = bench::now_seconds();
-    job.must(client->lookup("emb", ids, offsets, bag_mode::sum));
+    job.must(client.lookup("emb", ids, offsets, bag_mode::sum));
     if (i >= 100)
       times.push_back(bench::now_seconds() - start);
   }
@@ -151,7 +151,7 @@ int scaled_child(int argc, char** argv) {
   if (job.rank() >= 2) {
     auto server = job.must(parallel::parameter_server::host(job, o));
     auto status = job.serve();
-    auto s = server->stats();
+    auto s = server.stats();
     fmt::print("server {}: table {:.0f} MiB, optimizer state {:.0f} MiB, resident {:.0f} MiB, {} ids looked up, "
                "{} rows updated\n",
                job.rank() - 2, s.table_bytes / 1048576.0, s.state_bytes / 1048576.0, resident_mib(), s.ids_looked_up,
@@ -163,10 +163,10 @@ int scaled_child(int argc, char** argv) {
   auto group = job.must(parallel::reducer_group::join(job, {.rank = trainer, .places = parallel::reducer_places(
                                                                                   {job.nodes()[0], job.nodes()[1]})}));
   auto fc = std::make_shared<nn::linear>(dim, 8, 1);
-  auto dp = job.must(parallel::data_parallel::create(fc->named_parameters(), *group));
-  parallel::remote_embedding_bag emb(*client, "emb", bag_mode::sum);
+  auto dp = job.must(parallel::data_parallel::create(fc->named_parameters(), group));
+  parallel::remote_embedding_bag emb(client, "emb", bag_mode::sum);
   parallel::distributed_optimizer optimizer(
-      std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}), {client.get()});
+      std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}), {&client});
   // Zipf(1.1) by inverse CDF over the ids, as the peer draws them.
   std::vector<double> cdf(static_cast<std::size_t>(rows));
   double total = 0;
@@ -194,12 +194,11 @@ int scaled_child(int argc, char** argv) {
       started = bench::now_seconds();
     optimizer.zero_grad();
     auto loss = autograd::cross_entropy((*fc)(emb(batches[step - 1], offset_tensor)), randint({bags}, targets, 0, 8));
-    job.must(dp->backward(loss));
+    job.must(dp.backward(loss));
     job.must(optimizer.step());
   }
   const double seconds = bench::now_seconds() - started;
   fmt::print("trainer {}: timed {} iterations in {:.4f} s ({:.1f} it/s)\n", trainer, iters, seconds, iters / seconds);
-  dp.reset();
   return job.finish(0);
 }
 

@@ -40,12 +40,12 @@ int main(int argc, char** argv) {
     auto [x, y] = corpus.batch(data, batch, 64);
     optimizer->zero_grad();
     auto loss = recipe.loss((*model)(autograd::variable(x)), y);
-    job.must(dp->backward(loss), fmt::format("step {}", step.number()));
+    job.must(dp.backward(loss), fmt::format("step {}", step.number()));
     optimizer->step();
-    step.report(loss.item(), batch * job.world_size(), "  " + dp->last_stats().summary());
+    step.report(loss.item(), batch * job.world_size(), "  " + dp.last_stats().summary());
   }
   // A collective on every rank: each compares its parameters with rank 0's, bit for bit.
-  if (const bool same = job.must(dp->replicas_identical()); job.is_driver())
+  if (const bool same = job.must(dp.replicas_identical()); job.is_driver())
     fmt::print("replicas identical: {}\n", same ? "yes" : "no");
   return job.finish(0);
 }

@@ -122,10 +122,10 @@ int main(int argc, char** argv) {
   auto group = job.must(parallel::reducer_group::join(
       job, {.rank = trainer, .places = parallel::reducer_places({job.nodes()[2], job.nodes()[3]})}));
   auto fc = std::make_shared<nn::linear>(dim, classes, dense_seed);
-  auto dp = job.must(parallel::data_parallel::create(fc->named_parameters(), *group));
-  parallel::remote_embedding_bag emb(*client, "emb", bag_mode::sum);
+  auto dp = job.must(parallel::data_parallel::create(fc->named_parameters(), group));
+  parallel::remote_embedding_bag emb(client, "emb", bag_mode::sum);
   parallel::distributed_optimizer optimizer(std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}),
-                                            {client.get()});
+                                            {&client});
   generator data{1000 + trainer};
   auto timed_from = std::chrono::steady_clock::now();
   for (std::int64_t step = 1; step <= warmup + steps; ++step) {
@@ -139,13 +139,12 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       job.fail(make_error(errc::io_error, "{}", e.what()), fmt::format("step {}", step));
     }
-    job.must(dp->backward(loss), fmt::format("step {}", step));
+    job.must(dp.backward(loss), fmt::format("step {}", step));
     job.must(optimizer.step(), fmt::format("step {}", step));
     if (print_losses == 1)
       print_loss(trainer, step, loss.item());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
   fmt::print("trainer {}: timed {} iterations in {:.4f} s ({:.1f} it/s)\n", trainer, steps, seconds, steps / seconds);
-  dp.reset();
   return job.finish(0);
 }

@@ -11,6 +11,7 @@
 
 #include "troupe/parallel/collectives.hpp"
 
+#include "reducer_member.hpp"
 #include "same_host_workspace.hpp"
 
 namespace troupe::parallel {
@@ -64,7 +65,7 @@ expected<void> check(const tensor& t, const char* what) {
 
 /// A copy of data[0, n) to send to rank `to` (in the shared arena when it
 /// pays: reducer_group::chunk_buffer).
-template <class T> tensor copy_of(reducer_group& g, std::uint32_t to, const T* data, std::int64_t n) {
+template <class T> tensor copy_of(reducer_member& g, std::uint32_t to, const T* data, std::int64_t n) {
   auto out = g.chunk_buffer(to, dtype_of<T>::value, n);
   std::memcpy(out.template data<T>(), data, static_cast<std::size_t>(n) * sizeof(T));
   return out;
@@ -97,7 +98,7 @@ template <class T> void final_sum(T* dst, const T* src, std::int64_t len, bool a
 /// Runs the ring over the flat buffer `base[0, count)`. Ring steps are
 /// numbered 0..N-2 for reduce-scatter and N..2N-2 for all-gather.
 template <class T>
-expected<void> ring(reducer_group& g, T* base, std::int64_t count, std::uint64_t id, bool reduce, bool gather,
+expected<void> ring(reducer_member& g, T* base, std::int64_t count, std::uint64_t id, bool reduce, bool gather,
                     bool average) {
   const std::uint32_t n = g.size();
   const std::uint32_t r = g.rank();
@@ -210,9 +211,9 @@ template <class F> expected<void> typed(const tensor& t, F&& f) {
   return f(t.data<double>());
 }
 
-std::uint64_t pick(reducer_group& g, std::uint64_t id) { return id ? id : g.next_id(); }
+std::uint64_t pick(reducer_member& g, std::uint64_t id) { return id ? id : g.next_id(); }
 
-expected<void> finish(reducer_group& g, std::uint64_t id, expected<void> result) {
+expected<void> finish(reducer_member& g, std::uint64_t id, expected<void> result) {
   if (!result)
     g.forget(id);
   return result;
@@ -220,7 +221,7 @@ expected<void> finish(reducer_group& g, std::uint64_t id, expected<void> result)
 
 /// ring_allreduce with this call's place in the same-host order (taken
 /// when the call was made, see same_host_workspace.hpp "Order").
-expected<void> allreduce(reducer_group& group, const tensor& data, allreduce_options options,
+expected<void> allreduce(reducer_member& group, const tensor& data, allreduce_options options,
                          std::optional<std::uint64_t> ticket) {
   if (auto ok = check(data, "ring_allreduce"); !ok)
     return ok;
@@ -238,10 +239,11 @@ expected<void> allreduce(reducer_group& group, const tensor& data, allreduce_opt
 } // namespace
 
 expected<void> ring_allreduce(reducer_group& group, const tensor& data, allreduce_options options) {
-  return allreduce(group, data, options, std::nullopt);
+  return allreduce(reducer_group_access::member(group), data, options, std::nullopt);
 }
 
-std::future<expected<void>> ring_allreduce_async(reducer_group& group, tensor data, allreduce_options options) {
+std::future<expected<void>> ring_allreduce_async(reducer_group& handle, tensor data, allreduce_options options) {
+  auto& group = reducer_group_access::member(handle);
   // Take the id (and the same-host turn) now, on the caller's thread, so
   // that both follow call order. A call refused here takes no turn.
   if (auto ok = check(data, "ring_allreduce"); !ok) {
@@ -254,12 +256,15 @@ std::future<expected<void>> ring_allreduce_async(reducer_group& group, tensor da
   std::optional<std::uint64_t> ticket;
   if (auto* ws = group.workspace())
     ticket = ws->take_ticket();
-  return std::async(std::launch::async, [&group, data = std::move(data), options, ticket] {
-    return allreduce(group, data, options, ticket);
-  });
+  // The member lives while this runs, whatever becomes of the handle.
+  return std::async(std::launch::async,
+                    [member = reducer_group_access::shared(handle), data = std::move(data), options, ticket] {
+                      return allreduce(*member, data, options, ticket);
+                    });
 }
 
-expected<tensor> reduce_scatter(reducer_group& group, const tensor& input, reduce_scatter_options options) {
+expected<tensor> reduce_scatter(reducer_group& handle, const tensor& input, reduce_scatter_options options) {
+  auto& group = reducer_group_access::member(handle);
   if (auto ok = check(input, "reduce_scatter"); !ok)
     return ok.error();
   auto id = pick(group, options.context_id);
@@ -273,7 +278,8 @@ expected<tensor> reduce_scatter(reducer_group& group, const tensor& input, reduc
   return work.flatten().slice(0, seg.begin, seg.end).clone();
 }
 
-expected<tensor> all_gather(reducer_group& group, const tensor& mine, all_gather_options options) {
+expected<tensor> all_gather(reducer_group& handle, const tensor& mine, all_gather_options options) {
+  auto& group = reducer_group_access::member(handle);
   if (auto ok = check(mine, "all_gather"); !ok)
     return ok.error();
   auto id = pick(group, options.context_id);
@@ -288,7 +294,8 @@ expected<tensor> all_gather(reducer_group& group, const tensor& mine, all_gather
   return out;
 }
 
-expected<void> broadcast(reducer_group& group, const tensor& data, broadcast_options options) {
+expected<void> broadcast(reducer_group& handle, const tensor& data, broadcast_options options) {
+  auto& group = reducer_group_access::member(handle);
   if (auto ok = check(data, "broadcast"); !ok)
     return ok;
   if (options.root >= group.size())

@@ -3,10 +3,16 @@
 #include "troupe/parallel/data_parallel.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "troupe/actors/trace.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/job.hpp"
 #include "troupe/parallel/broadcast.hpp"
@@ -15,6 +21,8 @@
 #ifdef TROUPE_HAVE_NCCL
 #include "troupe/parallel/nccl_communicator.hpp"
 #endif
+
+#include "reducer_member.hpp"
 
 namespace troupe::parallel {
 
@@ -26,38 +34,102 @@ double ms(std::chrono::steady_clock::duration d) {
 
 } // namespace
 
+struct data_parallel::impl {
+  using clock = std::chrono::steady_clock;
+  struct bucket_state {
+    tensor flat;                ///< this pass's gradients, then their average
+    std::vector<bool> filled;   ///< per slot
+    std::size_t pending = 0;    ///< slots not yet filled
+    bool queued = false;
+    std::uint64_t id = 0;       ///< collective id
+    clock::time_point started, finished;
+  };
+
+  impl(nn::named_variables parameters, reducer_group group, data_parallel_options options);
+  ~impl();
+  void gradient_ready(std::size_t parameter);
+  /// Queues every bucket, in order, up to the first incomplete one.
+  void queue_ready_buckets();
+  void queue(std::size_t bucket);
+  void reduction_loop();
+  void reset_pass();
+  /// A fresh flat buffer for bucket `b`.
+  tensor bucket_buffer(std::size_t b);
+  /// Reduces one bucket in place (NCCL or the ring).
+  expected<void> reduce(std::size_t bucket);
+  expected<void> nccl_broadcast(const tensor& flat);
+  expected<void> backward(const autograd::variable& loss);
+  expected<void> synchronize();
+
+  nn::named_variables parameters_;
+  /// A handle on the group's member, declared before the members that use
+  /// it (the NCCL communicator, the buckets), so destroyed after them.
+  reducer_group group_;
+  device where_;                             ///< the parameters' device
+#ifdef TROUPE_HAVE_NCCL
+  std::optional<nccl_communicator> nccl_;    ///< CUDA parameters only
+#endif
+  data_parallel_options options_;
+  std::string name_;
+  std::vector<gradient_bucket> buckets_;
+  /// parameter index -> (bucket, slot)
+  std::vector<std::pair<std::size_t, std::size_t>> slot_of_;
+  std::vector<std::size_t> hook_ids_;
+  bool final_pass_ = true;
+  /// Trace rows: backward under "<node>/<device>/replica<rank>", the
+  /// buckets' allreduce under the reducer's place.
+  trace::name_id trace_name_, trace_reducer_, trace_backward_, trace_allreduce_;
+
+  // Shared with the reduction thread (mutex_).
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<bucket_state> state_;
+  std::size_t next_to_queue_ = 0;
+  std::deque<std::size_t> work_;
+  std::size_t done_ = 0;
+  std::optional<troupe::error> failure_;
+  bool stopping_ = false;
+  data_parallel_stats stats_;
+  std::thread reducer_thread_;
+
+  bool uses_nccl() const {
+#ifdef TROUPE_HAVE_NCCL
+    return nccl_.has_value();
+#else
+    return false;
+#endif
+  }
+};
+
 std::string data_parallel_stats::summary() const {
   return fmt::format("reduction hidden behind backward {:.0f}%", 100 * hidden_fraction());
 }
 
-expected<std::unique_ptr<data_parallel>> data_parallel::create(troupe::job& job, nn::named_variables parameters,
-                                                               data_parallel_options options) {
+expected<data_parallel> data_parallel::create(troupe::job& job, nn::named_variables parameters,
+                                              data_parallel_options options) {
   auto group = reducer_group::join(job);
   if (!group)
     return group.error();
-  auto dp = create(std::move(parameters), **group, std::move(options));
-  if (dp)
-    (*dp)->owned_group_ = std::move(*group);
-  return dp;
+  return create(std::move(parameters), *group, std::move(options));
 }
 
 expected<bool> data_parallel::replicas_identical() {
   std::vector<autograd::variable> values;
-  for (const auto& [name, parameter] : parameters_)
+  for (const auto& [name, parameter] : impl_->parameters_)
     values.push_back(parameter);
-  return parallel::replicas_identical(group_, values);
+  return parallel::replicas_identical(impl_->group_, values);
 }
 
-expected<std::unique_ptr<data_parallel>> data_parallel::create(nn::named_variables parameters, reducer_group& group,
-                                                               data_parallel_options options) {
-  std::unique_ptr<data_parallel> dp(new data_parallel(std::move(parameters), group, std::move(options)));
+expected<data_parallel> data_parallel::create(nn::named_variables parameters, reducer_group& group,
+                                              data_parallel_options options) {
+  auto dp = std::make_unique<impl>(std::move(parameters), reducer_group_access::share(group), std::move(options));
   if (dp->where_.kind == device_kind::cuda) {
 #ifdef TROUPE_HAVE_NCCL
     // A collective of the group: NCCL's unique id travels over the ring.
     auto nccl = nccl_communicator::create(group, {.where = dp->where_, .timeout = dp->options_.nccl_timeout});
     if (!nccl)
       return make_error(nccl.error().code(), "{}: {}", dp->name_, nccl.error().message());
-    dp->nccl_ = std::move(*nccl);
+    dp->nccl_.emplace(std::move(*nccl));
 #else
     return make_error(errc::invalid_argument, "{}: the parameters are on {} but this build has no NCCL",
                       dp->name_, dp->where_);
@@ -67,7 +139,7 @@ expected<std::unique_ptr<data_parallel>> data_parallel::create(nn::named_variabl
     // Rank 0's values, bucket by bucket, in the same order on every rank.
     for (const auto& bucket : dp->buckets_) {
       auto flat = pack_parameters(bucket, dp->parameters_);
-      auto ok = dp->nccl_ ? dp->nccl_broadcast(flat) : broadcast(group, flat, {.root = 0});
+      auto ok = dp->uses_nccl() ? dp->nccl_broadcast(flat) : broadcast(group, flat, {.root = 0});
       if (!ok)
         return make_error(ok.error().code(), "{}: copying rank 0's parameters failed: {}", dp->name_,
                           ok.error().message());
@@ -75,17 +147,30 @@ expected<std::unique_ptr<data_parallel>> data_parallel::create(nn::named_variabl
         unpack_parameters(bucket, flat, dp->parameters_);
     }
   }
-  return dp;
+  return data_parallel(std::move(dp));
 }
 
-data_parallel::data_parallel(nn::named_variables parameters, reducer_group& group, data_parallel_options options)
-    : parameters_(std::move(parameters)), group_(group),
+data_parallel::data_parallel(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
+data_parallel::~data_parallel() = default;
+data_parallel::data_parallel(data_parallel&&) noexcept = default;
+data_parallel& data_parallel::operator=(data_parallel&&) noexcept = default;
+expected<void> data_parallel::backward(const autograd::variable& loss) { return impl_->backward(loss); }
+expected<void> data_parallel::synchronize() { return impl_->synchronize(); }
+void data_parallel::set_final_pass(bool final_pass) noexcept { impl_->final_pass_ = final_pass; }
+const std::vector<gradient_bucket>& data_parallel::buckets() const noexcept { return impl_->buckets_; }
+const nn::named_variables& data_parallel::parameters() const noexcept { return impl_->parameters_; }
+reducer_group& data_parallel::group() noexcept { return impl_->group_; }
+const std::string& data_parallel::name() const noexcept { return impl_->name_; }
+
+data_parallel::impl::impl(nn::named_variables parameters, reducer_group group, data_parallel_options options)
+    : parameters_(std::move(parameters)), group_(std::move(group)),
       where_(parameters_.empty() ? device::cpu() : parameters_.front().second.data().where()),
       options_(std::move(options)),
-      name_(options_.name.empty() ? fmt::format("replica {}", group.rank()) : options_.name),
+      name_(options_.name.empty() ? fmt::format("replica {}", group_.rank()) : options_.name),
       buckets_(plan_buckets(parameters_, options_.buckets)), slot_of_(parameters_.size()),
-      trace_name_(trace::intern(group.place_of(group.rank()).with_name(fmt::format("replica{}", group.rank())).to_string())),
-      trace_reducer_(trace::intern(group.place_of(group.rank()).to_string())), trace_backward_(trace::intern("backward")),
+      trace_name_(trace::intern(
+          group_.place_of(group_.rank()).with_name(fmt::format("replica{}", group_.rank())).to_string())),
+      trace_reducer_(trace::intern(group_.place_of(group_.rank()).to_string())), trace_backward_(trace::intern("backward")),
       trace_allreduce_(trace::intern("allreduce")) {
   for (const auto& [name, p] : parameters_)
     require(p.data().where() == where_, "{}: parameter {} is on {} but the first one is on {}; a replica's "
@@ -100,7 +185,7 @@ data_parallel::data_parallel(nn::named_variables parameters, reducer_group& grou
   reducer_thread_ = std::thread([this] { reduction_loop(); });
 }
 
-data_parallel::~data_parallel() {
+data_parallel::impl::~impl() {
   for (std::size_t k = 0; k < parameters_.size(); ++k)
     parameters_[k].second.remove_grad_ready_hook(hook_ids_[k]);
   {
@@ -111,7 +196,7 @@ data_parallel::~data_parallel() {
   reducer_thread_.join();
 }
 
-void data_parallel::reset_pass() {
+void data_parallel::impl::reset_pass() {
   // Called with no collective in flight (creation, end of synchronize).
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     auto& st = state_[b];
@@ -124,15 +209,15 @@ void data_parallel::reset_pass() {
   done_ = 0;
 }
 
-tensor data_parallel::bucket_buffer(std::size_t b) {
+tensor data_parallel::impl::bucket_buffer(std::size_t b) {
   // CPU buckets of a same-host group lie in the node's shared arena, where
   // the other replicas read them in place (reducer_group::buffer).
-  if (!nccl_ && where_.kind == device_kind::cpu)
+  if (!uses_nccl() && where_.kind == device_kind::cpu)
     return group_.buffer({buckets_[b].numel}, buckets_[b].type);
   return tensor::empty({buckets_[b].numel}, buckets_[b].type, where_);
 }
 
-void data_parallel::gradient_ready(std::size_t parameter) {
+void data_parallel::impl::gradient_ready(std::size_t parameter) {
   if (!final_pass_)
     return; // accumulating locally; synchronize() packs the sums
   const auto [b, s] = slot_of_[parameter];
@@ -153,12 +238,12 @@ void data_parallel::gradient_ready(std::size_t parameter) {
     queue_ready_buckets();
 }
 
-void data_parallel::queue_ready_buckets() {
+void data_parallel::impl::queue_ready_buckets() {
   while (next_to_queue_ < buckets_.size() && state_[next_to_queue_].pending == 0)
     queue(next_to_queue_++);
 }
 
-void data_parallel::queue(std::size_t b) {
+void data_parallel::impl::queue(std::size_t b) {
   auto& st = state_[b];
   // The id is taken here, in bucket order, on the thread that runs backward:
   // the same sequence on every replica.
@@ -171,7 +256,7 @@ void data_parallel::queue(std::size_t b) {
   wake_.notify_all();
 }
 
-void data_parallel::reduction_loop() {
+void data_parallel::impl::reduction_loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
     wake_.wait(lock, [&] { return stopping_ || !work_.empty(); });
@@ -199,7 +284,7 @@ void data_parallel::reduction_loop() {
   }
 }
 
-expected<void> data_parallel::reduce(std::size_t b) {
+expected<void> data_parallel::impl::reduce(std::size_t b) {
   auto& st = state_[b];
 #ifdef TROUPE_HAVE_NCCL
   if (nccl_)
@@ -208,7 +293,7 @@ expected<void> data_parallel::reduce(std::size_t b) {
   return ring_allreduce(group_, st.flat, {.op = reduce_op::average, .context_id = st.id});
 }
 
-expected<void> data_parallel::nccl_broadcast([[maybe_unused]] const tensor& flat) {
+expected<void> data_parallel::impl::nccl_broadcast([[maybe_unused]] const tensor& flat) {
 #ifdef TROUPE_HAVE_NCCL
   return nccl_->broadcast(flat, 0);
 #else
@@ -216,7 +301,7 @@ expected<void> data_parallel::nccl_broadcast([[maybe_unused]] const tensor& flat
 #endif
 }
 
-expected<void> data_parallel::backward(const autograd::variable& loss) {
+expected<void> data_parallel::impl::backward(const autograd::variable& loss) {
   const auto started = clock::now();
   trace::handler_start(trace_name_, trace::message_info(trace_backward_));
   autograd::backward(loss);
@@ -228,7 +313,7 @@ expected<void> data_parallel::backward(const autograd::variable& loss) {
   return ok;
 }
 
-expected<void> data_parallel::synchronize() {
+expected<void> data_parallel::impl::synchronize() {
   const auto backward_end = clock::now();
   {
     std::lock_guard lock(mutex_);
@@ -289,8 +374,8 @@ expected<void> data_parallel::synchronize() {
 }
 
 data_parallel_stats data_parallel::last_stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
+  std::lock_guard lock(impl_->mutex_);
+  return impl_->stats_;
 }
 
 expected<bool> replicas_identical(reducer_group& group, const std::vector<autograd::variable>& parameters) {

@@ -14,6 +14,8 @@
 #include "troupe/command_line.hpp"
 #include "troupe/parallel/remote.hpp"
 
+#include "finish_hook.hpp"
+
 namespace troupe {
 
 namespace {
@@ -85,15 +87,11 @@ struct job::state {
   std::vector<caf::actor> rank_actors; // by rank
   std::vector<std::string> node_names; // by rank
   std::promise<int> served;            // 0: released by the driver, 1: the driver is lost
-  std::mutex hooks_mutex;
-  std::vector<std::pair<std::uint64_t, std::function<void()>>> at_finish;
-  std::uint64_t next_hook = 1;
+  std::shared_ptr<parallel::finish_hooks> at_finish = std::make_shared<parallel::finish_hooks>();
   std::atomic<bool> serve_decided{false};
   bool finished = false;
   bool serving = false; // serve(): hooks run after the release, not before
   std::int64_t print_every = 10;
-
-  void run_finish_hooks();
 
   void decide(int code) {
     if (!serve_decided.exchange(true))
@@ -331,17 +329,34 @@ int job::serve() {
   return finish(0);
 }
 
-std::uint64_t job::at_finish(std::function<void()> stop) {
-  std::lock_guard lock(state_->hooks_mutex);
-  const auto id = state_->next_hook++;
-  state_->at_finish.emplace_back(id, std::move(stop));
+std::uint64_t parallel::finish_hooks::add(std::function<void()> stop) {
+  std::lock_guard lock(mutex_);
+  const auto id = next_++;
+  stops_.emplace_back(id, std::move(stop));
   return id;
 }
 
-void job::forget_at_finish(std::uint64_t id) {
-  std::lock_guard lock(state_->hooks_mutex);
-  std::erase_if(state_->at_finish, [id](const auto& hook) { return hook.first == id; });
+void parallel::finish_hooks::forget(std::uint64_t id) {
+  std::lock_guard lock(mutex_);
+  std::erase_if(stops_, [id](const auto& hook) { return hook.first == id; });
 }
+
+void parallel::finish_hooks::run_all() {
+  for (;;) {
+    std::function<void()> stop;
+    {
+      std::lock_guard lock(mutex_);
+      if (stops_.empty())
+        break;
+      stop = std::move(stops_.back().second);
+      stops_.pop_back();
+    }
+    stop();
+  }
+}
+
+parallel::finish_hook::finish_hook(troupe::job& job, std::function<void()> stop)
+    : hooks_(job.state_->at_finish), id_(job.state_->at_finish->add(std::move(stop))) {}
 
 int job::finish(int status) {
   auto& st = *state_;
@@ -351,7 +366,7 @@ int job::finish(int status) {
   st.finished = true;
   std::fflush(stdout);
   if (!st.serving)
-    st.run_finish_hooks();
+    st.at_finish->run_all();
   if (is_driver()) {
     { // the scoped actor must be gone before the node stops
       caf::scoped_actor self{st.node->system()};
@@ -375,7 +390,7 @@ int job::finish(int status) {
   caf::anon_send(st.self_actor, caf::put_atom::value);
   const bool released = st.served.get_future().get() == 0;
   if (st.serving)
-    st.run_finish_hooks();
+    st.at_finish->run_all();
   if (released) {
     st.stop_node();
     return status;
@@ -387,21 +402,6 @@ int job::finish(int status) {
   std::fflush(stdout);
   static_cast<void>(st.node.release());
   return 1;
-}
-
-void job::state::run_finish_hooks() {
-  // Newest first: a data-parallel wrapper before its reducer group.
-  for (;;) {
-    std::function<void()> stop;
-    {
-      std::lock_guard lock(hooks_mutex);
-      if (at_finish.empty())
-        break;
-      stop = std::move(at_finish.back().second);
-      at_finish.pop_back();
-    }
-    stop();
-  }
 }
 
 } // namespace troupe

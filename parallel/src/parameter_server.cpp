@@ -21,6 +21,7 @@
 #include "troupe/tensor/error.hpp"
 
 #include "actor_places.hpp"
+#include "finish_hook.hpp"
 #include "mailbox_thread.hpp"
 #include "reply_endpoint.hpp"
 #include "ps_shard.hpp"
@@ -366,27 +367,35 @@ struct parameter_server::state {
   std::vector<std::unique_ptr<shard_actor>> shards;
   std::uint64_t peer_lost_handler = 0;
   bool stopped = false;
+  finish_hook at_finish;
+
+  void stop() {
+    if (stopped)
+      return;
+    stopped = true;
+    if (peer_lost_handler)
+      node->remove_peer_lost_handler(peer_lost_handler);
+    for (auto& shard : shards) {
+      detach_place(*node, shard->place, shard->handle);
+      shard->mailbox.stop();
+    }
+  }
 };
 
-expected<std::unique_ptr<parameter_server>> parameter_server::host(troupe::job& job,
-                                                                   parameter_server_options options) {
+expected<parameter_server> parameter_server::host(troupe::job& job, parameter_server_options options) {
   auto made = host(job.node(), std::move(options));
-  if (made) {
-    auto* server = made->get();
-    server->job_ = &job;
-    server->finish_hook_ = job.at_finish([server] { server->stop(); });
-  }
+  if (made)
+    stop_at_finish(job, *made->state_);
   return made;
 }
 
-expected<std::unique_ptr<parameter_server>> parameter_server::host(actors::node& node,
-                                                                   parameter_server_options options) {
+expected<parameter_server> parameter_server::host(actors::node& node, parameter_server_options options) {
   if (auto ok = check_options(options); !ok)
     return ok.error();
   auto st = std::make_shared<state>();
   st->node = &node;
   st->options = std::move(options);
-  std::unique_ptr<parameter_server> server(new parameter_server(st));
+  parameter_server server(st); // stops what started if joining fails
   const auto& o = st->options;
   for (std::uint32_t k = 0; k < o.servers.size(); ++k) {
     if (node_of(o.servers[k]) != node.name())
@@ -421,23 +430,15 @@ expected<std::unique_ptr<parameter_server>> parameter_server::host(actors::node&
   return server;
 }
 
-parameter_server::~parameter_server() {
-  if (job_ != nullptr)
-    job_->forget_at_finish(finish_hook_);
-  stop();
+parameter_server::~parameter_server() { stop_now(state_); }
+parameter_server::parameter_server(parameter_server&&) noexcept = default;
+
+parameter_server& parameter_server::operator=(parameter_server&& other) noexcept {
+  take_state(state_, other.state_);
+  return *this;
 }
 
-void parameter_server::stop() {
-  if (state_->stopped)
-    return;
-  state_->stopped = true;
-  if (state_->peer_lost_handler)
-    state_->node->remove_peer_lost_handler(state_->peer_lost_handler);
-  for (auto& shard : state_->shards) {
-    detach_place(*state_->node, shard->place, shard->handle);
-    shard->mailbox.stop();
-  }
-}
+void parameter_server::stop() { state_->stop(); }
 
 parameter_server_stats parameter_server::stats() const {
   parameter_server_stats total;
@@ -514,7 +515,19 @@ struct parameter_client::state {
         return static_cast<std::uint16_t>(t);
     return make_error(errc::invalid_argument, "parameter client: no table '{}'", name);
   }
+
+  finish_hook at_finish;
+  /// Later calls fail (idempotent).
+  void stop() { replies->close("the parameter client was shut down"); }
 };
+
+// The client's work on its state, shared by its methods and by the
+// embedding modules and their backward (which keep the state, not the
+// client object, so the client may move).
+static expected<tensor> lookup_rows(parameter_client::state& st, const std::string& table, const tensor& ids,
+                                    const tensor& offsets, bag_mode mode, const tensor& weights);
+static expected<void> record_rows(parameter_client::state& st, const std::string& table, const tensor& ids,
+                                  const tensor& offsets, bag_mode mode, const tensor& weights, const tensor& grad);
 
 namespace {
 
@@ -551,20 +564,15 @@ expected<void> check_bags(const table_spec& spec, const tensor& ids, const tenso
 
 } // namespace
 
-expected<std::unique_ptr<parameter_client>> parameter_client::connect(troupe::job& job,
-                                                                      parameter_server_options options) {
+expected<parameter_client> parameter_client::connect(troupe::job& job, parameter_server_options options) {
   auto made = connect(job.node(), std::move(options));
-  if (made) {
-    auto* client = made->get();
-    client->job_ = &job;
-    client->finish_hook_ = job.at_finish([client] { client->shutdown(); });
-  }
+  if (made)
+    stop_at_finish(job, *made->state_);
   return made;
 }
 
-expected<std::unique_ptr<parameter_client>> parameter_client::connect(actors::node& node,
-                                                                      parameter_server_options options,
-                                                                      std::int64_t trainer) {
+expected<parameter_client> parameter_client::connect(actors::node& node, parameter_server_options options,
+                                                     std::int64_t trainer) {
   if (auto ok = check_options(options); !ok)
     return ok.error();
   auto st = std::make_shared<state>();
@@ -594,7 +602,7 @@ expected<std::unique_ptr<parameter_client>> parameter_client::connect(actors::no
   if (!endpoint)
     return endpoint.error();
   st->replies = std::move(*endpoint);
-  std::unique_ptr<parameter_client> client(new parameter_client(st));
+  parameter_client client(st);
   st->replies->fail_when_lost([o, places = st->shard_places](const actors::peer_lost& lost) -> std::optional<std::string> {
     for (std::uint32_t k = 0; k < o.servers.size(); ++k)
       if (node_of(o.servers[k]) == lost.node)
@@ -607,15 +615,15 @@ expected<std::unique_ptr<parameter_client>> parameter_client::connect(actors::no
   return client;
 }
 
-parameter_client::~parameter_client() {
-  if (job_ != nullptr)
-    job_->forget_at_finish(finish_hook_);
-  shutdown();
+parameter_client::~parameter_client() { stop_now(state_); }
+parameter_client::parameter_client(parameter_client&&) noexcept = default;
+
+parameter_client& parameter_client::operator=(parameter_client&& other) noexcept {
+  take_state(state_, other.state_);
+  return *this;
 }
 
-void parameter_client::shutdown() {
-  state_->replies->close("the parameter client was shut down");
-}
+void parameter_client::shutdown() { state_->stop(); }
 
 std::uint64_t parameter_client::current_step() const {
   std::lock_guard lock(state_->mutex);
@@ -625,9 +633,13 @@ std::uint64_t parameter_client::current_step() const {
 const parameter_server_options& parameter_client::options() const { return state_->options; }
 std::uint32_t parameter_client::trainer_index() const { return state_->trainer; }
 
-expected<tensor> parameter_client::lookup(const std::string& table, const tensor& ids_in, const tensor& offsets_in,
-                                          bag_mode mode, const tensor& weights_in) {
-  auto& st = *state_;
+expected<tensor> parameter_client::lookup(const std::string& table, const tensor& ids, const tensor& offsets,
+                                          bag_mode mode, const tensor& per_sample_weights) {
+  return lookup_rows(*state_, table, ids, offsets, mode, per_sample_weights);
+}
+
+static expected<tensor> lookup_rows(parameter_client::state& st, const std::string& table, const tensor& ids_in,
+                                    const tensor& offsets_in, bag_mode mode, const tensor& weights_in) {
   auto t = st.table_index(table);
   if (!t)
     return t.error();
@@ -726,10 +738,15 @@ expected<tensor> parameter_client::lookup(const std::string& table, const tensor
   return out;
 }
 
-expected<void> parameter_client::record_gradient(const std::string& table, const tensor& ids_in,
-                                                 const tensor& offsets_in, bag_mode mode, const tensor& weights_in,
-                                                 const tensor& grad_in) {
-  auto& st = *state_;
+expected<void> parameter_client::record_gradient(const std::string& table, const tensor& ids,
+                                                 const tensor& offsets, bag_mode mode,
+                                                 const tensor& per_sample_weights, const tensor& grad_output) {
+  return record_rows(*state_, table, ids, offsets, mode, per_sample_weights, grad_output);
+}
+
+static expected<void> record_rows(parameter_client::state& st, const std::string& table, const tensor& ids_in,
+                                  const tensor& offsets_in, bag_mode mode, const tensor& weights_in,
+                                  const tensor& grad_in) {
   auto t = st.table_index(table);
   if (!t)
     return t.error();
@@ -847,16 +864,16 @@ namespace {
 /// Backward of a remote lookup: records the sparse gradient with the client.
 class remote_lookup_backward final : public autograd::node {
 public:
-  remote_lookup_backward(parameter_client& client, std::string table, tensor ids, tensor offsets, tensor weights,
-                         bag_mode mode)
-      : client_(&client), table_(std::move(table)), ids_(std::move(ids)), offsets_(std::move(offsets)),
+  remote_lookup_backward(std::shared_ptr<parameter_client::state> client, std::string table, tensor ids,
+                         tensor offsets, tensor weights, bag_mode mode)
+      : client_(std::move(client)), table_(std::move(table)), ids_(std::move(ids)), offsets_(std::move(offsets)),
         weights_(std::move(weights)), mode_(mode) {
     set_next_edges({});
   }
   std::vector<tensor> apply(std::vector<tensor> grads) override {
     require(ids_.defined(), "remote_embedding_bag_backward: its saved ids were released");
     if (!grads.empty() && grads[0].defined()) {
-      auto ok = client_->record_gradient(table_, ids_, offsets_, mode_, weights_, grads[0]);
+      auto ok = record_rows(*client_, table_, ids_, offsets_, mode_, weights_, grads[0]);
       if (!ok)
         throw std::runtime_error(ok.error().message());
     }
@@ -870,7 +887,7 @@ public:
   }
 
 private:
-  parameter_client* client_;
+  std::shared_ptr<parameter_client::state> client_;
   std::string table_;
   tensor ids_, offsets_, weights_;
   bag_mode mode_;
@@ -878,9 +895,12 @@ private:
 
 } // namespace
 
+remote_embedding_bag::remote_embedding_bag(parameter_client& client, std::string table, bag_mode mode)
+    : client_(client.state_), table_(std::move(table)), mode_(mode) {}
+
 autograd::variable remote_embedding_bag::operator()(const tensor& ids, const tensor& offsets,
                                                     const tensor& per_sample_weights) {
-  auto out = client_->lookup(table_, ids, offsets, mode_, per_sample_weights);
+  auto out = lookup_rows(*client_, table_, ids, offsets, mode_, per_sample_weights);
   if (!out) {
     if (out.error().code() == errc::invalid_argument)
       throw usage_error(out.error().message());
@@ -888,7 +908,7 @@ autograd::variable remote_embedding_bag::operator()(const tensor& ids, const ten
   }
   if (!autograd::grad_enabled())
     return autograd::variable(std::move(*out));
-  auto fn = std::make_shared<remote_lookup_backward>(*client_, table_, ids.contiguous(), offsets.contiguous(),
+  auto fn = std::make_shared<remote_lookup_backward>(client_, table_, ids.contiguous(), offsets.contiguous(),
                                                      per_sample_weights.defined() ? per_sample_weights.contiguous()
                                                                                   : tensor{},
                                                      mode_);

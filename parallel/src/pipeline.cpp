@@ -66,8 +66,7 @@ struct pipeline::state::driver {
 pipeline::state::state(actors::node& node, pipeline_options options) : node_(node), options_(std::move(options)) {}
 
 pipeline::state::~state() {
-  if (job_ != nullptr)
-    job_->forget_at_finish(finish_hook_);
+  finish_hook_.forget();
   shutdown();
 }
 
@@ -97,8 +96,7 @@ std::vector<double> per_micro_batch_ms(const std::vector<stage_stats>& stats, st
 }
 
 void pipeline::state::stop_with(troupe::job& job) {
-  job_ = &job;
-  finish_hook_ = job.at_finish([this] { shutdown(); });
+  finish_hook_ = finish_hook(job, [this] { shutdown(); });
 }
 
 void pipeline::state::shutdown() {

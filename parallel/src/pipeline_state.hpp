@@ -11,6 +11,7 @@
 
 #include <caf/actor.hpp>
 
+#include "finish_hook.hpp"
 #include "stage.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/place.hpp"
@@ -59,8 +60,7 @@ struct pipeline::state {
   struct driver;
   actors::node& node_;
   pipeline_options options_;
-  troupe::job* job_ = nullptr;
-  std::uint64_t finish_hook_ = 0;
+  finish_hook finish_hook_;
   bool shut_down_ = false;
   std::unique_ptr<driver> driver_;
   std::vector<caf::actor> stages_;

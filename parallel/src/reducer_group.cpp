@@ -9,20 +9,21 @@
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/job.hpp"
 
+#include "reducer_member.hpp"
 #include "same_host_workspace.hpp"
 
 namespace troupe::parallel {
 
-struct reducer_group::reducer_actor {
+struct reducer_member::reducer_actor {
   caf::actor handle;
 };
 
 using namespace std::chrono_literals;
 
-struct reducer_group::state {
+struct reducer_member::state {
   std::mutex mutex;
   std::condition_variable arrived;
-  std::map<reducer_group::key, tensor> mailbox;
+  std::map<reducer_member::key, tensor> mailbox;
   std::optional<std::string> failure; // sticky: a lost replica or a failed send
   std::shared_ptr<actors::tensor_router> router;
 
@@ -51,15 +52,15 @@ std::vector<std::string> reducer_places(const std::vector<std::string>& node_nam
   return out;
 }
 
-reducer_group::reducer_group(actors::node& node, reducer_group_options options, std::vector<actors::place> places)
+reducer_member::reducer_member(actors::node& node, reducer_group_options options, std::vector<actors::place> places)
     : node_(node), options_(std::move(options)), places_(std::move(places)), state_(std::make_shared<state>()),
       trace_name_(trace::intern(places_.at(options_.rank).to_string())) {}
 
-std::string reducer_group::describe(std::uint32_t rank) const {
+std::string reducer_member::describe(std::uint32_t rank) const {
   return fmt::format("replica {} ({})", rank, places_.at(rank).to_string());
 }
 
-tensor reducer_group::chunk_buffer(std::uint32_t to, dtype type, std::int64_t count) {
+tensor reducer_member::chunk_buffer(std::uint32_t to, dtype type, std::int64_t count) {
   // The router's own threshold for copying heap tensors into the arena
   // (tensor_router_options::copy_into_arena_min_bytes): below it UCX sends
   // eagerly and a handoff's fixed cost dominates.
@@ -70,30 +71,52 @@ tensor reducer_group::chunk_buffer(std::uint32_t to, dtype type, std::int64_t co
   return tensor::empty({count}, type);
 }
 
-tensor reducer_group::buffer(const dims& shape, dtype type) {
+tensor reducer_member::buffer(const dims& shape, dtype type) {
   if (workspace_ != nullptr)
     if (auto in_arena = state_->router->arena_tensor(shape, type)) // an error when the node has no arena
       return std::move(*in_arena);
   return tensor::empty(shape, type);
 }
 
-std::uint64_t reducer_group::next_id() noexcept { return (std::uint64_t{1} << 63) | ++next_id_; }
+std::uint64_t reducer_member::next_id() noexcept { return (std::uint64_t{1} << 63) | ++next_id_; }
 
-expected<std::unique_ptr<reducer_group>> reducer_group::join(troupe::job& job, reducer_group_options options) {
+expected<reducer_group> reducer_group::join(troupe::job& job, reducer_group_options options) {
   if (options.places.empty()) {
     options.rank = job.rank();
     options.places = reducer_places(job.nodes());
   }
-  auto made = join(job.node(), std::move(options));
-  if (made) {
-    auto* group = made->get();
-    group->job_ = &job;
-    group->finish_hook_ = job.at_finish([group] { group->shutdown(); });
-  }
-  return made;
+  auto member = reducer_member::join(job.node(), std::move(options));
+  if (!member)
+    return member.error();
+  (*member)->stop_with(job);
+  return reducer_group(std::move(*member));
 }
 
-expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node, reducer_group_options options) {
+expected<reducer_group> reducer_group::join(actors::node& node, reducer_group_options options) {
+  auto member = reducer_member::join(node, std::move(options));
+  if (!member)
+    return member.error();
+  return reducer_group(std::move(*member));
+}
+
+reducer_group::reducer_group(std::shared_ptr<reducer_member> member) : member_(std::move(member)) {}
+reducer_group::~reducer_group() = default;
+reducer_group::reducer_group(reducer_group&&) noexcept = default;
+reducer_group& reducer_group::operator=(reducer_group&&) noexcept = default;
+std::uint32_t reducer_group::rank() const noexcept { return member_->rank(); }
+std::uint32_t reducer_group::size() const noexcept { return member_->size(); }
+const reducer_group_options& reducer_group::options() const noexcept { return member_->options(); }
+const actors::place& reducer_group::place_of(std::uint32_t rank) const { return member_->place_of(rank); }
+std::string reducer_group::describe(std::uint32_t rank) const { return member_->describe(rank); }
+bool reducer_group::shares_memory() const noexcept { return member_->workspace() != nullptr; }
+tensor reducer_group::buffer(const dims& shape, dtype type) { return member_->buffer(shape, type); }
+std::uint64_t reducer_group::next_id() noexcept { return member_->next_id(); }
+
+void reducer_member::stop_with(troupe::job& job) {
+  finish_hook_ = finish_hook(job, [this] { shutdown(); });
+}
+
+expected<std::shared_ptr<reducer_member>> reducer_member::join(actors::node& node, reducer_group_options options) {
   if (options.places.empty() || options.rank >= options.places.size())
     return make_error(errc::invalid_argument, "reducer_group: rank {} is outside the {} places", options.rank,
                       options.places.size());
@@ -113,7 +136,7 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
   auto router = node.router();
   if (!router)
     return make_error(errc::invalid_argument, "reducer_group: the node has no tensor router");
-  std::unique_ptr<reducer_group> group(new reducer_group(node, std::move(options), std::move(places)));
+  std::shared_ptr<reducer_member> group(new reducer_member(node, std::move(options), std::move(places)));
   group->state_->router = router;
 
   // The reducer actor only files arriving chunks; the collective that
@@ -168,7 +191,7 @@ expected<std::unique_ptr<reducer_group>> reducer_group::join(actors::node& node,
   return group;
 }
 
-expected<void> reducer_group::offer_same_host() {
+expected<void> reducer_member::offer_same_host() {
   // Collective id 0 is never a collective's (0 in the options means "take
   // next_id()"), so the offers cannot mix with a collective's chunks.
   constexpr std::uint64_t offer_id = 0;
@@ -246,16 +269,16 @@ expected<void> reducer_group::offer_same_host() {
   return {};
 }
 
-reducer_group::~reducer_group() {
-  if (job_ != nullptr)
-    job_->forget_at_finish(finish_hook_);
+reducer_member::~reducer_member() {
+  finish_hook_.forget();
   shutdown();
 }
 
-void reducer_group::shutdown() {
+void reducer_member::shutdown() {
   if (shut_down_)
     return;
   shut_down_ = true;
+  state_->fail("this rank has left the ring (its group was shut down)");
   workspace_.reset();
   if (peer_lost_handler_)
     node_.remove_peer_lost_handler(peer_lost_handler_);
@@ -267,12 +290,12 @@ void reducer_group::shutdown() {
   reducer_.reset();
 }
 
-expected<void> reducer_group::send_right(std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,
+expected<void> reducer_member::send_right(std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,
                                          tensor chunk) {
   return send_to((rank() + 1) % size(), id, step, chunk_index, std::move(chunk));
 }
 
-expected<void> reducer_group::send_to(std::uint32_t to, std::uint64_t id, std::uint32_t step,
+expected<void> reducer_member::send_to(std::uint32_t to, std::uint64_t id, std::uint32_t step,
                                       std::uint32_t chunk_index, tensor chunk) {
   actors::tensor_message m;
   m.meta.kind = message_kind::gradient_bucket;
@@ -306,7 +329,7 @@ expected<void> reducer_group::send_to(std::uint32_t to, std::uint64_t id, std::u
   }
 }
 
-expected<tensor> reducer_group::receive(std::uint32_t from, std::uint64_t id, std::uint32_t step,
+expected<tensor> reducer_member::receive(std::uint32_t from, std::uint64_t id, std::uint32_t step,
                                         std::uint32_t chunk_index) {
   std::unique_lock lock(state_->mutex);
   key k{id, step, chunk_index};
@@ -327,7 +350,7 @@ expected<tensor> reducer_group::receive(std::uint32_t from, std::uint64_t id, st
   }
 }
 
-void reducer_group::forget(std::uint64_t id) {
+void reducer_member::forget(std::uint64_t id) {
   std::lock_guard lock(state_->mutex);
   for (auto it = state_->mailbox.begin(); it != state_->mailbox.end();)
     it = std::get<0>(it->first) == id ? state_->mailbox.erase(it) : std::next(it);

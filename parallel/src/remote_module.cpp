@@ -19,6 +19,7 @@
 #include "troupe/tensor/ops.hpp"
 
 #include "actor_places.hpp"
+#include "finish_hook.hpp"
 #include "mailbox_thread.hpp"
 #include "reply_endpoint.hpp"
 #include "ps_wire.hpp"
@@ -81,6 +82,17 @@ struct remote_module_host::state {
   detail::mailbox_thread<item> mailbox;
   std::atomic<bool> stopped{false};
   std::uint64_t peer_lost_handler = 0;
+  finish_hook at_finish;
+
+  /// Stops the host thread and leaves the place (idempotent).
+  void stop() {
+    if (stopped.exchange(true))
+      return;
+    mailbox.stop();
+    if (peer_lost_handler)
+      node->remove_peer_lost_handler(peer_lost_handler);
+    detail::detach_place(*node, place, handle);
+  }
 
   // host thread; other threads read them under mailbox.state_mutex()
   std::uint64_t applied = 0;                          // last step applied
@@ -219,19 +231,14 @@ struct remote_module_host::state {
   }
 };
 
-expected<std::unique_ptr<remote_module_host>> remote_module_host::host(troupe::job& job,
-                                                                       remote_module_options options) {
+expected<remote_module_host> remote_module_host::host(troupe::job& job, remote_module_options options) {
   auto made = host(job.node(), std::move(options));
-  if (made) {
-    auto* h = made->get();
-    h->job_ = &job;
-    h->finish_hook_ = job.at_finish([h] { h->stop(); });
-  }
+  if (made)
+    stop_at_finish(job, *made->state_);
   return made;
 }
 
-expected<std::unique_ptr<remote_module_host>> remote_module_host::host(actors::node& node,
-                                                                       remote_module_options options) {
+expected<remote_module_host> remote_module_host::host(actors::node& node, remote_module_options options) {
   if (auto ok = check_options(options); !ok)
     return ok.error();
   if (detail::node_of(options.place) != node.name())
@@ -247,7 +254,7 @@ expected<std::unique_ptr<remote_module_host>> remote_module_host::host(actors::n
     return make_error(errc::invalid_argument, "remote module '{}': the factory built nothing", st->options.name);
   st->optimizer = st->options.optimizer(st->module->named_parameters());
   st->lost.resize(st->options.callers.size());
-  std::unique_ptr<remote_module_host> host(new remote_module_host(st));
+  remote_module_host host(st); // stops what started if joining fails
   auto* raw = st.get();
   auto handle =
       detail::attach_place(node, st->place, [raw](const actors::tensor_message& m) { raw->mailbox.post({m, {}, {}}); });
@@ -270,21 +277,15 @@ expected<std::unique_ptr<remote_module_host>> remote_module_host::host(actors::n
   return host;
 }
 
-remote_module_host::~remote_module_host() {
-  if (job_ != nullptr)
-    job_->forget_at_finish(finish_hook_);
-  stop();
+remote_module_host::~remote_module_host() { stop_now(state_); }
+remote_module_host::remote_module_host(remote_module_host&&) noexcept = default;
+
+remote_module_host& remote_module_host::operator=(remote_module_host&& other) noexcept {
+  take_state(state_, other.state_);
+  return *this;
 }
 
-void remote_module_host::stop() {
-  auto& st = *state_;
-  if (st.stopped.exchange(true))
-    return;
-  st.mailbox.stop();
-  if (st.peer_lost_handler)
-    st.node->remove_peer_lost_handler(st.peer_lost_handler);
-  detail::detach_place(*st.node, st.place, st.handle);
-}
+void remote_module_host::stop() { state_->stop(); }
 
 named_tensors remote_module_host::parameters() const {
   std::lock_guard lock(state_->mailbox.state_mutex());
@@ -311,6 +312,10 @@ struct remote_module::state {
   std::mutex mutex; // step, next_call
   std::uint64_t step = 1;
   std::uint64_t next_call = 1;
+  finish_hook at_finish;
+
+  /// Unregisters the reply actor; later calls fail (idempotent).
+  void stop() { replies->close(fmt::format("remote module '{}': the caller was shut down", options.name)); }
 
   /// Sends `value` for call `context` and waits (bounded) for the host's answer.
   tensor call(message_kind kind, std::uint64_t step_of_call, std::uint64_t context, tensor value) {
@@ -357,18 +362,15 @@ private:
 
 } // namespace
 
-expected<std::unique_ptr<remote_module>> remote_module::connect(troupe::job& job, remote_module_options options) {
+expected<remote_module> remote_module::connect(troupe::job& job, remote_module_options options) {
   auto made = connect(job.node(), std::move(options));
-  if (made) {
-    auto* m = made->get();
-    m->job_ = &job;
-    m->finish_hook_ = job.at_finish([m] { m->shutdown(); });
-  }
+  if (made)
+    stop_at_finish(job, *made->state_);
   return made;
 }
 
-expected<std::unique_ptr<remote_module>> remote_module::connect(actors::node& node, remote_module_options options,
-                                                                std::int64_t caller) {
+expected<remote_module> remote_module::connect(actors::node& node, remote_module_options options,
+                                               std::int64_t caller) {
   if (auto ok = check_options(options); !ok)
     return ok.error();
   auto st = std::make_shared<state>();
@@ -392,7 +394,7 @@ expected<std::unique_ptr<remote_module>> remote_module::connect(actors::node& no
   if (!endpoint)
     return endpoint.error();
   st->replies = std::move(*endpoint);
-  std::unique_ptr<remote_module> made(new remote_module(st));
+  remote_module made(st);
   st->replies->fail_when_lost([name = o.name, where = o.place, host = st->host.to_string()](
                                   const actors::peer_lost& lost) -> std::optional<std::string> {
     if (detail::node_of(where) != lost.node)
@@ -404,15 +406,15 @@ expected<std::unique_ptr<remote_module>> remote_module::connect(actors::node& no
   return made;
 }
 
-remote_module::~remote_module() {
-  if (job_ != nullptr)
-    job_->forget_at_finish(finish_hook_);
-  shutdown();
+remote_module::~remote_module() { stop_now(state_); }
+remote_module::remote_module(remote_module&&) noexcept = default;
+
+remote_module& remote_module::operator=(remote_module&& other) noexcept {
+  take_state(state_, other.state_);
+  return *this;
 }
 
-void remote_module::shutdown() {
-  state_->replies->close(fmt::format("remote module '{}': the caller was shut down", state_->options.name));
-}
+void remote_module::shutdown() { state_->stop(); }
 
 std::uint64_t remote_module::current_step() const {
   std::lock_guard lock(state_->mutex);

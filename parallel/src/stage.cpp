@@ -285,7 +285,6 @@ public:
     targets_.clear();
     early_.clear();
     data_parallel_.reset();
-    reducer_group_.reset();
     options_->sender = nullptr;
   }
 
@@ -481,16 +480,15 @@ private:
     data_parallel_options dp;
     dp.buckets.bucket_bytes = r.bucket_bytes;
     dp.name = fmt::format("{} (replica {})", options_->name, r.rank);
-    auto created = data_parallel::create(options_->layers->named_parameters(), **group, dp);
+    auto created = data_parallel::create(options_->layers->named_parameters(), *group, dp);
     if (!created)
       throw std::runtime_error(created.error_value().message());
-    reducer_group_ = std::move(*group);
-    data_parallel_ = std::move(*created);
+    data_parallel_.emplace(std::move(*created)); // keeps the group's member
+
   }
 
   std::shared_ptr<stage_options> options_;
-  std::unique_ptr<reducer_group> reducer_group_;
-  std::unique_ptr<data_parallel> data_parallel_; ///< destroyed before its group
+  std::optional<data_parallel> data_parallel_;
   autograd::deferred_weight_grads deferred_;
   std::map<context_key, std::int64_t> micro_batch_rows_;
   std::uint64_t rows_done_ = 0; ///< samples whose backward ran this step

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "ring_support.hpp"
+#include "reducer_member.hpp"
 #include "same_host_workspace.hpp"
 #include "troupe/parallel/collectives.hpp"
 
@@ -286,7 +287,8 @@ std::string run_allreduces(reducer_group& g) {
         buffer.copy_from(data);
         data = buffer;
       }
-      const auto read_before = g.workspace() ? g.workspace()->read_in_place() : 0;
+      auto* workspace = reducer_group_access::member(g).workspace();
+      const auto read_before = workspace ? workspace->read_in_place() : 0;
       auto ok = ring_allreduce(g, data);
       if (!ok)
         return ok.error().message();
@@ -294,8 +296,8 @@ std::string run_allreduces(reducer_group& g) {
       for (std::int64_t i = 0; i < count; ++i)
         if (std::abs(got[static_cast<std::size_t>(i)] - reference(g.size(), i)) > 1e-5 * reference(g.size(), i))
           return "wrong element " + std::to_string(i) + " of " + std::to_string(count);
-      if (g.workspace()) {
-        const auto read = g.workspace()->read_in_place() - read_before;
+      if (workspace) {
+        const auto read = workspace->read_in_place() - read_before;
         if (read != (from_buffer ? g.size() - 1 : 0))
           return fmt::format("{} peers' tensors read in place ({} bytes, {})", read, bytes,
                              from_buffer ? "buffer()" : "heap");
@@ -326,7 +328,7 @@ int run_child(int argc, char** argv) {
       std::printf("READY\n");
       std::fflush(stdout);
       if (mode.starts_with("--reducer-child")) {
-        auto result = run_allreduces(**group);
+        auto result = run_allreduces(*group);
         std::printf("%s\n", result.empty() ? "ALLREDUCE OK" : ("ALLREDUCE FAILED " + result).c_str());
         std::fflush(stdout);
       }
@@ -349,11 +351,10 @@ void allreduce_across_processes(std::uint32_t n, same_host_algorithm path) {
                                    {.rank = 0, .places = places_for(n), .timeout = 10000ms, .same_host = path});
   ASSERT_TRUE(group) << group.error().message() << "\n" << c.workers[0].output() << "\n" << c.workers.back().output();
   // Processes on one host (the same boot and /dev/shm) share memory unless told not to.
-  EXPECT_EQ((*group)->shares_memory(), path == shared_path);
-  EXPECT_EQ(run_allreduces(**group), "");
+  EXPECT_EQ(group->shares_memory(), path == shared_path);
+  EXPECT_EQ(run_allreduces(*group), "");
   for (auto& w : c.workers)
     EXPECT_TRUE(w.wait_for("ALLREDUCE OK", 20s)) << w.output();
-  group->reset();
 }
 
 TEST_P(CrossProcess, AllreduceCorrectOnEveryRank) { allreduce_across_processes(GetParam(), shared_path); }
@@ -371,16 +372,15 @@ TEST_P(KilledPeer, FailsNamingIt) {
   auto group = reducer_group::join(*c.coordinator,
                                    {.rank = 0, .places = places_for(2), .timeout = 3000ms, .same_host = path});
   ASSERT_TRUE(group) << group.error().message();
-  EXPECT_EQ((*group)->shares_memory(), path == shared_path);
+  EXPECT_EQ(group->shares_memory(), path == shared_path);
   ASSERT_TRUE(c.workers[0].wait_for("READY", 10s)) << c.workers[0].output();
   c.workers[0].signal(SIGKILL);
   auto data = input(0, 1 << 16);
   auto start = std::chrono::steady_clock::now();
-  auto ok = ring_allreduce(**group, data);
+  auto ok = ring_allreduce(*group, data);
   ASSERT_FALSE(ok);
   EXPECT_THAT(ok.error().message(), HasSubstr("replica 1 (worker1/cpu/reducer1)"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  group->reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(CrossProcess, KilledPeer, ::testing::Values(ring_path, shared_path));

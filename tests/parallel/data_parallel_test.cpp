@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 
 #include "ring_support.hpp"
 #include "troupe/autograd/backward.hpp"
@@ -219,7 +220,7 @@ std::vector<replica_result> train_replicas(local_ring& ring, const bucket_option
       // `passes` > 1: the shard in parts, accumulating locally until the last.
       const std::int64_t rows = per_replica / passes;
       for (int p = 0; p < passes; ++p) {
-        (*dp)->set_final_pass(p + 1 == passes);
+        dp->set_final_pass(p + 1 == passes);
         batch part{mine.inputs.slice(0, p * rows, (p + 1) * rows).clone(),
                    mine.targets.slice(0, p * rows, (p + 1) * rows).clone()};
         auto loss = loss_of(*model, part) * (1.0 / passes);
@@ -227,12 +228,12 @@ std::vector<replica_result> train_replicas(local_ring& ring, const bucket_option
           autograd::backward(loss);
           continue;
         }
-        if (auto ok = (*dp)->backward(loss); !ok) {
+        if (auto ok = dp->backward(loss); !ok) {
           results[r].error = ok.error().message();
           return;
         }
       }
-      results[r].stats.push_back((*dp)->last_stats());
+      results[r].stats.push_back(dp->last_stats());
       opt.step();
     }
     for (auto& p : model->parameters())
@@ -287,13 +288,42 @@ TEST(DataParallelUse, UnusedParameterGetsZeroGradientNotAHang) {
     params.emplace_back("unused", autograd::variable(tensor::ones({5}, dtype::float64), true));
     auto dp = data_parallel::create(params, *ring.groups[r]);
     ASSERT_TRUE(dp) << dp.error().message();
-    auto ok = (*dp)->backward(loss_of(*model, make_batch(r, 4)));
+    auto ok = dp->backward(loss_of(*model, make_batch(r, 4)));
     ASSERT_TRUE(ok) << ok.error().message();
     grads[r] = params.back().second.grad().clone();
   });
   ASSERT_TRUE(grads[0].defined() && grads[1].defined());
   EXPECT_EQ(grads[0].to_vector<double>(), std::vector<double>(5, 0.0));
   EXPECT_TRUE(bitwise_equal(grads[0], grads[1]));
+}
+
+TEST(DataParallelUse, ReplicasOutliveTheGroupHandlesTheyWereMadeOn) {
+  local_ring ring(2);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::shared_ptr<nn::sequential>> models;
+  std::vector<std::optional<data_parallel>> replicas(2);
+  for (std::uint32_t r = 0; r < 2; ++r)
+    models.push_back(make_model(3));
+  ring.each([&](std::uint32_t r) {
+    auto dp = data_parallel::create(models[r]->named_parameters(), *ring.groups[r]);
+    ASSERT_TRUE(dp) << dp.error().message();
+    replicas[r].emplace(std::move(*dp));
+  });
+  ASSERT_TRUE(replicas[0] && replicas[1]);
+  ring.groups.clear(); // the handles go; each replica keeps its member of the ring
+  std::vector<tensor> grads(2);
+  std::vector<std::thread> steps;
+  for (std::uint32_t r = 0; r < 2; ++r)
+    steps.emplace_back([&, r] {
+      auto ok = replicas[r]->backward(loss_of(*models[r], make_batch(r, 4)));
+      ASSERT_TRUE(ok) << ok.error().message();
+      EXPECT_EQ(replicas[r]->group().rank(), r);
+      grads[r] = replicas[r]->parameters().front().second.grad().clone();
+    });
+  for (auto& t : steps)
+    t.join();
+  ASSERT_TRUE(grads[0].defined() && grads[1].defined());
+  EXPECT_TRUE(bitwise_equal(grads[0], grads[1])) << "the replicas averaged through the ring";
 }
 
 TEST(DataParallelUse, SecondBackwardWithoutSynchronizeIsAUsageError) {
@@ -310,7 +340,7 @@ TEST(DataParallelUse, SecondBackwardWithoutSynchronizeIsAUsageError) {
     } catch (const usage_error& e) {
       EXPECT_THAT(e.what(), HasSubstr("set_final_pass(false)"));
     }
-    EXPECT_TRUE((*dp)->synchronize()); // the first pass still reduces
+    EXPECT_TRUE(dp->synchronize()); // the first pass still reduces
   });
 }
 
@@ -332,12 +362,12 @@ TEST(DataParallelFailure, SilentReplicaFailsTheOthersNamingIt) {
   // Rank 1 never reduces: rank 0's first bucket cannot complete.
   auto dp = data_parallel::create(model->named_parameters(), *ring.groups[0], dp_options({}, false));
   ASSERT_TRUE(dp);
-  auto ok = (*dp)->backward(loss_of(*model, make_batch(0, 4)));
+  auto ok = dp->backward(loss_of(*model, make_batch(0, 4)));
   ASSERT_FALSE(ok);
   EXPECT_THAT(ok.error().message(), HasSubstr("replica 1 (worker0/cpu/reducer1)"));
   EXPECT_THAT(ok.error().message(), HasSubstr("bucket 0"));
   // The object refuses to go on (its replicas are out of step).
-  EXPECT_FALSE((*dp)->synchronize());
+  EXPECT_FALSE(dp->synchronize());
 }
 
 // ---- CUDA: buckets on the device, reduced by NCCL ---------------------------
@@ -363,7 +393,7 @@ TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
     EXPECT_EQ(params[0].second.data().to(device::cpu()).to_vector<float>(), std::vector<float>(2100, 1.0f));
     for (auto& [name, p] : params)
       p.set_grad(tensor::full(p.shape(), 10.0 * (r + 1), dtype::float32).to(gpu));
-    auto ok = (*dp)->synchronize(); // no backward: every slot is packed here
+    auto ok = dp->synchronize(); // no backward: every slot is packed here
     ASSERT_TRUE(ok) << ok.error().message();
     for (auto& [name, p] : params) {
       EXPECT_EQ(p.grad().where(), gpu);
@@ -390,7 +420,7 @@ std::string train_as_process(reducer_group& group, std::uint32_t n) {
   for (int s = 0; s < steps; ++s) {
     opt.zero_grad();
     auto mine = shard(make_batch(s, n * per_replica), group.rank(), per_replica);
-    if (auto ok = (*dp)->backward(loss_of(*model, mine)); !ok)
+    if (auto ok = dp->backward(loss_of(*model, mine)); !ok)
       return "ERROR " + ok.error().message();
     opt.step();
   }
@@ -417,7 +447,7 @@ int run_child(int argc, char** argv) {
     std::printf("%s\n", group ? "READY" : ("JOIN ERROR " + group.error().message()).c_str());
     std::fflush(stdout);
     if (group && std::string_view(argv[1]) == "--dp-child") {
-      std::printf("%s\n", train_as_process(**group, n).c_str());
+      std::printf("%s\n", train_as_process(*group, n).c_str());
       std::fflush(stdout);
     }
     char byte;
@@ -433,7 +463,7 @@ TEST(DataParallelCrossProcess, TwoProcessesEqualOneAndEachOther) {
   ASSERT_NO_FATAL_FAILURE(start_cluster(c, 2, "--dp-child"));
   auto group = reducer_group::join(*c.coordinator, {.rank = 0, .places = places_for(2), .timeout = 10000ms});
   ASSERT_TRUE(group) << group.error().message();
-  auto mine = train_as_process(**group, 2);
+  auto mine = train_as_process(*group, 2);
   ASSERT_THAT(mine, ::testing::StartsWith("PARAMS ")) << mine;
   ASSERT_TRUE(c.workers[0].wait_for("PARAMS ", 20s)) << c.workers[0].output();
   // The child's line, bitwise equal to ours ...
@@ -455,7 +485,6 @@ TEST(DataParallelCrossProcess, TwoProcessesEqualOneAndEachOther) {
     }
   }
   expect_close(got, want, "process 0");
-  group->reset();
 }
 
 TEST(DataParallelCrossProcess, KilledReplicaFailsNamingIt) {
@@ -465,16 +494,14 @@ TEST(DataParallelCrossProcess, KilledReplicaFailsNamingIt) {
   ASSERT_TRUE(group) << group.error().message();
   ASSERT_TRUE(c.workers[0].wait_for("READY", 10s)) << c.workers[0].output();
   auto model = make_model(3);
-  auto dp = data_parallel::create(model->named_parameters(), **group, dp_options({}, false));
+  auto dp = data_parallel::create(model->named_parameters(), *group, dp_options({}, false));
   ASSERT_TRUE(dp);
   c.workers[0].signal(SIGKILL);
   auto start = std::chrono::steady_clock::now();
-  auto ok = (*dp)->backward(loss_of(*model, make_batch(0, 4)));
+  auto ok = dp->backward(loss_of(*model, make_batch(0, 4)));
   ASSERT_FALSE(ok);
   EXPECT_THAT(ok.error().message(), HasSubstr("replica 1 (worker1/cpu/reducer1)"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  dp->reset();
-  group->reset();
 }
 
 } // namespace

@@ -14,12 +14,14 @@
 
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "../actors/process_support.hpp"
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/ring_allreduce.hpp"
 #include "troupe/parallel/remote.hpp"
 #include "troupe/tensor/ops.hpp"
 
@@ -125,6 +127,38 @@ TEST(LocalJob, OneProcessThatOpensNoSocketAndRunsAPipelineInIt) {
   EXPECT_THAT(after.error().message(), HasSubstr("its job has finished"));
 }
 
+TEST(LocalJob, MovesWhileObjectsMadeFromItLiveAndStillStopsThemAtFinish) {
+  auto local = job::local("solo");
+  ASSERT_TRUE(local) << local.error().message();
+  // Two members of one ring in this process, joined from the job.
+  const std::vector<std::string> places{"solo/cpu/reducer0", "solo/cpu/reducer1"};
+  std::vector<std::optional<parallel::reducer_group>> groups(2);
+  std::vector<std::thread> joins;
+  for (std::uint32_t r = 0; r < 2; ++r)
+    joins.emplace_back([&, r] {
+      auto g = parallel::reducer_group::join(*local, {.rank = r, .places = places, .timeout = 5000ms});
+      if (g)
+        groups[r].emplace(std::move(*g));
+      else
+        ADD_FAILURE() << g.error().message();
+    });
+  for (auto& t : joins)
+    t.join();
+  ASSERT_TRUE(groups[0] && groups[1]);
+  auto data = tensor::ones({4}, dtype::float32);
+  auto other = std::async(std::launch::async, [&] { return parallel::ring_allreduce(*groups[1], tensor::ones({4})); });
+  ASSERT_TRUE(parallel::ring_allreduce(*groups[0], data));
+  ASSERT_TRUE(other.get());
+  EXPECT_EQ(data.to_vector<float>(), std::vector<float>(4, 2.0f));
+
+  job moved = std::move(*local); // the groups hold no reference to the job object
+  EXPECT_EQ(moved.finish(0), 0);
+  auto after = parallel::ring_allreduce(*groups[0], data);
+  ASSERT_FALSE(after) << "finish() took rank 0 out of the ring";
+  EXPECT_THAT(after.error().message(), HasSubstr("has left the ring"));
+  groups.clear(); // after the job finished and moved: nothing to forget, no crash
+}
+
 /// Rank `rank` of 2 as a child process running `mode` (see main).
 child_process start_child(const std::string& mode, std::uint32_t rank, const std::string& name, std::uint16_t port) {
   std::vector<std::string> args{"--job-child", mode};
@@ -148,11 +182,11 @@ std::string train_replica(job& j) {
     opt->zero_grad();
     auto x = randn({4, 8}, gen, 0.0, 1.0, dtype::float64);
     auto loss = parallel::mse_loss_function()((*model)(autograd::variable(x)), tensor::zeros({4, 8}, dtype::float64));
-    if (auto ok = (*dp)->backward(loss); !ok)
+    if (auto ok = dp->backward(loss); !ok)
       return ok.error().message();
     opt->step();
   }
-  auto same = (*dp)->replicas_identical();
+  auto same = dp->replicas_identical();
   std::string verdict = !same ? same.error().message() : (*same ? "identical" : "different");
   j.finish(0);
   return verdict;

@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "troupe/tensor/cuda.hpp"
 
 #ifndef TROUPE_HAVE_NCCL
@@ -53,13 +55,13 @@ double reference_sum(std::uint32_t n, std::int64_t i) {
 
 /// One communicator per rank of `ring`, rank k on cuda:k, created
 /// concurrently (joining waits for every member).
-std::vector<std::unique_ptr<nccl_communicator>> communicators(local_ring& ring) {
-  std::vector<std::unique_ptr<nccl_communicator>> made(ring.groups.size());
+std::vector<std::optional<nccl_communicator>> communicators(local_ring& ring) {
+  std::vector<std::optional<nccl_communicator>> made(ring.groups.size());
   ring.each([&](std::uint32_t k) {
     auto c = nccl_communicator::create(*ring.groups[k], {.where = device::cuda(static_cast<std::int32_t>(k)),
                                                          .timeout = 30000ms});
     if (c)
-      made[k] = std::move(*c);
+      made[k].emplace(std::move(*c));
     else
       ADD_FAILURE() << "rank " << k << ": " << c.error().message();
   });
@@ -68,7 +70,7 @@ std::vector<std::unique_ptr<nccl_communicator>> communicators(local_ring& ring) 
 
 /// Destroys the communicators as they were made: concurrently, one thread
 /// per rank (finalizing waits for every rank).
-void destroy(local_ring& ring, std::vector<std::unique_ptr<nccl_communicator>>& comms) {
+void destroy(local_ring& ring, std::vector<std::optional<nccl_communicator>>& comms) {
   ring.each([&](std::uint32_t k) { comms[k].reset(); });
 }
 
@@ -134,7 +136,7 @@ protected:
   }
 
   std::unique_ptr<local_ring> ring_;
-  std::vector<std::unique_ptr<nccl_communicator>> comms_;
+  std::vector<std::optional<nccl_communicator>> comms_;
 };
 
 TEST_F(NcclTwoRanks, AllreduceSumAndAverageMatchTheReference) {

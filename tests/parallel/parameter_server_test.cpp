@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <optional>
 
 #include "ps_shard.hpp"
 #include "ps_wire.hpp"
@@ -65,8 +66,8 @@ batch tutorial_batch(generator& gen, std::int64_t rows) {
 
 /// One node with the shards and the trainers' clients, all in this process.
 struct local_servers {
-  std::unique_ptr<parameter_server> server;
-  std::vector<std::unique_ptr<parameter_client>> clients;
+  std::optional<parameter_server> server;
+  std::vector<std::optional<parameter_client>> clients;
 
   local_servers(actors::node& node, const parameter_server_options& o) {
     auto hosted = std::async(std::launch::async, [&] { return parameter_server::host(node, o); });
@@ -301,12 +302,12 @@ TEST(ParameterServer, SynchronousTrainingEqualsOneProcess) {
       ASSERT_TRUE(dp) << dp.error().message();
       remote_embedding_bag emb(*ps.clients[i], "emb", bag_mode::sum);
       distributed_optimizer opt(std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}),
-                                {ps.clients[i].get()});
+                                {&*ps.clients[i]});
       for (int s = 0; s < steps; ++s) {
         auto& b = batches[i][s];
         opt.zero_grad();
         auto loss = autograd::cross_entropy((*fc)(emb(b.ids, b.offsets)), b.targets);
-        ASSERT_TRUE((*dp)->backward(loss));
+        ASSERT_TRUE(dp->backward(loss));
         ASSERT_TRUE(opt.step());
         losses[i][s] = loss.item();
       }
@@ -464,14 +465,17 @@ TEST(ParameterServer, RemoteEmbeddingIsABagOfOneIdPerElement) {
   generator init{4};
   auto table = randn({20, 3}, init);
   remote_embedding emb(*ps.clients[0], "emb");
+  // The client is a value: moved after the module was made from it, the
+  // module still uses its connection.
+  parameter_client client = std::move(*ps.clients[0]);
   auto ids = tensor::from(std::vector<std::int64_t>{19, 0, 7, 7, 3, 12}, {2, 3});
   auto out = emb(ids);
   ASSERT_EQ(out.data().shape(), (dims{2, 3, 3}));
   EXPECT_TRUE(allclose(out.data(), index_select(table, 0, ids.reshape({6})).reshape({2, 3, 3}), 0, 0));
   // Its gradient: row 7 twice, the others once; SGD with lr 1 subtracts it.
   autograd::backward(autograd::sum(out));
-  ASSERT_TRUE(ps.clients[0]->step());
-  auto after = ps.clients[0]->lookup("emb", int64s({7}), int64s({0}), bag_mode::sum);
+  ASSERT_TRUE(client.step());
+  auto after = client.lookup("emb", int64s({7}), int64s({0}), bag_mode::sum);
   ASSERT_TRUE(after);
   EXPECT_TRUE(allclose(*after, add(table.slice(0, 7, 8), -2.0), 1e-6, 1e-6));
 }

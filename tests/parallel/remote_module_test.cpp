@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <optional>
 
 #include "ring_support.hpp"
 #include "troupe/actors/tensor_router.hpp"
@@ -49,8 +50,8 @@ remote_module_options head_options(std::uint32_t callers) {
 }
 
 struct hosted {
-  std::unique_ptr<remote_module_host> host;
-  std::vector<std::unique_ptr<remote_module>> callers;
+  std::optional<remote_module_host> host;
+  std::vector<std::optional<remote_module>> callers;
   hosted(actors::node& node, const remote_module_options& o) {
     auto h = std::async(std::launch::async, [&] { return remote_module_host::host(node, o); });
     for (std::uint32_t i = 0; i < o.callers.size(); ++i) {
@@ -106,7 +107,7 @@ TEST(RemoteModule, TwoCallersTrainLikeOneProcess) {
   for (std::uint32_t i = 0; i < 2; ++i)
     callers.emplace_back([&, i] {
       distributed_optimizer opt(std::make_unique<optim::sgd>(pre[i]->named_parameters(), optim::sgd_options{.lr = 0.1}),
-                                {m.callers[i].get()});
+                                {&*m.callers[i]});
       for (int s = 0; s < steps; ++s) {
         opt.zero_grad();
         auto loss = autograd::mse_loss((*m.callers[i])((*pre[i])(autograd::variable(xs[i][s]))), autograd::variable(ys[i][s]));

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,7 +32,7 @@ inline expected<std::unique_ptr<actors::node>> start_local_node() {
 /// N reducers in this process, on one node.
 struct local_ring {
   std::unique_ptr<actors::node> node;
-  std::vector<std::unique_ptr<reducer_group>> groups;
+  std::vector<std::optional<reducer_group>> groups; // empty where joining failed
 
   explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024,
                       std::chrono::milliseconds timeout = 5000ms, std::uint32_t min_chunks = 1,
@@ -54,7 +55,7 @@ struct local_ring {
                                 .same_host_pass_bytes = same_host_pass_bytes};
         auto g = reducer_group::join(*node, o);
         if (g)
-          groups[k] = std::move(*g);
+          groups[k].emplace(std::move(*g));
         else
           ADD_FAILURE() << g.error().message();
       });
@@ -121,6 +122,5 @@ inline void start_cluster(cluster& c, std::uint32_t n, const char* mode) {
   }
   ASSERT_TRUE(c.coordinator->wait_for_nodes(n, 15s));
 }
-
 
 } // namespace troupe::test

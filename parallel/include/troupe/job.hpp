@@ -49,6 +49,7 @@ namespace troupe {
 
 namespace parallel {
 struct stage_recipe;
+class finish_hook;
 }
 
 class job {
@@ -145,7 +146,7 @@ public:
   /// (0) or its process is lost (1), then stops the node. finish(0).
   int serve();
   /// Ends this rank's part: stops the distributed objects made from the job
-  /// that are still alive (at_finish). The driver then releases every other
+  /// that are still alive, newest first. The driver then releases every other
   /// rank, each once it has reached its own finish() (at most a minute
   /// each), and stops its node; the other ranks wait for that release (so
   /// the driver's node outlives their last collective) or the driver's
@@ -169,14 +170,8 @@ public:
   /// Prints the error as must() does, finishes the job and exits with 1.
   [[noreturn]] void fail(const error& why, std::string_view context = {});
 
-  /// For the distributed objects made from the job (pipelines, reducer
-  /// groups): `stop` runs at finish(), newest first, unless forgotten
-  /// before (an object destroyed first forgets its own). The job must
-  /// outlive them and stay where it is while they exist.
-  std::uint64_t at_finish(std::function<void()> stop);
-  void forget_at_finish(std::uint64_t id);
-
 private:
+  friend class parallel::finish_hook; // the distributed objects' stops at finish()
   /// start()'s work after the flags: the node, the factories, every rank.
   expected<void> join(const actors::node_options& options);
   struct state;

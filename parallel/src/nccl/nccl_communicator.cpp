@@ -229,6 +229,8 @@ struct nccl_communicator::impl {
 nccl_communicator::nccl_communicator(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
 
 nccl_communicator::~nccl_communicator() = default;
+nccl_communicator::nccl_communicator(nccl_communicator&&) noexcept = default;
+nccl_communicator& nccl_communicator::operator=(nccl_communicator&&) noexcept = default;
 
 std::uint32_t nccl_communicator::rank() const noexcept {
   return impl_->rank;
@@ -240,8 +242,7 @@ device nccl_communicator::where() const noexcept {
   return impl_->where;
 }
 
-expected<std::unique_ptr<nccl_communicator>> nccl_communicator::create(reducer_group& group,
-                                                                       nccl_options options) {
+expected<nccl_communicator> nccl_communicator::create(reducer_group& group, nccl_options options) {
   const auto rank = group.rank();
   const auto where = options.where;
   if (where.kind != device_kind::cuda)
@@ -298,7 +299,7 @@ expected<std::unique_ptr<nccl_communicator>> nccl_communicator::create(reducer_g
   error failure{errc::io_error, {}};
   if (!state->wait_ready("ncclCommInitRankConfig", joined, &failure))
     return failure;
-  return std::unique_ptr<nccl_communicator>(new nccl_communicator(std::move(state)));
+  return nccl_communicator(std::move(state));
 }
 
 expected<void> nccl_communicator::allreduce(const tensor& data, reduce_op op) {

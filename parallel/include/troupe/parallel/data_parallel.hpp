@@ -12,13 +12,13 @@
 //   ...
 //   optimizer->zero_grad();
 //   auto loss = recipe.loss((*model)(autograd::variable(x)), y);
-//   job.must(dp->backward(loss), fmt::format("step {}", step.number()));
+//   job.must(dp.backward(loss), fmt::format("step {}", step.number()));
 //   optimizer->step();
 //
 // create(job, ...) makes every rank of the job a replica in one reducer
 // group of its own; create(parameters, group) takes a group the caller
 // joined (examples/parameter_server_demo.cpp makes its two trainers one).
-// Both return expected<std::unique_ptr<data_parallel>>. backward() returns
+// Both return expected<data_parallel>, a movable value. backward() returns
 // an error naming a lost replica; once it succeeds every replica holds the
 // same averaged gradients, so the optimizer steps agree.
 //
@@ -58,17 +58,11 @@
 // backward()/synchronize() return that error, and the object refuses to
 // continue (its replicas are no longer in step).
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "troupe/actors/trace.hpp"
 #include "troupe/autograd/nn/module.hpp"
 #include "troupe/autograd/variable.hpp"
 #include "troupe/parallel/gradient_bucket.hpp"
@@ -80,8 +74,6 @@ class job;
 }
 
 namespace troupe::parallel {
-
-class nccl_communicator;
 
 struct data_parallel_options {
   bucket_options buckets{};
@@ -114,15 +106,16 @@ class data_parallel {
 public:
   /// Installs the hooks and starts the reduction thread; with
   /// `broadcast_parameters`, copies rank 0's parameters to every replica
-  /// first (a collective: every replica must call create). `group` must
-  /// outlive the object. Throws usage_error for a parameter list
-  /// plan_buckets refuses; errors from the ring are values.
-  static expected<std::unique_ptr<data_parallel>> create(nn::named_variables parameters, reducer_group& group,
-                                                         data_parallel_options options = {});
+  /// first (a collective: every replica must call create). The object
+  /// shares `group`'s member: the group handle may go first. Throws
+  /// usage_error for a parameter list plan_buckets refuses; errors from the
+  /// ring are values.
+  static expected<data_parallel> create(nn::named_variables parameters, reducer_group& group,
+                                        data_parallel_options options = {});
   /// Every rank of the job a replica: joins a reducer group of the whole
-  /// job (reducer_group::join(job)) that the object owns, then as above.
-  static expected<std::unique_ptr<data_parallel>> create(troupe::job& job, nn::named_variables parameters,
-                                                         data_parallel_options options = {});
+  /// job (reducer_group::join(job)) that the object keeps, then as above.
+  static expected<data_parallel> create(troupe::job& job, nn::named_variables parameters,
+                                        data_parallel_options options = {});
 
   /// Whether every replica's parameters equal rank 0's bit for bit (a
   /// collective: replicas_identical below over this object's parameters).
@@ -131,6 +124,8 @@ public:
   /// Removes the hooks, finishes the collective in progress (bounded by the
   /// group's timeout) and stops the reduction thread.
   ~data_parallel();
+  data_parallel(data_parallel&&) noexcept;
+  data_parallel& operator=(data_parallel&&) noexcept;
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
 
@@ -145,68 +140,18 @@ public:
   expected<void> synchronize();
 
   /// false: backward passes only accumulate locally (see "Accumulation").
-  void set_final_pass(bool final_pass) noexcept { final_pass_ = final_pass; }
+  void set_final_pass(bool final_pass) noexcept;
 
-  const std::vector<gradient_bucket>& buckets() const noexcept { return buckets_; }
-  const nn::named_variables& parameters() const noexcept { return parameters_; }
-  reducer_group& group() noexcept { return group_; }
-  const std::string& name() const noexcept { return name_; }
+  const std::vector<gradient_bucket>& buckets() const noexcept;
+  const nn::named_variables& parameters() const noexcept;
+  reducer_group& group() noexcept;
+  const std::string& name() const noexcept;
   data_parallel_stats last_stats() const;
 
 private:
-  using clock = std::chrono::steady_clock;
-  struct bucket_state {
-    tensor flat;                ///< this pass's gradients, then their average
-    std::vector<bool> filled;   ///< per slot
-    std::size_t pending = 0;    ///< slots not yet filled
-    bool queued = false;
-    std::uint64_t id = 0;       ///< collective id
-    clock::time_point started, finished;
-  };
-
-  data_parallel(nn::named_variables parameters, reducer_group& group, data_parallel_options options);
-  void gradient_ready(std::size_t parameter);
-  /// Queues every bucket, in order, up to the first incomplete one.
-  void queue_ready_buckets();
-  void queue(std::size_t bucket);
-  void reduction_loop();
-  void reset_pass();
-  /// A fresh flat buffer for bucket `b`.
-  tensor bucket_buffer(std::size_t b);
-
-  /// Reduces one bucket in place (NCCL or the ring).
-  expected<void> reduce(std::size_t bucket);
-  expected<void> nccl_broadcast(const tensor& flat);
-
-  nn::named_variables parameters_;
-  /// The group made by create(job, ...): declared before the members that
-  /// use it (the NCCL communicator, the buckets), so destroyed after them.
-  std::unique_ptr<reducer_group> owned_group_;
-  reducer_group& group_;
-  device where_;                             ///< the parameters' device
-  std::shared_ptr<nccl_communicator> nccl_;  ///< CUDA parameters only
-  data_parallel_options options_;
-  std::string name_;
-  std::vector<gradient_bucket> buckets_;
-  /// parameter index -> (bucket, slot)
-  std::vector<std::pair<std::size_t, std::size_t>> slot_of_;
-  std::vector<std::size_t> hook_ids_;
-  bool final_pass_ = true;
-  /// Trace rows: backward under "<node>/<device>/replica<rank>", the
-  /// buckets' allreduce under the reducer's place.
-  trace::name_id trace_name_, trace_reducer_, trace_backward_, trace_allreduce_;
-
-  // Shared with the reduction thread (mutex_).
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::vector<bucket_state> state_;
-  std::size_t next_to_queue_ = 0;
-  std::deque<std::size_t> work_;
-  std::size_t done_ = 0;
-  std::optional<troupe::error> failure_;
-  bool stopping_ = false;
-  data_parallel_stats stats_;
-  std::thread reducer_thread_;
+  struct impl; // the buckets, the hooks' state and the reduction thread (data_parallel.cpp)
+  explicit data_parallel(std::unique_ptr<impl> state);
+  std::unique_ptr<impl> impl_;
 };
 
 /// Whether every replica's `parameters` equal rank 0's bit for bit (a

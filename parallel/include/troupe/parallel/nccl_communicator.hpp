@@ -63,13 +63,15 @@ public:
   /// Creates this rank's communicator; every member of `group` must call it
   /// (concurrently: joining waits for all). Fails at once, before any
   /// message, when `options.where` is not a CUDA device of this process.
-  static expected<std::unique_ptr<nccl_communicator>> create(reducer_group& group, nccl_options options = {});
+  static expected<nccl_communicator> create(reducer_group& group, nccl_options options = {});
 
   /// Finalizes and destroys the communicator. Finalizing waits until the
   /// communicator is quiescent on every rank, so destroy the ranks'
   /// communicators concurrently (each on its own thread, as they were made);
   /// the wait is bounded by the timeout, after which it is aborted.
   ~nccl_communicator();
+  nccl_communicator(nccl_communicator&&) noexcept;
+  nccl_communicator& operator=(nccl_communicator&&) noexcept;
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
 

@@ -16,12 +16,12 @@
 //   ...
 //   auto client = job.must(parallel::parameter_client::connect(job, ps), "parameter client");
 //   ...
-//   parallel::remote_embedding_bag emb(*client, "emb", bag_mode::sum);
+//   parallel::remote_embedding_bag emb(client, "emb", bag_mode::sum);
 //   parallel::distributed_optimizer optimizer(std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}),
-//                                             {client.get()});
+//                                             {&client});
 //   ...
 //   loss = autograd::cross_entropy((*fc)(emb(b.ids, b.offsets)), b.targets);
-//   job.must(dp->backward(loss), fmt::format("step {}", step));
+//   job.must(dp.backward(loss), fmt::format("step {}", step));
 //   job.must(optimizer.step(), fmt::format("step {}", step));
 //
 // The server rank then serves (job.serve()). emb(ids, offsets) is looked up
@@ -156,9 +156,11 @@ class parameter_server {
 public:
   /// Starts every shard of `options.servers` that is placed on this node,
   /// registers it, and waits until the trainers' reply actors are registered.
-  static expected<std::unique_ptr<parameter_server>> host(troupe::job& job, parameter_server_options options);
-  static expected<std::unique_ptr<parameter_server>> host(actors::node& node, parameter_server_options options);
+  static expected<parameter_server> host(troupe::job& job, parameter_server_options options);
+  static expected<parameter_server> host(actors::node& node, parameter_server_options options);
   ~parameter_server();
+  parameter_server(parameter_server&&) noexcept;
+  parameter_server& operator=(parameter_server&&) noexcept;
   parameter_server(const parameter_server&) = delete;
   parameter_server& operator=(const parameter_server&) = delete;
 
@@ -175,8 +177,6 @@ public:
 private:
   explicit parameter_server(std::shared_ptr<state> s) : state_(std::move(s)) {}
   std::shared_ptr<state> state_;
-  troupe::job* job_ = nullptr;
-  std::uint64_t finish_hook_ = 0;
 };
 
 /// A trainer's connection to every shard; its step() sends the step's
@@ -186,10 +186,12 @@ public:
   /// Registers this trainer's reply actor and waits until every shard is
   /// registered. The trainer is entry `trainer` of `options.trainers`, or
   /// (-1) the first one placed on this node.
-  static expected<std::unique_ptr<parameter_client>> connect(troupe::job& job, parameter_server_options options);
-  static expected<std::unique_ptr<parameter_client>> connect(actors::node& node, parameter_server_options options,
-                                                             std::int64_t trainer = -1);
+  static expected<parameter_client> connect(troupe::job& job, parameter_server_options options);
+  static expected<parameter_client> connect(actors::node& node, parameter_server_options options,
+                                            std::int64_t trainer = -1);
   ~parameter_client() override;
+  parameter_client(parameter_client&&) noexcept;
+  parameter_client& operator=(parameter_client&&) noexcept;
   parameter_client(const parameter_client&) = delete;
   parameter_client& operator=(const parameter_client&) = delete;
 
@@ -234,25 +236,25 @@ public:
   struct state;
 
 private:
+  friend class remote_embedding_bag; // keeps the state, so the client may move
   explicit parameter_client(std::shared_ptr<state> s) : state_(std::move(s)) {}
   std::shared_ptr<state> state_;
-  troupe::job* job_ = nullptr;
-  std::uint64_t finish_hook_ = 0;
 };
 
 /// torch.nn.EmbeddingBag whose table lives on the parameter servers: forward
 /// looks the bags up, backward records the sparse gradient with the client.
 class remote_embedding_bag {
 public:
-  remote_embedding_bag(parameter_client& client, std::string table, bag_mode mode = bag_mode::sum)
-      : client_(&client), table_(std::move(table)), mode_(mode) {}
+  /// Uses `client`'s connection (kept alive by this module, whatever
+  /// becomes of the client object).
+  remote_embedding_bag(parameter_client& client, std::string table, bag_mode mode = bag_mode::sum);
 
   /// [bags, dim]; throws usage_error (bad ids or offsets) or
   /// std::runtime_error (a lost server, a timeout) with the client's message.
   autograd::variable operator()(const tensor& ids, const tensor& offsets, const tensor& per_sample_weights = {});
 
 private:
-  parameter_client* client_;
+  std::shared_ptr<parameter_client::state> client_;
   std::string table_;
   bag_mode mode_;
 };

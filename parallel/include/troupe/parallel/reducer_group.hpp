@@ -6,13 +6,17 @@
 // Every member joins with its rank and the places of all members, by rank
 // (places_for(2) is reducer_places({"worker0", "worker1"}), that is
 // "worker0/cpu/reducer0" and "worker1/cpu/reducer1"); join waits until all
-// are registered and returns expected<std::unique_ptr<reducer_group>>.
+// are registered and returns expected<reducer_group>, a movable handle.
 // From tests/parallel/collectives_test.cpp:
 //
 //   auto group = reducer_group::join(*c.coordinator,
 //                                    {.rank = 0, .places = places_for(2), .timeout = 3000ms, .same_host = path});
 //   ...
-//   auto ok = ring_allreduce(**group, data);
+//   auto ok = ring_allreduce(*group, data);
+//
+// What is made on a group (data_parallel, nccl_communicator) shares its
+// member: the rank leaves the ring when the handle and all of those are
+// gone, or when the job it was joined from finishes.
 //
 // ring_allreduce sums by default; {.op = reduce_op::average} averages.
 //
@@ -46,21 +50,13 @@
 // chunk from the left neighbour within `timeout` fails the collective with
 // an error naming the replica (rank and place); nothing waits forever.
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
-
 
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/place.hpp"
-#include "troupe/actors/tensor_message.hpp"
-#include "troupe/actors/trace.hpp"
 #include "troupe/tensor/expected.hpp"
 #include "troupe/tensor/tensor.hpp"
 
@@ -69,8 +65,6 @@ class job;
 }
 
 namespace troupe::parallel {
-
-class same_host_workspace;
 
 /// How an allreduce runs when every member is on this host.
 enum class same_host_algorithm {
@@ -113,31 +107,35 @@ struct reducer_group_options {
 /// `<node_names[k]>/cpu/reducer<k>`.
 std::vector<std::string> reducer_places(const std::vector<std::string>& node_names);
 
+class reducer_member;
+
 class reducer_group {
 public:
   /// Spawns this rank's reducer (detached), registers it under its place,
   /// and waits (at most `timeout`) until every other member is registered.
-  static expected<std::unique_ptr<reducer_group>> join(actors::node& node, reducer_group_options options);
+  static expected<reducer_group> join(actors::node& node, reducer_group_options options);
   /// Every rank of the job in one ring: rank and places (reducer_places of
-  /// the job's nodes) from the job when `options.places` is empty.
-  static expected<std::unique_ptr<reducer_group>> join(troupe::job& job, reducer_group_options options = {});
+  /// the job's nodes) from the job when `options.places` is empty. The
+  /// job's finish() leaves the ring.
+  static expected<reducer_group> join(troupe::job& job, reducer_group_options options = {});
 
-  /// Unregisters and stops this rank's reducer.
+  /// Leaves the ring (unregisters and stops this rank's reducer) unless an
+  /// object made on the group still uses it.
   ~reducer_group();
+  reducer_group(reducer_group&&) noexcept;
+  reducer_group& operator=(reducer_group&&) noexcept;
   reducer_group(const reducer_group&) = delete;
   reducer_group& operator=(const reducer_group&) = delete;
 
-  std::uint32_t rank() const noexcept { return options_.rank; }
-  std::uint32_t size() const noexcept { return static_cast<std::uint32_t>(places_.size()); }
-  const reducer_group_options& options() const noexcept { return options_; }
-  const actors::place& place_of(std::uint32_t rank) const { return places_.at(rank); }
+  std::uint32_t rank() const noexcept;
+  std::uint32_t size() const noexcept;
+  const reducer_group_options& options() const noexcept;
+  const actors::place& place_of(std::uint32_t rank) const;
   /// "replica 2 (worker2/cpu/reducer2)".
   std::string describe(std::uint32_t rank) const;
 
   /// Whether allreduce takes the same-host path (decided when joining).
-  bool shares_memory() const noexcept { return workspace_ != nullptr; }
-  /// The same-host workspace, or nullptr (collectives use it).
-  same_host_workspace* workspace() noexcept { return workspace_.get(); }
+  bool shares_memory() const noexcept;
 
   /// A contiguous, uninitialised tensor for this group's allreduces: in
   /// this node's shared arena when they take the same-host path (the peers
@@ -151,53 +149,10 @@ public:
   /// options must stay below 2^63.
   std::uint64_t next_id() noexcept;
 
-  // ---- the ring's plumbing, used by the collectives -------------------------
-
-  /// Where a chunk belongs: collective, ring step, chunk index.
-  using key = std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>;
-
-  /// Sends `chunk` (contiguous; the group never writes it afterwards) to the
-  /// right neighbour's reducer. Retries on back-pressure until `timeout`.
-  expected<void> send_right(std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index, tensor chunk);
-  /// Sends to any member (broadcast's root to its successor is the same call).
-  expected<void> send_to(std::uint32_t rank, std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index,
-                         tensor chunk);
-  /// A buffer for a chunk of `count` elements to send to `to`: in this
-  /// node's shared arena when `to` is another node and the chunk is large
-  /// enough for a by-reference handoff to pay (a same-host receiver then
-  /// reads it where it lies: one copy, the caller's, instead of two), on
-  /// the heap otherwise or when the arena is full.
-  tensor chunk_buffer(std::uint32_t to, dtype type, std::int64_t count);
-  /// Waits (at most `timeout`) for the chunk from rank `from`.
-  expected<tensor> receive(std::uint32_t from, std::uint64_t id, std::uint32_t step, std::uint32_t chunk_index);
-  /// Drops what is left of a collective (after a failure).
-  void forget(std::uint64_t id);
-
-  struct state; // shared with the reducer actor and the peer-lost handler
-
 private:
-  reducer_group(actors::node& node, reducer_group_options options, std::vector<actors::place> places);
-  /// Joining's last step: the same-host offers, and the workspace if all agree.
-  expected<void> offer_same_host();
-
-  actors::node& node_;
-  reducer_group_options options_;
-  std::vector<actors::place> places_;
-  std::shared_ptr<state> state_;
-  /// This rank's reducer actor (defined in reducer_group.cpp: no CAF type
-  /// in this header).
-  struct reducer_actor;
-  std::unique_ptr<reducer_actor> reducer_;
-  std::uint64_t next_id_ = 0;
-  /// This member's place, as the sender of its chunks in traces.
-  trace::name_id trace_name_;
-  std::uint64_t peer_lost_handler_ = 0;
-  /// The destructor's work, also run by the job's finish() (idempotent).
-  void shutdown();
-  troupe::job* job_ = nullptr;
-  std::uint64_t finish_hook_ = 0;
-  bool shut_down_ = false;
-  std::unique_ptr<same_host_workspace> workspace_;
+  friend struct reducer_group_access; // parallel/'s own code reaches the member
+  explicit reducer_group(std::shared_ptr<reducer_member> member);
+  std::shared_ptr<reducer_member> member_;
 };
 
 } // namespace troupe::parallel

@@ -22,7 +22,7 @@
 //   auto c = remote_module::connect(node, o, i);
 //   ...
 //   distributed_optimizer opt(std::make_unique<optim::sgd>(pre[i]->named_parameters(), optim::sgd_options{.lr = 0.1}),
-//                             {m.callers[i].get()});
+//                             {&*m.callers[i]});
 //   ...
 //   auto loss = autograd::mse_loss((*m.callers[i])((*pre[i])(autograd::variable(xs[i][s]))), autograd::variable(ys[i][s]));
 //   autograd::backward(loss);
@@ -88,9 +88,11 @@ struct remote_module_options {
 /// owning the module, its optimizer and its distributed-autograd registry.
 class remote_module_host {
 public:
-  static expected<std::unique_ptr<remote_module_host>> host(troupe::job& job, remote_module_options options);
-  static expected<std::unique_ptr<remote_module_host>> host(actors::node& node, remote_module_options options);
+  static expected<remote_module_host> host(troupe::job& job, remote_module_options options);
+  static expected<remote_module_host> host(actors::node& node, remote_module_options options);
   ~remote_module_host();
+  remote_module_host(remote_module_host&&) noexcept;
+  remote_module_host& operator=(remote_module_host&&) noexcept;
   remote_module_host(const remote_module_host&) = delete;
   remote_module_host& operator=(const remote_module_host&) = delete;
 
@@ -105,18 +107,18 @@ public:
 private:
   explicit remote_module_host(std::shared_ptr<state> s) : state_(std::move(s)) {}
   std::shared_ptr<state> state_;
-  troupe::job* job_ = nullptr;
-  std::uint64_t finish_hook_ = 0;
 };
 
 /// A caller's handle on a remote module.
 class remote_module final : public remote_parameters {
 public:
-  static expected<std::unique_ptr<remote_module>> connect(troupe::job& job, remote_module_options options);
+  static expected<remote_module> connect(troupe::job& job, remote_module_options options);
   /// `caller`: the entry of options.callers this is, or (-1) the first on this node.
-  static expected<std::unique_ptr<remote_module>> connect(actors::node& node, remote_module_options options,
-                                                          std::int64_t caller = -1);
+  static expected<remote_module> connect(actors::node& node, remote_module_options options,
+                                         std::int64_t caller = -1);
   ~remote_module() override;
+  remote_module(remote_module&&) noexcept;
+  remote_module& operator=(remote_module&&) noexcept;
   remote_module(const remote_module&) = delete;
   remote_module& operator=(const remote_module&) = delete;
 
@@ -139,8 +141,6 @@ public:
 private:
   explicit remote_module(std::shared_ptr<state> s) : state_(std::move(s)) {}
   std::shared_ptr<state> state_;
-  troupe::job* job_ = nullptr;
-  std::uint64_t finish_hook_ = 0;
 };
 
 } // namespace troupe::parallel
