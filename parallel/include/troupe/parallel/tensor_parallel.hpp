@@ -1,0 +1,134 @@
+#pragma once
+// Tensor-parallel layers (issue 20): one layer's weight split over the
+// members of a reducer group, as Megatron-LM does.
+//
+//   column_parallel_linear  weight rows (output features) split: input
+//                           replicated, output this rank's features (or
+//                           gathered, gather_output).
+//   row_parallel_linear     weight columns (input features) split: input
+//                           this rank's features, output summed over the
+//                           group (replicated), bias added once.
+//   parallel_mlp            column → GELU → row: one allreduce forward and
+//                           one backward per MLP.
+//
+// Equal to one process. Each layer registers the parameters of the layer
+// it splits under the same names ("weight", "bias") and initialises them
+// by the same rule from the same FQN-keyed draws (module.hpp), keeping its
+// piece: a model built with these layers from a seed holds, over its ranks,
+// exactly the values the one-process model built from that seed holds, and
+// trains to the same losses and parameters (within float summation order).
+// tests/parallel/tensor_parallel_test.cpp checks it at degrees 1, 2 and 3
+// with sizes the degree does not divide.
+//
+// Sizes. Features split by tensor_parallel_split: with out_features (or
+// in_features) not divisible by the degree the first ranks hold one more.
+//
+// Sharded state. shards() says which piece of the whole parameter a rank
+// holds (global shape, dimension, offset): what a checkpoint saves and
+// reshards.
+//
+// The layers keep a handle on the group (the group object may go first).
+// Collectives run on the calling thread (tensor_parallel_collectives.hpp):
+// every rank calls forward and backward in the same order.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/autograd/nn/linear.hpp"
+#include "troupe/autograd/nn/module.hpp"
+#include "troupe/parallel/reducer_group.hpp"
+#include "troupe/parallel/tensor_parallel_collectives.hpp"
+
+namespace troupe::parallel {
+
+/// Which piece of a whole parameter this rank holds.
+struct parameter_shard {
+  std::string name;    ///< the parameter's local name ("weight")
+  dims global_shape;   ///< the whole parameter's shape
+  std::int64_t dim = 0; ///< the dimension it is split along; -1: replicated
+  std::int64_t offset = 0;
+};
+
+/// What column- and row-parallel layers share: nn::linear(`whole`)'s
+/// parameters with the weight split along `split_dim` (0: output features,
+/// 1: input features), the bias split with the output features or whole.
+class sharded_linear : public nn::module {
+public:
+  const autograd::variable& weight() const noexcept { return weight_; }
+  /// Undefined when built without bias.
+  const autograd::variable& bias() const noexcept { return bias_; }
+  /// This rank's features along the split dimension.
+  shard_range features() const noexcept { return features_; }
+  std::vector<parameter_shard> shards() const;
+
+protected:
+  sharded_linear(const nn::linear_options& whole, reducer_group& group, std::int64_t split_dim, const char* layer);
+  void init_parameter(const std::string& name, tensor& data, generator& gen) override;
+
+  nn::linear_options whole_;
+  reducer_group group_;
+  std::int64_t split_dim_;
+  shard_range features_;
+  autograd::variable weight_, bias_;
+};
+
+struct column_parallel_options {
+  /// Gather every rank's output features (the seed's "split one layer
+  /// across machines with an all-gather"); false: this rank's features.
+  bool gather_output = false;
+};
+
+class column_parallel_linear : public sharded_linear {
+public:
+  /// This rank's output features of nn::linear(`whole`).
+  column_parallel_linear(const nn::linear_options& whole, reducer_group& group, column_parallel_options options = {});
+
+  /// [..., in] (the same on every rank) → [..., out / degree], or [..., out] gathered.
+  autograd::variable forward(const autograd::variable& input) override;
+
+private:
+  column_parallel_options options_;
+};
+
+struct row_parallel_options {
+  /// The input already holds this rank's features (a column-parallel
+  /// layer's output); false: the whole input, split here.
+  bool input_is_parallel = true;
+};
+
+class row_parallel_linear : public sharded_linear {
+public:
+  /// This rank's input features of nn::linear(`whole`); the bias whole.
+  row_parallel_linear(const nn::linear_options& whole, reducer_group& group, row_parallel_options options = {});
+
+  /// [..., in / degree] (or [..., in]) → [..., out], the same on every rank.
+  autograd::variable forward(const autograd::variable& input) override;
+
+private:
+  row_parallel_options options_;
+};
+
+struct parallel_mlp_options {
+  std::int64_t width = 0;
+  std::int64_t hidden = 0; ///< 0: 4 * width
+  dtype type = dtype::float32;
+  std::uint64_t seed = 0;
+};
+
+/// Linear(width, hidden) → GELU → Linear(hidden, width) with the hidden
+/// features split; children "fc" and "proj" as nn layers would be named.
+class parallel_mlp : public nn::module {
+public:
+  parallel_mlp(const parallel_mlp_options& options, reducer_group& group);
+  autograd::variable forward(const autograd::variable& input) override;
+
+  column_parallel_linear& fc() { return *fc_; }
+  row_parallel_linear& proj() { return *proj_; }
+
+private:
+  std::shared_ptr<column_parallel_linear> fc_;
+  std::shared_ptr<row_parallel_linear> proj_;
+};
+
+} // namespace troupe::parallel

@@ -1,0 +1,183 @@
+// The autograd-aware collectives of tensor parallelism
+// (tensor_parallel_collectives.hpp): plain collectives on tensors, then one
+// autograd node per pair whose backward is the conjugate collective.
+#include "troupe/parallel/tensor_parallel_collectives.hpp"
+
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "troupe/autograd/grad_mode.hpp"
+#include "troupe/autograd/node.hpp"
+#include "troupe/parallel/all_gather.hpp"
+#include "troupe/parallel/reduce_scatter.hpp"
+#include "troupe/parallel/ring_allreduce.hpp"
+#include "troupe/tensor/error.hpp"
+#include "troupe/tensor/ops.hpp"
+
+#include "reducer_member.hpp"
+
+namespace troupe::parallel {
+
+shard_range tensor_parallel_split(std::int64_t total, std::uint32_t degree, std::uint32_t rank) {
+  require(total >= 0 && degree > 0 && rank < degree, "tensor_parallel_split: {} elements over {} ranks, rank {}",
+          total, degree, rank);
+  const auto piece = ring_segment(total, degree, rank);
+  return {piece.begin, piece.end - piece.begin};
+}
+
+namespace {
+
+template <class T> T value_or_throw(expected<T> result, const char* what) {
+  if (!result)
+    throw std::runtime_error(fmt::format("{}: {}", what, result.error().message()));
+  if constexpr (!std::is_void_v<T>)
+    return std::move(*result);
+}
+
+std::int64_t normalized(const tensor& t, std::int64_t dim, const char* what) {
+  const auto rank = t.rank();
+  const auto d = dim < 0 ? dim + rank : dim;
+  require(d >= 0 && d < rank, "{}: dimension {} of a {}-dimensional tensor", what, dim, rank);
+  return d;
+}
+
+// -- the collectives on tensors -----------------------------------------------------------------
+
+tensor allreduced(reducer_group& group, const tensor& x, const char* what) {
+  auto out = x.contiguous().clone();
+  value_or_throw(ring_allreduce(group, out), what);
+  return out;
+}
+
+tensor piece_of(reducer_group& group, const tensor& x, std::int64_t dim, const char* what) {
+  const auto d = normalized(x, dim, what);
+  const auto mine = tensor_parallel_split(x.shape()[d], group.size(), group.rank());
+  return x.slice(d, mine.offset, mine.offset + mine.size).contiguous();
+}
+
+/// Every rank's piece along `dim` joined in rank order. Pieces are padded
+/// to the largest (rank 0's) so that the ring's equal segments are the
+/// pieces, then cut back.
+tensor gathered(reducer_group& group, const tensor& x, std::int64_t dim, std::int64_t total, const char* what) {
+  const auto d = normalized(x, dim, what);
+  const auto n = group.size();
+  const auto mine = tensor_parallel_split(total, n, group.rank());
+  require(x.shape()[d] == mine.size, "{}: rank {} holds {} of dimension {} but its piece of {} is {}", what,
+          group.rank(), x.shape()[d], d, total, mine.size);
+  auto padded_shape = x.shape();
+  padded_shape[d] = tensor_parallel_split(total, n, 0).size;
+  auto padded = tensor::zeros(padded_shape, x.type());
+  padded.slice(d, 0, mine.size).copy_from(x);
+  auto all = value_or_throw(all_gather(group, padded), what);
+  const auto per_rank = padded.numel();
+  std::vector<tensor> pieces;
+  for (std::uint32_t r = 0; r < n; ++r) {
+    const auto size = tensor_parallel_split(total, n, r).size;
+    pieces.push_back(all.slice(0, r * per_rank, (r + 1) * per_rank).view(padded_shape).slice(d, 0, size));
+  }
+  return cat(pieces, d);
+}
+
+/// The group's sum of `x`, this rank's piece along `dim`: the dimension is
+/// moved to the front and padded so that the ring's segments are the pieces.
+tensor reduce_scattered(reducer_group& group, const tensor& x, std::int64_t dim, const char* what) {
+  const auto d = normalized(x, dim, what);
+  const auto n = group.size();
+  const auto total = x.shape()[d];
+  const auto largest = tensor_parallel_split(total, n, 0).size;
+  auto front = x.transpose(0, d); // a view; pieces are row ranges of it
+  auto row_shape = front.shape();
+  row_shape[0] = largest;
+  auto padded_shape = row_shape;
+  padded_shape[0] = largest * n;
+  auto padded = tensor::zeros(padded_shape, x.type());
+  for (std::uint32_t r = 0; r < n; ++r) {
+    const auto piece = tensor_parallel_split(total, n, r);
+    padded.slice(0, r * largest, r * largest + piece.size).copy_from(front.slice(0, piece.offset, piece.offset + piece.size));
+  }
+  auto reduced = value_or_throw(reduce_scatter(group, padded), what);
+  const auto mine = tensor_parallel_split(total, n, group.rank());
+  return reduced.view(row_shape).slice(0, 0, mine.size).transpose(0, d).contiguous();
+}
+
+// -- autograd ------------------------------------------------------------------------------------
+
+/// One input, one output; backward maps the output's gradient with `conjugate`.
+template <class Conjugate> class collective_backward final : public autograd::node {
+public:
+  collective_backward(const char* name, const autograd::variable& input, Conjugate conjugate)
+      : name_(name), conjugate_(std::move(conjugate)) {
+    set_next_edges({autograd::gradient_edge(input)});
+  }
+  std::vector<tensor> apply(std::vector<tensor> grads) override {
+    if (grads.empty() || !grads[0].defined())
+      return {tensor{}};
+    return {conjugate_(grads[0])};
+  }
+  std::string name() const override { return name_; }
+
+private:
+  const char* name_;
+  Conjugate conjugate_;
+};
+
+template <class Conjugate>
+autograd::variable with_backward(tensor out, const autograd::variable& x, const char* name, Conjugate conjugate) {
+  if (!autograd::grad_enabled() || !x.requires_grad())
+    return autograd::variable(std::move(out));
+  return autograd::variable::make_result(
+      std::move(out), std::make_shared<collective_backward<Conjugate>>(name, x, std::move(conjugate)));
+}
+
+} // namespace
+
+autograd::variable copy_to_group(const autograd::variable& x, reducer_group& group) {
+  return with_backward(x.data(), x, "copy_to_group_backward",
+                       [g = reducer_group_access::share(group)](const tensor& grad) mutable {
+                         return allreduced(g, grad, "copy_to_group backward");
+                       });
+}
+
+autograd::variable reduce_from_group(const autograd::variable& x, reducer_group& group) {
+  return with_backward(allreduced(group, x.data(), "reduce_from_group"), x, "reduce_from_group_backward",
+                       [](const tensor& grad) { return grad; });
+}
+
+autograd::variable scatter_to_group(const autograd::variable& x, reducer_group& group, std::int64_t dim) {
+  const auto total = x.data().shape()[normalized(x.data(), dim, "scatter_to_group")];
+  return with_backward(piece_of(group, x.data(), dim, "scatter_to_group"), x, "scatter_to_group_backward",
+                       [g = reducer_group_access::share(group), dim, total](const tensor& grad) mutable {
+                         return gathered(g, grad, dim, total, "scatter_to_group backward");
+                       });
+}
+
+autograd::variable gather_from_group(const autograd::variable& x, reducer_group& group, std::int64_t dim,
+                                     std::int64_t total) {
+  return with_backward(gathered(group, x.data(), dim, total, "gather_from_group"), x, "gather_from_group_backward",
+                       [g = reducer_group_access::share(group), dim](const tensor& grad) mutable {
+                         return piece_of(g, grad, dim, "gather_from_group backward");
+                       });
+}
+
+autograd::variable reduce_scatter_to_group(const autograd::variable& x, reducer_group& group, std::int64_t dim) {
+  const auto total = x.data().shape()[normalized(x.data(), dim, "reduce_scatter_to_group")];
+  return with_backward(reduce_scattered(group, x.data(), dim, "reduce_scatter_to_group"), x,
+                       "reduce_scatter_to_group_backward",
+                       [g = reducer_group_access::share(group), dim, total](const tensor& grad) mutable {
+                         return gathered(g, grad, dim, total, "reduce_scatter_to_group backward");
+                       });
+}
+
+autograd::variable all_gather_from_group(const autograd::variable& x, reducer_group& group, std::int64_t dim,
+                                         std::int64_t total) {
+  return with_backward(gathered(group, x.data(), dim, total, "all_gather_from_group"), x,
+                       "all_gather_from_group_backward",
+                       [g = reducer_group_access::share(group), dim](const tensor& grad) mutable {
+                         return reduce_scattered(g, grad, dim, "all_gather_from_group backward");
+                       });
+}
+
+} // namespace troupe::parallel

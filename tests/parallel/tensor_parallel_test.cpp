@@ -1,0 +1,227 @@
+// Tensor parallelism equals one process: layers split over 2 and 3 ranks
+// (threads of this process, one reducer each) train to the losses and
+// parameters of the same layers in one process, with sizes the degree does
+// not divide; the conjugate collectives' forward and backward by hand.
+#include "troupe/parallel/tensor_parallel.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <vector>
+
+#include "ring_support.hpp"
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/all.hpp"
+#include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::parallel {
+namespace {
+
+using ::testing::HasSubstr;
+using autograd::variable;
+using test::local_ring;
+
+constexpr std::int64_t width = 5, hidden = 7, batch = 6;
+constexpr int steps = 4;
+
+/// The one-process MLP: children named as parallel_mlp's.
+struct reference_mlp : nn::module {
+  std::shared_ptr<nn::linear> fc, proj;
+  explicit reference_mlp(std::uint64_t seed) {
+    fc = register_module("fc", std::make_shared<nn::linear>(
+                                   nn::linear_options{.in_features = width, .out_features = hidden,
+                                                      .type = dtype::float64}));
+    proj = register_module("proj", std::make_shared<nn::linear>(
+                                       nn::linear_options{.in_features = hidden, .out_features = width,
+                                                          .type = dtype::float64}));
+    reset_parameters(seed);
+  }
+  variable forward(const variable& x) override { return (*proj)(autograd::gelu((*fc)(x))); }
+};
+
+tensor inputs(int step) {
+  generator gen{100 + static_cast<std::uint64_t>(step)};
+  return randn({batch, width}, gen, 0.0, 1.0, dtype::float64);
+}
+tensor targets(int step) {
+  generator gen{200 + static_cast<std::uint64_t>(step)};
+  return randn({batch, width}, gen, 0.0, 1.0, dtype::float64);
+}
+
+/// Losses of `steps` SGD steps, and the parameters by name afterwards.
+template <class Model> std::vector<double> train(Model& model, named_tensors& parameters) {
+  optim::sgd opt(model.named_parameters(), {.lr = 0.1});
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    auto loss = autograd::mse_loss(model(variable(inputs(s))), variable(targets(s)));
+    autograd::backward(loss);
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  for (auto& [name, p] : model.named_parameters())
+    parameters.emplace_back(name, p.data().clone());
+  return losses;
+}
+
+const tensor& named(const named_tensors& all, const std::string& name) {
+  for (auto& [n, t] : all)
+    if (n == name)
+      return t;
+  throw std::runtime_error("no parameter " + name);
+}
+
+class TensorParallel : public ::testing::TestWithParam<std::uint32_t> {};
+
+TEST_P(TensorParallel, MlpTrainsLikeOneProcess) {
+  const auto degree = GetParam();
+  reference_mlp whole(9);
+  named_tensors want;
+  const auto want_losses = train(whole, want);
+
+  local_ring ring(degree);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::vector<double>> losses(degree);
+  std::vector<named_tensors> got(degree);
+  std::vector<std::vector<parameter_shard>> fc_shards(degree), proj_shards(degree);
+  ring.each([&](std::uint32_t r) {
+    parallel_mlp mlp({.width = width, .hidden = hidden, .type = dtype::float64, .seed = 9}, *ring.groups[r]);
+    losses[r] = train(mlp, got[r]);
+    fc_shards[r] = mlp.fc().shards();
+    proj_shards[r] = mlp.proj().shards();
+  });
+  for (std::uint32_t r = 0; r < degree; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(degree));
+    ASSERT_EQ(losses[r].size(), want_losses.size());
+    for (std::size_t s = 0; s < want_losses.size(); ++s)
+      EXPECT_NEAR(losses[r][s], want_losses[s], 1e-12 * (1 + std::abs(want_losses[s]))) << "step " << s;
+    // Each rank's pieces are the one-process parameters' pieces.
+    const auto piece = tensor_parallel_split(hidden, degree, r);
+    EXPECT_TRUE(allclose(named(got[r], "fc.weight"), named(want, "fc.weight").slice(0, piece.offset, piece.offset + piece.size), 1e-12, 1e-12));
+    EXPECT_TRUE(allclose(named(got[r], "fc.bias"), named(want, "fc.bias").slice(0, piece.offset, piece.offset + piece.size), 1e-12, 1e-12));
+    EXPECT_TRUE(allclose(named(got[r], "proj.weight"), named(want, "proj.weight").slice(1, piece.offset, piece.offset + piece.size), 1e-12, 1e-12));
+    EXPECT_TRUE(allclose(named(got[r], "proj.bias"), named(want, "proj.bias"), 1e-12, 1e-12));
+    // Their global shapes and offsets, for checkpoints.
+    ASSERT_EQ(fc_shards[r].size(), 2u);
+    EXPECT_EQ(fc_shards[r][0].global_shape, (dims{hidden, width}));
+    EXPECT_EQ(fc_shards[r][0].dim, 0);
+    EXPECT_EQ(fc_shards[r][0].offset, piece.offset);
+    ASSERT_EQ(proj_shards[r].size(), 2u);
+    EXPECT_EQ(proj_shards[r][0].dim, 1);
+    EXPECT_EQ(proj_shards[r][0].offset, piece.offset);
+    EXPECT_EQ(proj_shards[r][1].dim, -1) << "the row-parallel bias is replicated";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallel, ::testing::Values(1u, 2u, 3u));
+
+TEST(TensorParallelSplit, FirstRanksHoldTheRemainder) {
+  EXPECT_EQ(tensor_parallel_split(7, 3, 0).size, 3);
+  EXPECT_EQ(tensor_parallel_split(7, 3, 1).offset, 3);
+  EXPECT_EQ(tensor_parallel_split(7, 3, 1).size, 2);
+  EXPECT_EQ(tensor_parallel_split(7, 3, 2).offset, 5);
+  EXPECT_EQ(tensor_parallel_split(2, 3, 2).size, 0);
+  EXPECT_THROW(tensor_parallel_split(7, 3, 3), usage_error);
+}
+
+// A column-parallel layer that gathers its output, and a row-parallel layer
+// given the whole input, each equal nn::linear: output and input gradient.
+TEST(TensorParallelLayers, GatheredColumnAndSplitRowEqualTheWholeLayer) {
+  constexpr std::uint32_t degree = 3;
+  const nn::linear_options shape{.in_features = 4, .out_features = 7, .type = dtype::float64, .seed = 5};
+  nn::linear whole(shape);
+  generator gen{3};
+  const auto x = randn({2, 3, 4}, gen, 0.0, 1.0, dtype::float64);
+  const auto weights = randn({2, 3, 7}, gen, 0.0, 1.0, dtype::float64);
+  variable xv(x, true);
+  autograd::backward(autograd::sum(autograd::mul(whole(xv), variable(weights))));
+  const auto want_out = whole(variable(x)).data();
+  const auto want_grad = xv.grad();
+
+  const nn::linear_options row_shape{.in_features = 7, .out_features = 4, .type = dtype::float64, .seed = 6};
+  nn::linear whole_row(row_shape);
+  const auto x7 = randn({5, 7}, gen, 0.0, 1.0, dtype::float64);
+  variable x7v(x7, true);
+  autograd::backward(autograd::sum(whole_row(x7v)));
+
+  local_ring ring(degree);
+  ASSERT_TRUE(ring.node);
+  std::mutex m;
+  ring.each([&](std::uint32_t r) {
+    column_parallel_linear column(shape, *ring.groups[r], {.gather_output = true});
+    variable mine(x, true);
+    auto out = column(mine);
+    autograd::backward(autograd::sum(autograd::mul(out, variable(weights))));
+    row_parallel_linear row(row_shape, *ring.groups[r], {.input_is_parallel = false});
+    variable mine7(x7, true);
+    auto out7 = row(mine7);
+    autograd::backward(autograd::sum(out7));
+    std::lock_guard lock(m);
+    EXPECT_TRUE(allclose(out.data(), want_out, 1e-12, 1e-12)) << "rank " << r;
+    EXPECT_TRUE(allclose(mine.grad(), want_grad, 1e-12, 1e-12)) << "rank " << r;
+    EXPECT_TRUE(allclose(out7.data(), whole_row(variable(x7)).data(), 1e-12, 1e-12)) << "rank " << r;
+    EXPECT_TRUE(allclose(mine7.grad(), x7v.grad(), 1e-12, 1e-12)) << "rank " << r;
+  });
+}
+
+// Sequence parallelism's pair along a dimension of 5 over 3 ranks: the
+// reduce-scatter's forward is this rank's piece of the sum and its backward
+// gathers; the all-gather's backward sums the ranks' gradients, then takes
+// this rank's piece.
+TEST(TensorParallelCollectives, ReduceScatterAndAllGatherAlongADimensionAndTheirGradients) {
+  constexpr std::uint32_t degree = 3;
+  auto of_rank = [](std::uint32_t r) {
+    generator gen{50 + r};
+    return randn({2, 5, 3}, gen, 0.0, 1.0, dtype::float64);
+  };
+  auto sum = tensor::zeros({2, 5, 3}, dtype::float64);
+  for (std::uint32_t r = 0; r < degree; ++r)
+    sum = add(sum, of_rank(r));
+  local_ring ring(degree);
+  ASSERT_TRUE(ring.node);
+  std::mutex m;
+  ring.each([&](std::uint32_t r) {
+    auto& group = *ring.groups[r];
+    const auto piece = tensor_parallel_split(5, degree, r);
+    variable x(of_rank(r), true);
+    auto scattered = reduce_scatter_to_group(x, group, 1);
+    // Backward of reduce-scatter: every rank's piece of the gradient (here
+    // the rank's own constant) gathered.
+    autograd::backward(autograd::sum(autograd::mul(scattered, variable(tensor::full({2, piece.size, 3}, r + 1.0, dtype::float64)))));
+    variable y(sum.slice(1, piece.offset, piece.offset + piece.size).contiguous(), true);
+    auto gathered = all_gather_from_group(y, group, 1, 5);
+    autograd::backward(autograd::sum(autograd::mul(gathered, variable(of_rank(r)))));
+    std::lock_guard lock(m);
+    EXPECT_TRUE(allclose(scattered.data(), sum.slice(1, piece.offset, piece.offset + piece.size), 1e-12, 1e-12));
+    for (std::uint32_t k = 0; k < degree; ++k) {
+      const auto theirs = tensor_parallel_split(5, degree, k);
+      EXPECT_TRUE(allclose(x.grad().slice(1, theirs.offset, theirs.offset + theirs.size),
+                           tensor::full({2, theirs.size, 3}, k + 1.0, dtype::float64), 0, 0))
+          << "rank " << r << ", piece " << k;
+    }
+    EXPECT_TRUE(allclose(gathered.data(), sum, 0, 0)) << "rank " << r;
+    EXPECT_TRUE(allclose(y.grad(), sum.slice(1, piece.offset, piece.offset + piece.size), 1e-12, 1e-12))
+        << "rank " << r << ": the sum of every rank's gradient, this rank's piece";
+  });
+}
+
+TEST(TensorParallelCollectives, APieceOfTheWrongSizeIsAUsageErrorNamingIt) {
+  local_ring ring(2);
+  ASSERT_TRUE(ring.node);
+  ring.each([&](std::uint32_t r) {
+    // Rank 0's piece of 5 is 3; rank 1's is 2. Both pass 4: refused before any message.
+    try {
+      gather_from_group(variable(tensor::zeros({4}, dtype::float64)), *ring.groups[r], 0, 5);
+      ADD_FAILURE() << "rank " << r << " accepted a piece of 4";
+    } catch (const usage_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(fmt::format("rank {} holds 4 of dimension 0 but its piece of 5 is {}", r,
+                                                  r == 0 ? 3 : 2)));
+    }
+  });
+}
+
+} // namespace
+} // namespace troupe::parallel
