@@ -27,6 +27,7 @@ for b in "$@"; do
     allreduce) expect 2 "\-\-chunk-kib is '-1' but must be an integer" -- "$b" --chunk-kib=-1
                expect 2 "\-\-pass-kib is '1' but must be an integer in \[4," -- "$b" --pass-kib=1
                expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest ;;
+    tensor_parallel) expect 2 "\-\-width is '4' but must be an integer in \[8," -- "$b" --width=4 ;;
     gpt_step) expect 2 "\-\-models: 'gpt2' is not one of" -- "$b" --models=gpt,gpt2
               expect 2 "\-\-device: 'cuda:1' is not cpu or cuda:0" -- "$b" --device=cuda:1
               expect 2 "\-\-drift-steps: '50' must be 0 (off) or at least 200" -- "$b" --drift-steps=50 ;;

@@ -1,0 +1,227 @@
+// Tensor parallelism: forward + backward of a transformer block's MLP
+// (Linear(width, 4 width) → GELU → Linear(4 width, width), float32, one
+// compute thread per process) with its hidden features split over
+// `degree` processes (parallel_mlp: column- then row-parallel, one
+// allreduce forward and one backward), beside one process, and beside a
+// Megatron-style PyTorch 1.13 peer (bench/peers/tensor_parallel_torch.py:
+// the same layers written with torch.distributed.all_reduce over Gloo) in
+// the same run. Per degree: median step ms on rank 0, speed-up over degree
+// 1, the bytes the two allreduces move per step by the ring's formula
+// (2 (k-1)/k of the activation per allreduce and rank), and whether the
+// loss equals degree 1's (float32 summation order: 1e-4 relative).
+//
+//   build/bench/tensor_parallel [--json] [--steps=5] [--width=2048] [--tokens=2048] [--degrees=1,2] [--no-peers]
+//
+// --tokens is sequence x batch (the block: 256 x 8). Only the MLP
+// half of a block: parallel attention is not built yet.
+//
+// This process is rank 0 and re-executes itself as the other ranks
+// (--child=rank); on one host the allreduces take the reducer group's
+// shared-memory path.
+#include <algorithm>
+#include <csignal>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "baselines.hpp"
+#include "peer_process.hpp"
+#include "report.hpp"
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
+#include "troupe/tensor/ops.hpp"
+
+using namespace troupe;
+using namespace troupe::parallel;
+
+namespace {
+
+constexpr int warmup = 1;
+
+struct settings {
+  int steps = 5;
+  std::int64_t width = 2048;
+  std::int64_t tokens = 2048;
+};
+
+settings parse(int argc, char** argv) {
+  settings s;
+  s.steps = static_cast<int>(bench::int_option(argc, argv, "steps", 5, 1, 1000));
+  s.width = bench::int_option(argc, argv, "width", 2048, 8, 16384);
+  s.tokens = bench::int_option(argc, argv, "tokens", 2048, 1, 1 << 20);
+  return s;
+}
+
+struct rank_result {
+  std::vector<double> step_seconds;
+  double loss = 0;
+};
+
+std::vector<std::string> places_for(std::uint32_t n) {
+  std::vector<std::string> names;
+  for (std::uint32_t k = 0; k < n; ++k)
+    names.push_back("worker" + std::to_string(k));
+  return reducer_places(names);
+}
+
+/// `steps` timed forward + backward passes (after a warm-up) of the split
+/// MLP on this rank; the loss is the mean square of the output.
+expected<rank_result> run_rank(actors::node& node, std::uint32_t degree, const settings& s) {
+  auto group = reducer_group::join(node, {.rank = node.rank(), .places = places_for(degree), .timeout = std::chrono::milliseconds{120'000}});
+  if (!group)
+    return group.error();
+  parallel_mlp mlp({.width = s.width, .type = dtype::float32, .seed = 7}, *group);
+  generator gen{11};
+  const auto x = randn({s.tokens, s.width}, gen, 0.0, 1.0, dtype::float32); // the same on every rank
+  rank_result out;
+  for (int step = 0; step < warmup + s.steps; ++step) {
+    mlp.zero_grad();
+    const double start = bench::now_seconds();
+    auto y = mlp(autograd::variable(x));
+    auto loss = autograd::mean(autograd::mul(y, y));
+    autograd::backward(loss);
+    if (step >= warmup)
+      out.step_seconds.push_back(bench::now_seconds() - start);
+    out.loss = loss.item();
+  }
+  return out;
+}
+
+int child(int argc, char** argv) {
+  auto options = actors::node_options::from(argc, argv);
+  if (!options)
+    return 2;
+  auto started = actors::node::start(*options);
+  if (!started) {
+    std::printf("ERROR %s\n", started.error().message().c_str());
+    return 3;
+  }
+  {
+    auto result = run_rank(**started, options->world_size, parse(argc, argv));
+    if (result)
+      std::printf("DONE %.9g\n", result->loss);
+    else
+      std::printf("FAILED %s\n", result.error().message().c_str());
+    std::fflush(stdout);
+    char c; // stay until rank 0 has finished its last collective
+    while (read(0, &c, 1) == 1 && c != 'q') {
+    }
+  }
+  (*started)->stop();
+  return 0;
+}
+
+/// The PyTorch peer's median step seconds at `degree`, or nullopt.
+std::optional<double> torch_peer(std::uint32_t degree, const settings& s, bench::report& out) {
+  auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/tensor_parallel_torch.py";
+  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --degree {} --steps {} --width {} --tokens {}",
+                                               script, degree, s.steps, s.width, s.tokens),
+                                   600);
+  bench::settle_after_peer();
+  auto step = bench::json_number(output, "median_step_seconds");
+  if (!step)
+    out.note("PyTorch tensor-parallel peer gave no figure at degree {} (python3-torch missing?)", degree);
+  return step;
+}
+
+int parent(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  bench::check_flags("tensor_parallel", argc, argv, {"steps=", "width=", "tokens=", "degrees=", "no-peers"});
+  bench::report out("tensor_parallel", argc, argv);
+  const auto s = parse(argc, argv);
+  bool no_peers = false;
+  for (int i = 1; i < argc; ++i)
+    no_peers |= std::string_view(argv[i]) == "--no-peers";
+  std::vector<std::uint32_t> degrees;
+  for (auto n : bench::list_option(argc, argv, "degrees", {1, 2}))
+    degrees.push_back(static_cast<std::uint32_t>(n));
+  std::optional<double> one_process, one_process_loss;
+  bool any_wrong = false;
+  std::vector<std::string> table;
+  table.push_back(fmt::format("{:>6} {:>9} {:>9} {:>14} {:>12} {:>12} {:>6}", "degree", "step ms", "speed-up",
+                              "MiB/step/rank", "loss", "torch ms", "ratio"));
+  for (auto n : degrees) {
+    actors::node_options options;
+    options.name = "worker0";
+    options.world_size = n;
+    options.listen_address = "127.0.0.1";
+    auto started = actors::node::start(options);
+    if (!started)
+      throw std::runtime_error(started.error().message());
+    auto node = std::move(*started);
+    std::vector<std::unique_ptr<bench::peer_process>> children;
+    for (std::uint32_t k = 1; k < n; ++k)
+      children.push_back(std::make_unique<bench::peer_process>(std::vector<std::string>{
+        std::filesystem::read_symlink("/proc/self/exe").string(), "--child=rank",
+        fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()), fmt::format("--troupe.rank={}", k),
+        fmt::format("--troupe.world-size={}", n), fmt::format("--troupe.name=worker{}", k),
+        "--troupe.listen-address=127.0.0.1", fmt::format("--steps={}", s.steps), fmt::format("--width={}", s.width),
+        fmt::format("--tokens={}", s.tokens)}));
+    auto mine = run_rank(*node, n, s);
+    if (!mine)
+      throw std::runtime_error(fmt::format("degree {}: {}", n, mine.error().message()));
+    for (auto& c : children) {
+      auto line = c->read_line(600'000).value_or("FAILED no answer");
+      if (!line.starts_with("DONE"))
+        throw std::runtime_error(fmt::format("degree {}: a rank failed: {}", n, line));
+    }
+    for (auto& c : children)
+      c->ask("q", 0);
+    children.clear();
+    node->stop();
+
+    const double step = bench::median(mine->step_seconds);
+    if (n == 1) {
+      one_process = step;
+      one_process_loss = mine->loss;
+    }
+    const bool wrong = one_process_loss && std::abs(mine->loss - *one_process_loss) >
+                                               1e-4 * std::max(1.0, std::abs(*one_process_loss));
+    any_wrong |= wrong;
+    // Each allreduce of the [tokens, width] activation moves 2 (k-1)/k of it per rank.
+    const double mib = n > 1 ? 2.0 * 2.0 * (n - 1) / n * static_cast<double>(s.tokens * s.width * 4) / (1 << 20) : 0.0;
+    std::optional<double> peer;
+    if (!no_peers)
+      peer = torch_peer(n, s, out);
+    const double peer_s = peer.value_or(0.0);
+    table.push_back(fmt::format("{:>6} {:>9.1f} {:>9} {:>14.1f} {:>12.6g}{} {:>12} {:>6}", n, step * 1e3,
+                                one_process ? fmt::format("{:.2f}x", *one_process / step) : "-", mib, mine->loss,
+                                wrong ? " WRONG" : "", peer ? fmt::format("{:.1f}", peer_s * 1e3) : "-",
+                                peer ? fmt::format("{:.2f}x", peer_s / step) : "-"));
+    const auto name = fmt::format("troupe tensor-parallel MLP, degree {}", n);
+    std::optional<double> peer_rate;
+    if (peer)
+      peer_rate = 1.0 / peer_s;
+    out.add({name, "steps/s", 1.0 / step, "steps/s", peer ? "torch all_reduce (gloo)" : "", peer_rate,
+             fmt::format("{:.2f}x one process; {}", one_process ? *one_process / step : 1.0,
+                         wrong ? "loss differs from degree 1: WRONG" : "loss equals degree 1's")});
+  }
+  if (!out.json()) {
+    fmt::print("# MLP {} -> {} -> {}, {} tokens, float32, forward + backward, {} timed steps, one thread per process\n",
+               s.width, 4 * s.width, s.width, s.tokens, s.steps);
+    for (const auto& l : table)
+      fmt::print("{}\n", l);
+  }
+  out.print();
+  return any_wrong ? 1 : 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--child=rank")
+      return child(argc, argv);
+  try {
+    return parent(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tensor_parallel: {}\n", e.what());
+    return 1;
+  }
+}
