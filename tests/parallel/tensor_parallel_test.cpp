@@ -15,6 +15,8 @@
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/parallel/data_parallel.hpp"
+#include "troupe/parallel/mesh.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -117,6 +119,96 @@ TEST_P(TensorParallel, MlpTrainsLikeOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallel, ::testing::Values(1u, 2u, 3u));
+
+// Tensor x data, 2 x 2: ranks 0, 1 split replica 0's MLP, ranks 2, 3
+// replica 1's; each replica trains on half the batch and averages its
+// pieces' gradients with the other replica's same pieces. Equals one
+// process with the whole batch.
+TEST(TensorParallelMesh, TensorTimesDataTwoByTwoTrainsLikeOneProcess) {
+  constexpr std::int64_t rows = 6;
+  auto full_batch = [](int step) { return std::pair{inputs(step), targets(step)}; };
+  reference_mlp whole(9);
+  named_tensors want;
+  std::vector<double> want_losses;
+  {
+    optim::sgd opt(whole.named_parameters(), {.lr = 0.1});
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      auto [x, y] = full_batch(s);
+      auto loss = autograd::mse_loss(whole(variable(x)), variable(y));
+      autograd::backward(loss);
+      opt.step();
+      want_losses.push_back(loss.item());
+    }
+    for (auto& [name, p] : whole.named_parameters())
+      want.emplace_back(name, p.data().clone());
+  }
+
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node) << node.error().message();
+  auto grid = mesh::create({{"data", 2}, {"tensor", 2}}, std::vector<std::string>(4, "worker0/cpu"));
+  ASSERT_TRUE(grid) << grid.error().message();
+  std::vector<std::vector<double>> losses(4);
+  std::vector<named_tensors> got(4);
+  std::vector<std::thread> ranks;
+  for (std::uint32_t rank = 0; rank < 4; ++rank)
+    ranks.emplace_back([&, rank] {
+      auto tensor_group = reducer_group::join(**node, grid->group_options(rank, "tensor"));
+      ASSERT_TRUE(tensor_group) << tensor_group.error().message();
+      auto data_group = reducer_group::join(**node, grid->group_options(rank, "data"));
+      ASSERT_TRUE(data_group) << data_group.error().message();
+      parallel_mlp mlp({.width = width, .hidden = hidden, .type = dtype::float64, .seed = 9}, *tensor_group);
+      auto dp = data_parallel::create(mlp.named_parameters(), *data_group);
+      ASSERT_TRUE(dp) << dp.error().message();
+      optim::sgd opt(mlp.named_parameters(), {.lr = 0.1});
+      const auto replica = grid->coordinate(rank, "data");
+      for (int s = 0; s < steps; ++s) {
+        opt.zero_grad();
+        auto [x, y] = full_batch(s);
+        const auto half = rows / 2 * replica;
+        auto loss = autograd::mse_loss(mlp(variable(x.slice(0, half, half + rows / 2).contiguous())),
+                                       variable(y.slice(0, half, half + rows / 2).contiguous()));
+        auto ok = dp->backward(loss);
+        ASSERT_TRUE(ok) << ok.error().message();
+        opt.step();
+        losses[rank].push_back(loss.item());
+      }
+      for (auto& [name, p] : mlp.named_parameters())
+        got[rank].emplace_back(name, p.data().clone());
+    });
+  for (auto& t : ranks)
+    t.join();
+  for (std::uint32_t rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    ASSERT_EQ(losses[rank].size(), want_losses.size());
+    const auto other = grid->group(rank, "data")[1 - grid->coordinate(rank, "data")];
+    for (std::size_t s = 0; s < want_losses.size(); ++s) // the two halves' mean is the whole batch's loss
+      EXPECT_NEAR((losses[rank][s] + losses[other][s]) / 2, want_losses[s], 1e-12 * (1 + want_losses[s])) << s;
+    const auto piece = tensor_parallel_split(hidden, 2, grid->coordinate(rank, "tensor"));
+    EXPECT_TRUE(allclose(named(got[rank], "fc.weight"), named(want, "fc.weight").slice(0, piece.offset, piece.offset + piece.size), 1e-12, 1e-12));
+    EXPECT_TRUE(allclose(named(got[rank], "proj.weight"), named(want, "proj.weight").slice(1, piece.offset, piece.offset + piece.size), 1e-12, 1e-12));
+    EXPECT_TRUE(allclose(named(got[rank], "proj.bias"), named(want, "proj.bias"), 1e-12, 1e-12));
+  }
+  (*node)->stop();
+}
+
+TEST(TensorParallelMesh, GroupsAlongEachAxisAndBadShapes) {
+  auto grid = mesh::create({{"pipe", 2}, {"data", 3}, {"tensor", 2}}, std::vector<std::string>(12, "w/cpu"));
+  ASSERT_TRUE(grid);
+  EXPECT_EQ(grid->group(7, "tensor"), (std::vector<std::uint32_t>{6, 7}));
+  EXPECT_EQ(grid->group(7, "data"), (std::vector<std::uint32_t>{7, 9, 11}));
+  EXPECT_EQ(grid->group(7, "pipe"), (std::vector<std::uint32_t>{1, 7}));
+  EXPECT_EQ(grid->coordinate(7, "data"), 0u);
+  auto options = grid->group_options(9, "data");
+  EXPECT_EQ(options.rank, 1u);
+  EXPECT_EQ(options.places, (std::vector<std::string>{"w/cpu/data_r7", "w/cpu/data_r9", "w/cpu/data_r11"}));
+  EXPECT_THROW(grid->group(0, "model"), usage_error);
+  auto wrong = mesh::create({{"data", 2}, {"tensor", 2}}, {"a/cpu", "b/cpu", "c/cpu"});
+  ASSERT_FALSE(wrong);
+  EXPECT_THAT(wrong.error().message(), HasSubstr("the axes hold 4 ranks but there are 3 places"));
+  EXPECT_FALSE(mesh::create({{"data", 2}, {"data", 1}}, {"a/cpu", "b/cpu"}));
+  EXPECT_FALSE(mesh::create({{"da ta", 2}}, {"a/cpu", "b/cpu"}));
+}
 
 TEST(TensorParallelSplit, FirstRanksHoldTheRemainder) {
   EXPECT_EQ(tensor_parallel_split(7, 3, 0).size, 3);
