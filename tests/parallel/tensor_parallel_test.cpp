@@ -17,6 +17,7 @@
 #include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/mesh.hpp"
+#include "troupe/parallel/vocab_parallel.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -208,6 +209,103 @@ TEST(TensorParallelMesh, GroupsAlongEachAxisAndBadShapes) {
   EXPECT_THAT(wrong.error().message(), HasSubstr("the axes hold 4 ranks but there are 3 places"));
   EXPECT_FALSE(mesh::create({{"data", 2}, {"data", 1}}, {"a/cpu", "b/cpu"}));
   EXPECT_FALSE(mesh::create({{"da ta", 2}}, {"a/cpu", "b/cpu"}));
+}
+
+constexpr std::int64_t vocabulary = 11, tokens = 8, dim = 6;
+
+/// Embedding → head → cross entropy: the vocabulary on both ends.
+template <class Embedding, class Head> struct language_model : nn::module {
+  std::shared_ptr<Embedding> emb;
+  std::shared_ptr<Head> head;
+  language_model(std::shared_ptr<Embedding> e, std::shared_ptr<Head> h) {
+    emb = register_module("emb", std::move(e));
+    head = register_module("head", std::move(h));
+    reset_parameters(3);
+  }
+  variable forward(const variable& ids) override { return (*head)((*emb)(ids)); }
+};
+
+tensor token_ids(int step, std::uint64_t salt) {
+  generator gen{300 + salt + static_cast<std::uint64_t>(step)};
+  return randint({tokens}, gen, 0, vocabulary);
+}
+
+class VocabParallel : public ::testing::TestWithParam<std::uint32_t> {};
+
+// A vocabulary of 11 over 2 and 3 ranks: embedding, head and loss train
+// like one process, and no rank holds more than its rows of the table or
+// its classes of the logits.
+TEST_P(VocabParallel, EmbeddingHeadAndLossTrainLikeOneProcess) {
+  const auto degree = GetParam();
+  const nn::embedding_options table{.num_embeddings = vocabulary, .embedding_dim = dim, .type = dtype::float64};
+  const nn::linear_options head{.in_features = dim, .out_features = vocabulary, .type = dtype::float64};
+  language_model whole(std::make_shared<nn::embedding>(table), std::make_shared<nn::linear>(head));
+  std::vector<double> want_losses;
+  named_tensors want;
+  {
+    optim::sgd opt(whole.named_parameters(), {.lr = 0.5});
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      auto loss = autograd::cross_entropy(whole(variable(token_ids(s, 0))), token_ids(s, 1));
+      autograd::backward(loss);
+      opt.step();
+      want_losses.push_back(loss.item());
+    }
+    for (auto& [name, p] : whole.named_parameters())
+      want.emplace_back(name, p.data().clone());
+  }
+  local_ring ring(degree);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::vector<double>> losses(degree);
+  std::vector<named_tensors> got(degree);
+  ring.each([&](std::uint32_t r) {
+    auto& group = *ring.groups[r];
+    language_model split(std::make_shared<vocab_parallel_embedding>(table, group),
+                         std::make_shared<column_parallel_linear>(head, group));
+    EXPECT_EQ(split.emb->weight().data().shape()[0], tensor_parallel_split(vocabulary, degree, r).size);
+    optim::sgd opt(split.named_parameters(), {.lr = 0.5});
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      auto logits = split(variable(token_ids(s, 0)));
+      EXPECT_EQ(logits.data().shape()[1], tensor_parallel_split(vocabulary, degree, r).size) << "logits stay split";
+      auto loss = vocab_parallel_cross_entropy(logits, token_ids(s, 1), group, vocabulary);
+      autograd::backward(loss);
+      opt.step();
+      losses[r].push_back(loss.item());
+    }
+    for (auto& [name, p] : split.named_parameters())
+      got[r].emplace_back(name, p.data().clone());
+  });
+  for (std::uint32_t r = 0; r < degree; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(degree));
+    ASSERT_EQ(losses[r].size(), want_losses.size());
+    for (std::size_t s = 0; s < want_losses.size(); ++s)
+      EXPECT_NEAR(losses[r][s], want_losses[s], 1e-12 * (1 + want_losses[s])) << "step " << s;
+    const auto rows = tensor_parallel_split(vocabulary, degree, r);
+    EXPECT_TRUE(allclose(named(got[r], "emb.weight"), named(want, "emb.weight").slice(0, rows.offset, rows.offset + rows.size), 1e-12, 1e-12));
+    EXPECT_TRUE(allclose(named(got[r], "head.weight"), named(want, "head.weight").slice(0, rows.offset, rows.offset + rows.size), 1e-12, 1e-12));
+    EXPECT_TRUE(allclose(named(got[r], "head.bias"), named(want, "head.bias").slice(0, rows.offset, rows.offset + rows.size), 1e-12, 1e-12));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Degrees, VocabParallel, ::testing::Values(2u, 3u));
+
+TEST(VocabParallelUse, AnIdOutsideTheVocabularyIsAUsageErrorNamingItBeforeAnyCollective) {
+  local_ring ring(2);
+  ASSERT_TRUE(ring.node);
+  ring.each([&](std::uint32_t r) {
+    vocab_parallel_embedding emb({.num_embeddings = vocabulary, .embedding_dim = dim}, *ring.groups[r]);
+    try {
+      emb(variable(tensor::from(std::vector<std::int64_t>{3, 11}, {2})));
+      ADD_FAILURE() << "rank " << r << " accepted id 11";
+    } catch (const usage_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("id 11 at 1 is outside the vocabulary [0, 11)"));
+    }
+    EXPECT_THROW(vocab_parallel_cross_entropy(variable(tensor::zeros({2, 4})), tensor::from(std::vector<std::int64_t>{0, 1}, {2}),
+                                              *ring.groups[r], vocabulary),
+                 usage_error)
+        << "rank " << r << "'s logits hold " << (r == 0 ? 6 : 5) << " classes, not 4";
+  });
 }
 
 TEST(TensorParallelSplit, FirstRanksHoldTheRemainder) {
