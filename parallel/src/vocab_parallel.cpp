@@ -77,7 +77,7 @@ autograd::variable vocab_parallel_embedding::forward(const autograd::variable& i
 }
 
 std::vector<parameter_shard> vocab_parallel_embedding::shards() const {
-  return {{"weight", {whole_.num_embeddings, whole_.embedding_dim}, 0, rows_.offset}};
+  return {{"weight", {whole_.num_embeddings, whole_.embedding_dim}, 0, rows_.offset, rows_.size, 0}};
 }
 
 autograd::variable vocab_parallel_cross_entropy(const autograd::variable& logits, const tensor& targets,

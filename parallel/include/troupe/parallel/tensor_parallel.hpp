@@ -33,43 +33,75 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/autograd/nn/linear.hpp"
 #include "troupe/autograd/nn/module.hpp"
 #include "troupe/parallel/reducer_group.hpp"
 #include "troupe/parallel/tensor_parallel_collectives.hpp"
+#include "troupe/tensor/expected.hpp"
+#include "troupe/tensor/named_tensors.hpp"
 
 namespace troupe::parallel {
 
-/// Which piece of a whole parameter this rank holds.
+/// A piece of a whole parameter that this rank holds: the whole
+/// parameter's [offset, offset + size) along `dim`, lying at
+/// [local_offset, local_offset + size) of the local parameter along the
+/// same dimension (a parameter may hold several pieces: attention's q, k
+/// and v rows of its heads).
 struct parameter_shard {
   std::string name;    ///< the parameter's local name ("weight")
   dims global_shape;   ///< the whole parameter's shape
-  std::int64_t dim = 0; ///< the dimension it is split along; -1: replicated
+  std::int64_t dim = 0; ///< the dimension it is split along; -1: replicated (whole)
   std::int64_t offset = 0;
+  std::int64_t size = 0;
+  std::int64_t local_offset = 0;
 };
+
+/// A module that holds pieces of whole parameters (the others hold their
+/// parameters whole): which pieces, by local parameter name.
+class sharded_module {
+public:
+  virtual ~sharded_module() = default;
+  virtual std::vector<parameter_shard> shards() const = 0;
+};
+
+/// Every parameter of `model` by FQN with the piece this rank holds
+/// (`dim` -1 and the whole extent for parameters held whole): what a
+/// checkpoint saves, and what the equivalence check below compares.
+std::vector<std::pair<std::string, parameter_shard>> parameter_shards(nn::module& model);
+
+/// Whether every parameter of `model` (this rank's pieces) equals the same
+/// pieces of `whole` (a one-process model's state, by FQN) within
+/// |a - b| <= tolerance (1 + |b|); the error names the first parameter and
+/// piece that differs and by how much. The tests' and users' check that a
+/// split model holds what the one-process model holds.
+expected<void> pieces_equal(nn::module& model, const named_tensors& whole, double tolerance);
 
 /// What column- and row-parallel layers share: nn::linear(`whole`)'s
 /// parameters with the weight split along `split_dim` (0: output features,
 /// 1: input features), the bias split with the output features or whole.
-class sharded_linear : public nn::module {
+class sharded_linear : public nn::module, public sharded_module {
 public:
   const autograd::variable& weight() const noexcept { return weight_; }
   /// Undefined when built without bias.
   const autograd::variable& bias() const noexcept { return bias_; }
-  /// This rank's features along the split dimension.
-  shard_range features() const noexcept { return features_; }
-  std::vector<parameter_shard> shards() const;
+  /// The ranges of the whole weight along the split dimension held here,
+  /// in the order they lie in the local weight.
+  const std::vector<shard_range>& pieces() const noexcept { return pieces_; }
+  std::vector<parameter_shard> shards() const override;
 
 protected:
-  sharded_linear(const nn::linear_options& whole, reducer_group& group, std::int64_t split_dim, const char* layer);
+  /// `pieces` empty: this rank's tensor_parallel_split of the dimension.
+  sharded_linear(const nn::linear_options& whole, reducer_group& group, std::int64_t split_dim,
+                 std::vector<shard_range> pieces, const char* layer);
   void init_parameter(const std::string& name, tensor& data, generator& gen) override;
 
   nn::linear_options whole_;
   reducer_group group_;
   std::int64_t split_dim_;
-  shard_range features_;
+  std::vector<shard_range> pieces_;
   autograd::variable weight_, bias_;
 };
 
@@ -77,6 +109,9 @@ struct column_parallel_options {
   /// Gather every rank's output features (the seed's "split one layer
   /// across machines with an all-gather"); false: this rank's features.
   bool gather_output = false;
+  /// Output features held here, in order (attention's q, k and v rows of
+  /// its heads); empty: tensor_parallel_split. Not with gather_output.
+  std::vector<shard_range> pieces{};
 };
 
 class column_parallel_linear : public sharded_linear {
@@ -95,6 +130,10 @@ struct row_parallel_options {
   /// The input already holds this rank's features (a column-parallel
   /// layer's output); false: the whole input, split here.
   bool input_is_parallel = true;
+  /// Input features held here (attention: its heads' columns); empty:
+  /// tensor_parallel_split. With input_is_parallel false they must be
+  /// tensor_parallel_split's.
+  std::vector<shard_range> pieces{};
 };
 
 class row_parallel_linear : public sharded_linear {

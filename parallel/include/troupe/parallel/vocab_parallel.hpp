@@ -34,7 +34,7 @@
 
 namespace troupe::parallel {
 
-class vocab_parallel_embedding : public nn::module {
+class vocab_parallel_embedding : public nn::module, public sharded_module {
 public:
   /// This rank's rows of nn::embedding(`whole`).
   vocab_parallel_embedding(const nn::embedding_options& whole, reducer_group& group);
@@ -46,7 +46,7 @@ public:
 
   const autograd::variable& weight() const noexcept { return weight_; }
   shard_range rows() const noexcept { return rows_; }
-  std::vector<parameter_shard> shards() const;
+  std::vector<parameter_shard> shards() const override;
 
 protected:
   void init_parameter(const std::string& name, tensor& data, generator& gen) override;
