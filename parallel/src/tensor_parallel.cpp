@@ -88,7 +88,9 @@ column_parallel_linear::column_parallel_linear(const nn::linear_options& whole, 
 }
 
 autograd::variable column_parallel_linear::forward(const autograd::variable& input) {
-  auto mine = autograd::linear(copy_to_group(input, group_), weight_, bias_);
+  auto whole = options_.sequence_dim ? all_gather_from_group(input, group_, *options_.sequence_dim)
+                                     : copy_to_group(input, group_);
+  auto mine = autograd::linear(whole, weight_, bias_);
   return options_.gather_output ? gather_from_group(mine, group_, -1, whole_.out_features) : mine;
 }
 
@@ -103,8 +105,15 @@ row_parallel_linear::row_parallel_linear(const nn::linear_options& whole, reduce
 autograd::variable row_parallel_linear::forward(const autograd::variable& input) {
   auto mine = options_.input_is_parallel ? input : scatter_to_group(input, group_, -1);
   // The bias joins after the sum, once: every rank adds the same values.
-  auto summed = reduce_from_group(autograd::linear(mine, weight_, autograd::variable{}), group_);
-  return whole_.bias ? autograd::add(summed, bias_) : summed;
+  auto partial = autograd::linear(mine, weight_, autograd::variable{});
+  auto summed = options_.sequence_dim ? reduce_scatter_to_group(partial, group_, *options_.sequence_dim)
+                                      : reduce_from_group(partial, group_);
+  if (!whole_.bias)
+    return summed;
+  // With sequence parallelism each rank adds the bias to its piece only:
+  // the gradient is summed over the group (copy_to_group) so that every
+  // replica of the bias steps with the whole sequence's.
+  return autograd::add(summed, options_.sequence_dim ? copy_to_group(bias_, group_) : bias_);
 }
 
 // -- whole models ---------------------------------------------------------------------------------

@@ -180,4 +180,19 @@ autograd::variable all_gather_from_group(const autograd::variable& x, reducer_gr
                        });
 }
 
+autograd::variable all_gather_from_group(const autograd::variable& x, reducer_group& group, std::int64_t dim) {
+  constexpr const char* what = "all_gather_from_group";
+  const auto d = normalized(x.data(), dim, what);
+  auto mine = tensor::full({1}, static_cast<double>(x.data().shape()[d]), dtype::float64);
+  auto sizes = value_or_throw(all_gather(group, mine), what).to_vector<double>();
+  std::int64_t total = 0;
+  for (auto size : sizes)
+    total += static_cast<std::int64_t>(size);
+  for (std::uint32_t r = 0; r < group.size(); ++r)
+    require(static_cast<std::int64_t>(sizes[r]) == tensor_parallel_split(total, group.size(), r).size,
+            "{}: the members' pieces along dimension {} are not tensor_parallel_split's of {} (rank {} holds {})",
+            what, d, total, r, sizes[r]);
+  return all_gather_from_group(x, group, dim, total);
+}
+
 } // namespace troupe::parallel

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/dropout.hpp"
@@ -13,9 +14,40 @@
 #include "troupe/tensor/error.hpp"
 #include "troupe/tensor/ops.hpp"
 
+#include "reducer_member.hpp"
+
 namespace troupe::parallel {
 
 using autograd::variable;
+
+// -- layer norm ----------------------------------------------------------------------------------
+
+sequence_parallel_layer_norm::sequence_parallel_layer_norm(const nn::layer_norm_options& options,
+                                                           reducer_group& group)
+    : nn::layer_norm(options), group_(reducer_group_access::share(group)) {}
+
+variable sequence_parallel_layer_norm::forward(const variable& input) {
+  require(options().elementwise_affine, "sequence_parallel_layer_norm: without affine parameters use nn::layer_norm");
+  // copy_to_group: the parameters as they are forward, their gradients
+  // (this piece of the sequence's) summed over the group backward.
+  return autograd::layer_norm(input, copy_to_group(weight(), group_), copy_to_group(bias(), group_), options().eps);
+}
+
+namespace {
+
+/// The block's layer norm: on pieces of the sequence with sequence parallelism.
+nn::module_ptr block_layer_norm(std::int64_t size, dtype type, reducer_group& group, tensor_parallel_options parallel) {
+  const nn::layer_norm_options options{.normalized_size = size, .type = type};
+  if (parallel.sequence_parallel)
+    return std::make_shared<sequence_parallel_layer_norm>(options, group);
+  return std::make_shared<nn::layer_norm>(options);
+}
+
+std::optional<std::int64_t> sequence_dim(tensor_parallel_options parallel) {
+  return parallel.sequence_parallel ? std::optional<std::int64_t>(1) : std::nullopt;
+}
+
+} // namespace
 
 // -- attention -----------------------------------------------------------------------------------
 
@@ -31,8 +63,10 @@ shard_range heads_of(const nn::attention_options& o, reducer_group& group) {
 
 } // namespace
 
-parallel_self_attention::parallel_self_attention(const nn::attention_options& options, reducer_group& group)
-    : options_(options), heads_(heads_of(options, group)) {
+parallel_self_attention::parallel_self_attention(const nn::attention_options& options, reducer_group& group,
+                                                 tensor_parallel_options parallel)
+    : options_(options), parallel_(parallel), group_(reducer_group_access::share(group)),
+      heads_(heads_of(options, group)) {
   const auto embd = options.n_embd, head_size = embd / options.n_head;
   const shard_range columns{heads_.offset * head_size, heads_.size * head_size};
   // c_attn's output features are q, then k, then v, each heads side by side.
@@ -42,11 +76,11 @@ parallel_self_attention::parallel_self_attention(const nn::attention_options& op
   c_attn_ = register_module("c_attn", std::make_shared<column_parallel_linear>(
                                           nn::linear_options{.in_features = embd, .out_features = 3 * embd,
                                                              .type = options.type, .seed = options.seed},
-                                          group, column_parallel_options{.pieces = qkv}));
+                                          group, column_parallel_options{.pieces = qkv, .sequence_dim = sequence_dim(parallel)}));
   c_proj_ = register_module("c_proj", std::make_shared<row_parallel_linear>(
                                           nn::linear_options{.in_features = embd, .out_features = embd,
                                                              .type = options.type, .seed = options.seed},
-                                          group, row_parallel_options{.pieces = {columns}}));
+                                          group, row_parallel_options{.pieces = {columns}, .sequence_dim = sequence_dim(parallel)}));
   attn_dropout_ = register_module("attn_dropout", std::make_shared<nn::dropout>(options.dropout));
   resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::dropout>(options.dropout));
   reset_parameters(options.seed);
@@ -55,21 +89,22 @@ parallel_self_attention::parallel_self_attention(const nn::attention_options& op
 variable parallel_self_attention::forward(const variable& x) {
   require(x.data().rank() == 3 && x.size(2) == options_.n_embd,
           "parallel_self_attention: input must be [batch, seq, {}], got {}", options_.n_embd, x.shape());
-  const auto batch = x.size(0), seq = x.size(1);
   const auto heads = heads_.size, head_size = options_.n_embd / options_.n_head;
-  auto qkv = autograd::split((*c_attn_)(x), heads * head_size, 2);
+  auto qkv_all = (*c_attn_)(x); // the whole sequence (gathered first with sequence parallelism)
+  const auto batch = qkv_all.size(0), seq = qkv_all.size(1);
+  auto qkv = autograd::split(qkv_all, heads * head_size, 2);
   auto to_heads = [&](const variable& t) {
     auto split_heads = autograd::reshape(t, {batch, seq, heads, head_size});
     return autograd::reshape(autograd::permute(split_heads, {0, 2, 1, 3}), {batch * heads, seq, head_size});
   };
   auto q = to_heads(qkv[0]), k = to_heads(qkv[1]), v = to_heads(qkv[2]);
-  if (!mask_.defined() || mask_.size(0) != seq || mask_.where() != x.data().where()) {
+  if (!mask_.defined() || mask_.size(0) != seq || mask_.where() != qkv_all.data().where()) {
     auto mask = tensor::zeros({seq, seq}, dtype::float64);
     auto* values = mask.data<double>();
     for (std::int64_t row = 0; row < seq; ++row)
       for (std::int64_t col = row + 1; col < seq; ++col)
         values[row * seq + col] = -std::numeric_limits<double>::infinity();
-    mask_ = mask.to(options_.type).to(x.data().where());
+    mask_ = mask.to(options_.type).to(qkv_all.data().where());
   }
   auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2)) * (1.0 / std::sqrt(static_cast<double>(head_size)));
   auto weights = (*attn_dropout_)(autograd::softmax(scores + variable(mask_), -1));
@@ -80,20 +115,21 @@ variable parallel_self_attention::forward(const variable& x) {
 
 // -- block ---------------------------------------------------------------------------------------
 
-parallel_transformer_block::parallel_transformer_block(const nn::attention_options& options, reducer_group& group) {
+parallel_transformer_block::parallel_transformer_block(const nn::attention_options& options, reducer_group& group,
+                                                       tensor_parallel_options parallel) {
   const auto d = options.n_embd;
-  ln_1_ = register_module("ln_1", std::make_shared<nn::layer_norm>(nn::layer_norm_options{.normalized_size = d,
-                                                                                       .type = options.type}));
-  attn_ = register_module("attn", std::make_shared<parallel_self_attention>(options, group));
-  ln_2_ = register_module("ln_2", std::make_shared<nn::layer_norm>(nn::layer_norm_options{.normalized_size = d,
-                                                                                       .type = options.type}));
+  ln_1_ = register_module("ln_1", block_layer_norm(d, options.type, group, parallel));
+  attn_ = register_module("attn", std::make_shared<parallel_self_attention>(options, group, parallel));
+  ln_2_ = register_module("ln_2", block_layer_norm(d, options.type, group, parallel));
   mlp_ = register_module(
       "mlp", std::make_shared<nn::sequential>(std::initializer_list<nn::module_ptr>{
                  std::make_shared<column_parallel_linear>(
-                     nn::linear_options{.in_features = d, .out_features = 4 * d, .type = options.type}, group),
+                     nn::linear_options{.in_features = d, .out_features = 4 * d, .type = options.type}, group,
+                     column_parallel_options{.sequence_dim = sequence_dim(parallel)}),
                  std::make_shared<nn::gelu>(),
                  std::make_shared<row_parallel_linear>(
-                     nn::linear_options{.in_features = 4 * d, .out_features = d, .type = options.type}, group),
+                     nn::linear_options{.in_features = 4 * d, .out_features = d, .type = options.type}, group,
+                     row_parallel_options{.sequence_dim = sequence_dim(parallel)}),
                  std::make_shared<nn::dropout>(options.dropout)}));
   reset_parameters(options.seed);
 }
@@ -110,7 +146,8 @@ namespace {
 /// nn::gpt_embedding with the token table split by vocabulary.
 class parallel_gpt_embedding : public nn::module {
 public:
-  parallel_gpt_embedding(const nn::gpt_config& config, reducer_group& group) : config_(config) {
+  parallel_gpt_embedding(const nn::gpt_config& config, reducer_group& group, tensor_parallel_options parallel)
+      : config_(config), parallel_(parallel), group_(reducer_group_access::share(group)) {
     wte_ = register_module("wte", std::make_shared<vocab_parallel_embedding>(
                                       nn::embedding_options{.num_embeddings = config.vocab_size,
                                                             .embedding_dim = config.n_embd, .type = config.type},
@@ -128,11 +165,15 @@ public:
     require(seq >= 1 && seq <= config_.block_size, "parallel_gpt: sequence length is {} but must be in [1, {}]", seq,
             config_.block_size);
     auto positions = arange(0.0, static_cast<double>(seq)).to(tokens.where());
-    return (*drop_)((*wte_)(ids) + wpe_->forward(positions));
+    auto x = (*drop_)((*wte_)(ids) + wpe_->forward(positions));
+    // Sequence parallelism: the blocks take this rank's piece of the sequence.
+    return parallel_.sequence_parallel ? scatter_to_group(x, group_, 1) : x;
   }
 
 private:
   nn::gpt_config config_;
+  tensor_parallel_options parallel_;
+  reducer_group group_;
   std::shared_ptr<vocab_parallel_embedding> wte_;
   std::shared_ptr<nn::embedding> wpe_;
   std::shared_ptr<nn::module> drop_;
@@ -141,15 +182,15 @@ private:
 /// nn::gpt_head with the classes split by vocabulary.
 class parallel_gpt_head : public nn::module {
 public:
-  parallel_gpt_head(const nn::gpt_config& config, reducer_group& group) {
-    ln_f_ = register_module("ln_f", std::make_shared<nn::layer_norm>(
-                                        nn::layer_norm_options{.normalized_size = config.n_embd, .type = config.type}));
+  parallel_gpt_head(const nn::gpt_config& config, reducer_group& group, tensor_parallel_options parallel) {
+    ln_f_ = register_module("ln_f", block_layer_norm(config.n_embd, config.type, group, parallel));
     lm_head_ = register_module("lm_head", std::make_shared<column_parallel_linear>(
                                               nn::linear_options{.in_features = config.n_embd,
                                                                  .out_features = config.vocab_size, .bias = false,
                                                                  .type = config.type},
-                                              group));
+                                              group, column_parallel_options{.sequence_dim = sequence_dim(parallel)}));
   }
+  /// The whole sequence's logits, this rank's classes.
   variable forward(const variable& x) override { return (*lm_head_)((*ln_f_)(x)); }
 
 private:
@@ -158,17 +199,18 @@ private:
 
 } // namespace
 
-parallel_gpt::parallel_gpt(const nn::gpt_config& config, reducer_group& group) : config_(config) {
+parallel_gpt::parallel_gpt(const nn::gpt_config& config, reducer_group& group, tensor_parallel_options parallel)
+    : config_(config) {
   require(config.n_layer >= 0, "parallel_gpt: n_layer is {} but must be >= 0", config.n_layer);
-  append(std::make_shared<parallel_gpt_embedding>(config, group));
+  append(std::make_shared<parallel_gpt_embedding>(config, group, parallel));
   for (std::int64_t i = 0; i < config.n_layer; ++i)
     append(std::make_shared<parallel_transformer_block>(nn::attention_options{.n_embd = config.n_embd,
                                                                               .n_head = config.n_head,
                                                                               .dropout = config.dropout,
                                                                               .type = config.type,
                                                                               .seed = config.seed},
-                                                        group));
-  append(std::make_shared<parallel_gpt_head>(config, group));
+                                                        group, parallel));
+  append(std::make_shared<parallel_gpt_head>(config, group, parallel));
   reset_parameters(config.seed);
 }
 

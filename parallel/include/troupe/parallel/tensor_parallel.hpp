@@ -32,6 +32,7 @@
 // every rank calls forward and backward in the same order.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -112,6 +113,10 @@ struct column_parallel_options {
   /// Output features held here, in order (attention's q, k and v rows of
   /// its heads); empty: tensor_parallel_split. Not with gather_output.
   std::vector<shard_range> pieces{};
+  /// Sequence parallelism: the input is this rank's piece along this
+  /// dimension and is gathered first (all_gather_from_group, whose
+  /// backward reduce-scatters), instead of being the same on every rank.
+  std::optional<std::int64_t> sequence_dim{};
 };
 
 class column_parallel_linear : public sharded_linear {
@@ -134,6 +139,9 @@ struct row_parallel_options {
   /// tensor_parallel_split. With input_is_parallel false they must be
   /// tensor_parallel_split's.
   std::vector<shard_range> pieces{};
+  /// Sequence parallelism: the output is reduce-scattered along this
+  /// dimension (each rank gets its piece of the sum) instead of all-reduced.
+  std::optional<std::int64_t> sequence_dim{};
 };
 
 class row_parallel_linear : public sharded_linear {

@@ -54,5 +54,9 @@ autograd::variable reduce_scatter_to_group(const autograd::variable& x, reducer_
 /// is replicated work whose gradients differ by rank).
 autograd::variable all_gather_from_group(const autograd::variable& x, reducer_group& group, std::int64_t dim,
                                          std::int64_t total);
+/// The same where the whole size is not known here: the members' piece
+/// sizes are gathered first (one more collective, of one value each) and
+/// must be tensor_parallel_split's.
+autograd::variable all_gather_from_group(const autograd::variable& x, reducer_group& group, std::int64_t dim);
 
 } // namespace troupe::parallel
