@@ -1,19 +1,17 @@
-// Tensor parallelism: forward + backward of a transformer block's MLP
-// (Linear(width, 4 width) → GELU → Linear(4 width, width), float32, one
-// compute thread per process) with its hidden features split over
-// `degree` processes (parallel_mlp: column- then row-parallel, one
-// allreduce forward and one backward), beside one process, and beside a
+// Tensor parallelism: forward + backward of a GPT transformer block
+// (layer norm, causal self-attention, layer norm, MLP of 4 x width, GELU;
+// float32, one compute thread per process) with its heads and hidden
+// features split over `degree` processes (parallel_transformer_block: two
+// allreduces forward, two backward), beside one process, and beside a
 // Megatron-style PyTorch 1.13 peer (bench/peers/tensor_parallel_torch.py:
-// the same layers written with torch.distributed.all_reduce over Gloo) in
+// the same block written with torch.distributed.all_reduce over Gloo) in
 // the same run. Per degree: median step ms on rank 0, speed-up over degree
-// 1, the bytes the two allreduces move per step by the ring's formula
-// (2 (k-1)/k of the activation per allreduce and rank), and whether the
-// loss equals degree 1's (float32 summation order: 1e-4 relative).
+// 1, the bytes the four allreduces move per step by the ring's formula
+// (2 (k-1)/k of the [batch, seq, width] activation per allreduce and rank),
+// and whether the loss equals degree 1's (float32: 1e-4 relative).
 //
-//   build/bench/tensor_parallel [--json] [--steps=5] [--width=2048] [--tokens=2048] [--degrees=1,2] [--no-peers]
-//
-// --tokens is sequence x batch (the block: 256 x 8). Only the MLP
-// half of a block: parallel attention is not built yet.
+//   build/bench/tensor_parallel [--json] [--steps=5] [--width=2048] [--heads=16] [--seq=256] [--batch=8]
+//                               [--degrees=1,2] [--no-peers]
 //
 // This process is rank 0 and re-executes itself as the other ranks
 // (--child=rank); on one host the allreduces take the reducer group's
@@ -34,7 +32,7 @@
 #include "report.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
-#include "troupe/parallel/tensor_parallel.hpp"
+#include "troupe/parallel/tensor_parallel_transformer.hpp"
 #include "troupe/tensor/ops.hpp"
 
 using namespace troupe;
@@ -46,15 +44,21 @@ constexpr int warmup = 1;
 
 struct settings {
   int steps = 5;
-  std::int64_t width = 2048;
-  std::int64_t tokens = 2048;
+  std::int64_t width = 2048, heads = 16, seq = 256, batch = 8;
 };
 
 settings parse(int argc, char** argv) {
   settings s;
   s.steps = static_cast<int>(bench::int_option(argc, argv, "steps", 5, 1, 1000));
   s.width = bench::int_option(argc, argv, "width", 2048, 8, 16384);
-  s.tokens = bench::int_option(argc, argv, "tokens", 2048, 1, 1 << 20);
+  s.heads = bench::int_option(argc, argv, "heads", 16, 1, 1024);
+  s.seq = bench::int_option(argc, argv, "seq", 256, 1, 1 << 16);
+  s.batch = bench::int_option(argc, argv, "batch", 8, 1, 1 << 16);
+  if (s.width % s.heads != 0) {
+    command_line flags(argc, argv);
+    flags.reject(fmt::format("--heads is {} but must divide --width={}", s.heads, s.width));
+    bench::exit_on_bad_value(flags);
+  }
   return s;
 }
 
@@ -71,19 +75,19 @@ std::vector<std::string> places_for(std::uint32_t n) {
 }
 
 /// `steps` timed forward + backward passes (after a warm-up) of the split
-/// MLP on this rank; the loss is the mean square of the output.
+/// block on this rank; the loss is the mean square of the output.
 expected<rank_result> run_rank(actors::node& node, std::uint32_t degree, const settings& s) {
   auto group = reducer_group::join(node, {.rank = node.rank(), .places = places_for(degree), .timeout = std::chrono::milliseconds{120'000}});
   if (!group)
     return group.error();
-  parallel_mlp mlp({.width = s.width, .type = dtype::float32, .seed = 7}, *group);
+  parallel_transformer_block block({.n_embd = s.width, .n_head = s.heads, .type = dtype::float32, .seed = 7}, *group);
   generator gen{11};
-  const auto x = randn({s.tokens, s.width}, gen, 0.0, 1.0, dtype::float32); // the same on every rank
+  const auto x = randn({s.batch, s.seq, s.width}, gen, 0.0, 1.0, dtype::float32); // the same on every rank
   rank_result out;
   for (int step = 0; step < warmup + s.steps; ++step) {
-    mlp.zero_grad();
+    block.zero_grad();
     const double start = bench::now_seconds();
-    auto y = mlp(autograd::variable(x));
+    auto y = block(autograd::variable(x));
     auto loss = autograd::mean(autograd::mul(y, y));
     autograd::backward(loss);
     if (step >= warmup)
@@ -120,8 +124,9 @@ int child(int argc, char** argv) {
 /// The PyTorch peer's median step seconds at `degree`, or nullopt.
 std::optional<double> torch_peer(std::uint32_t degree, const settings& s, bench::report& out) {
   auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/tensor_parallel_torch.py";
-  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --degree {} --steps {} --width {} --tokens {}",
-                                               script, degree, s.steps, s.width, s.tokens),
+  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --degree {} --steps {} --width {} --heads {} "
+                                               "--seq {} --batch {}",
+                                               script, degree, s.steps, s.width, s.heads, s.seq, s.batch),
                                    600);
   bench::settle_after_peer();
   auto step = bench::json_number(output, "median_step_seconds");
@@ -132,7 +137,8 @@ std::optional<double> torch_peer(std::uint32_t degree, const settings& s, bench:
 
 int parent(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
-  bench::check_flags("tensor_parallel", argc, argv, {"steps=", "width=", "tokens=", "degrees=", "no-peers"});
+  bench::check_flags("tensor_parallel", argc, argv,
+                     {"steps=", "width=", "heads=", "seq=", "batch=", "degrees=", "no-peers"});
   bench::report out("tensor_parallel", argc, argv);
   const auto s = parse(argc, argv);
   bool no_peers = false;
@@ -162,7 +168,7 @@ int parent(int argc, char** argv) {
         fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()), fmt::format("--troupe.rank={}", k),
         fmt::format("--troupe.world-size={}", n), fmt::format("--troupe.name=worker{}", k),
         "--troupe.listen-address=127.0.0.1", fmt::format("--steps={}", s.steps), fmt::format("--width={}", s.width),
-        fmt::format("--tokens={}", s.tokens)}));
+        fmt::format("--heads={}", s.heads), fmt::format("--seq={}", s.seq), fmt::format("--batch={}", s.batch)}));
     auto mine = run_rank(*node, n, s);
     if (!mine)
       throw std::runtime_error(fmt::format("degree {}: {}", n, mine.error().message()));
@@ -184,8 +190,9 @@ int parent(int argc, char** argv) {
     const bool wrong = one_process_loss && std::abs(mine->loss - *one_process_loss) >
                                                1e-4 * std::max(1.0, std::abs(*one_process_loss));
     any_wrong |= wrong;
-    // Each allreduce of the [tokens, width] activation moves 2 (k-1)/k of it per rank.
-    const double mib = n > 1 ? 2.0 * 2.0 * (n - 1) / n * static_cast<double>(s.tokens * s.width * 4) / (1 << 20) : 0.0;
+    // Four allreduces of the [batch, seq, width] activation, each moving 2 (k-1)/k of it per rank.
+    const double activation = static_cast<double>(s.batch * s.seq * s.width * 4);
+    const double mib = n > 1 ? 4.0 * 2.0 * (n - 1) / n * activation / (1 << 20) : 0.0;
     std::optional<double> peer;
     if (!no_peers)
       peer = torch_peer(n, s, out);
@@ -194,7 +201,7 @@ int parent(int argc, char** argv) {
                                 one_process ? fmt::format("{:.2f}x", *one_process / step) : "-", mib, mine->loss,
                                 wrong ? " WRONG" : "", peer ? fmt::format("{:.1f}", peer_s * 1e3) : "-",
                                 peer ? fmt::format("{:.2f}x", peer_s / step) : "-"));
-    const auto name = fmt::format("troupe tensor-parallel MLP, degree {}", n);
+    const auto name = fmt::format("troupe tensor-parallel block, degree {}", n);
     std::optional<double> peer_rate;
     if (peer)
       peer_rate = 1.0 / peer_s;
@@ -203,8 +210,9 @@ int parent(int argc, char** argv) {
                          wrong ? "loss differs from degree 1: WRONG" : "loss equals degree 1's")});
   }
   if (!out.json()) {
-    fmt::print("# MLP {} -> {} -> {}, {} tokens, float32, forward + backward, {} timed steps, one thread per process\n",
-               s.width, 4 * s.width, s.width, s.tokens, s.steps);
+    fmt::print("# transformer block, width {}, {} heads, MLP {}, sequence {}, batch {}, float32, forward + backward, "
+               "{} timed steps, one thread per process\n",
+               s.width, s.heads, 4 * s.width, s.seq, s.batch, s.steps);
     for (const auto& l : table)
       fmt::print("{}\n", l);
   }
