@@ -10,9 +10,9 @@
 //                            (column-parallel), its columns of c_proj
 //                            (row-parallel). A head count the degree does
 //                            not divide works; every rank needs a head.
-//   parallel_transformer_block  ln_1, attn, ln_2, mlp as nn::transformer_block;
+//   parallel_transformer_block  ln_1, attn, ln_2, mlp as nn::transformer_block,
 //                            the layer norms whole on every rank, the MLP
-//                            column → GELU → row. Two allreduces forward,
+//                            column → GELU → row: two allreduces forward,
 //                            two backward.
 //   parallel_gpt             a sequential as nn::gpt: the embedding stage
 //                            (wte vocabulary-parallel, wpe whole), the

@@ -4,7 +4,7 @@
 // whole [tokens, vocabulary] logits:
 //
 //   vocab_parallel_embedding      rows [offset, offset + size) of the table
-//                                 (tensor_parallel_split of the vocabulary);
+//                                 (tensor_parallel_split of the vocabulary),
 //                                 each rank looks up the ids it holds, zeros
 //                                 elsewhere, and the group sums: one
 //                                 allreduce forward, none backward.
