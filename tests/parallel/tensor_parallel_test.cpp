@@ -27,6 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using autograd::variable;
 using test::local_ring;
+using namespace std::chrono_literals;
 
 constexpr std::int64_t width = 5, hidden = 7, batch = 6;
 constexpr int steps = 4;
@@ -379,6 +380,22 @@ TEST_P(GptTensorParallel, TrainsLikeOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, GptTensorParallel, ::testing::Combine(::testing::Values(2u, 3u), ::testing::Bool()));
+
+// A member that stops taking part (here: never calls forward) fails the
+// others' forward within the group's timeout, naming it, instead of a hang.
+TEST(TensorParallelFailure, ASilentMemberFailsTheOthersForwardNamingIt) {
+  local_ring ring(2, 1024, 500ms);
+  ASSERT_TRUE(ring.node);
+  row_parallel_linear row({.in_features = 8, .out_features = 3, .type = dtype::float64}, *ring.groups[0]);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    row(variable(tensor::ones({2, 4}, dtype::float64)));
+    ADD_FAILURE() << "the forward returned without its peer";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("replica 1 (worker0/cpu/reducer1)"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
 
 TEST(TensorParallelSplit, FirstRanksHoldTheRemainder) {
   EXPECT_EQ(tensor_parallel_split(7, 3, 0).size, 3);
