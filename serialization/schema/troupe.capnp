@@ -74,3 +74,40 @@ struct CheckpointIndex {
   entries @0 :List(CheckpointEntry);
   metadata @1 :List(KeyValue);
 }
+
+# A distributed checkpoint's manifest (checkpoint_manifest.hpp narrates the
+# file around it). It names every tensor and where each saved piece of it
+# lies; the pieces' bytes live in the shard files beside it.
+struct ManifestPiece {
+  # The piece's box in the whole tensor: offset and shape per dimension.
+  offset @0 :List(Int64);
+  shape @1 :List(Int64);
+  # A shard file in the same directory (a plain name, no '/').
+  file @2 :Text;
+  # The piece's dense row-major bytes in that file.
+  byteOffset @3 :UInt64;
+  byteCount @4 :UInt64;
+  crc32c @5 :UInt32;
+}
+
+struct ManifestTensor {
+  # Fully qualified ("stage1.block0.mlp.fc1.weight", "optimizer.exp_avg.…").
+  name @0 :Text;
+  # troupe::dtype wire value, as in TensorHeader.
+  dtype @1 :UInt8;
+  globalShape @2 :List(Int64);
+  # Tile the whole tensor exactly: no gaps, no overlaps.
+  pieces @3 :List(ManifestPiece);
+}
+
+# Driver state (data position, random state): opaque bytes.
+struct BytesValue {
+  key @0 :Text;
+  value @1 :Data;
+}
+
+struct CheckpointManifest {
+  step @0 :UInt64;
+  tensors @1 :List(ManifestTensor);
+  metadata @2 :List(BytesValue);
+}

@@ -1,14 +1,10 @@
 #include "troupe/serialization/checkpoint_file.hpp"
 
-#include <cerrno>
 #include <cstring>
 #include <string_view>
 #include <unordered_set>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+#include "durable_file.hpp"
 #include "troupe/serialization/checksum.hpp"
 #include "wire.hpp"
 
@@ -32,20 +28,8 @@ struct preamble {
   std::uint64_t payload_start = 0;
 };
 
-template <class T> T load(const std::byte* p) {
-  T value;
-  std::memcpy(&value, p, sizeof value);
-  return value;
-}
-
-template <class T> void store(std::byte* p, T value) { std::memcpy(p, &value, sizeof value); }
-
 std::uint64_t align_up(std::uint64_t n) {
   return (n + payload_alignment - 1) / payload_alignment * payload_alignment;
-}
-
-error os_error(std::string_view what, const std::filesystem::path& path) {
-  return make_error(errc::io_error, "{} '{}': {}", what, path.string(), std::strerror(errno));
 }
 
 /// Checks magic, version and the announced sizes against the file length;
@@ -58,11 +42,11 @@ expected<preamble> check_preamble(std::span<const std::byte> head, std::uint64_t
                       preamble_bytes + trailer_bytes);
   if (std::memcmp(head.data(), file_magic.data(), file_magic.size()) != 0)
     return make_error(errc::malformed_message, "not a troupe checkpoint (wrong magic)");
-  auto version = load<std::uint32_t>(head.data() + 8);
+  auto version = detail::load_field<std::uint32_t>(head.data() + 8);
   if (version != format_version)
     return make_error(errc::malformed_message, "checkpoint version is {} but must be {}", version,
                       format_version);
-  preamble out{load<std::uint64_t>(head.data() + 16), load<std::uint64_t>(head.data() + 24)};
+  preamble out{detail::load_field<std::uint64_t>(head.data() + 16), detail::load_field<std::uint64_t>(head.data() + 24)};
   if (out.index_bytes % 8 != 0 || out.index_bytes > options.max_index_bytes)
     return make_error(errc::malformed_message,
                       "index is {} bytes but must be a multiple of 8 in [8, {}]", out.index_bytes,
@@ -77,120 +61,48 @@ expected<preamble> check_preamble(std::span<const std::byte> head, std::uint64_t
   return out;
 }
 
-/// Writes to an fd, feeding the checksum as it goes.
-class checkpoint_writer {
-public:
-  checkpoint_writer(int fd, const std::filesystem::path& path) : fd_(fd), path_(path) {}
-
-  expected<void> write(std::span<const std::byte> bytes) {
-    crc_ = crc32c(crc_, bytes);
-    while (!bytes.empty()) {
-      auto written = ::write(fd_, bytes.data(), bytes.size());
-      if (written < 0) {
-        if (errno == EINTR)
-          continue;
-        return os_error("cannot write", path_);
-      }
-      bytes = bytes.subspan(static_cast<std::size_t>(written));
-    }
-    return {};
-  }
-
-  expected<void> pad(std::size_t count) {
-    static constexpr std::byte zeros[payload_alignment] = {};
-    return write(std::span(zeros, count));
-  }
-
-  std::uint32_t checksum() const { return crc_; }
-
-private:
-  int fd_;
-  const std::filesystem::path& path_;
-  std::uint32_t crc_ = 0;
-};
-
-/// Closes a file descriptor and, unless released, unlinks the temporary file.
-struct temporary_file {
-  int fd = -1;
-  std::filesystem::path path;
-  bool keep = false;
-  ~temporary_file() {
-    if (fd >= 0)
-      ::close(fd);
-    if (!keep)
-      ::unlink(path.c_str());
-  }
-};
+std::span<const std::byte> bytes_of(const tensor& dense) {
+  return {static_cast<const std::byte*>(dense.raw_data()), dense.nbytes()};
+}
 
 expected<void> write_file(const std::filesystem::path& path, const named_tensors& dense,
                           const std::vector<std::uint64_t>& index,
                           const std::vector<std::uint64_t>& offsets, std::uint64_t payload_bytes) {
-  auto tmp_path = path;
-  tmp_path += ".tmp";
-  temporary_file tmp;
-  tmp.fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (tmp.fd < 0)
-    return os_error("cannot create", tmp_path);
-  tmp.path = tmp_path;
-
-  checkpoint_writer out(tmp.fd, tmp_path);
-  std::byte head[preamble_bytes] = {};
-  std::memcpy(head, file_magic.data(), file_magic.size());
-  store<std::uint32_t>(head + 8, format_version);
-  store<std::uint64_t>(head + 16, index.size() * 8);
-  store<std::uint64_t>(head + 24, payload_bytes);
-  if (auto ok = out.write(head); !ok)
-    return ok;
-  if (auto ok = out.write(std::as_bytes(std::span(index))); !ok)
-    return ok;
-  auto index_end = preamble_bytes + index.size() * 8;
-  if (auto ok = out.pad(align_up(index_end) - index_end); !ok)
-    return ok;
-  std::uint64_t position = 0;
-  for (std::size_t i = 0; i < dense.size(); ++i) {
-    if (auto ok = out.pad(offsets[i] - position); !ok)
+  return detail::write_file_atomically(path, [&](detail::file_sink& out) -> expected<void> {
+    std::byte head[preamble_bytes] = {};
+    std::memcpy(head, file_magic.data(), file_magic.size());
+    detail::store_field<std::uint32_t>(head + 8, format_version);
+    detail::store_field<std::uint64_t>(head + 16, index.size() * 8);
+    detail::store_field<std::uint64_t>(head + 24, payload_bytes);
+    if (auto ok = out.write(head); !ok)
       return ok;
-    const auto& value = dense[i].second;
-    std::span<const std::byte> bytes(static_cast<const std::byte*>(value.raw_data()),
-                                     value.nbytes());
-    if (auto ok = out.write(bytes); !ok)
+    if (auto ok = out.write(std::as_bytes(std::span(index))); !ok)
       return ok;
-    position = offsets[i] + value.nbytes();
-  }
-  if (auto ok = out.pad(payload_bytes - position); !ok)
-    return ok;
-  std::byte trailer[trailer_bytes];
-  store<std::uint32_t>(trailer, out.checksum());
-  std::memcpy(trailer + 4, trailer_magic.data(), trailer_magic.size());
-  if (auto ok = out.write(trailer); !ok)
-    return ok;
-
-  // Durable before visible: data, then the rename, then the directory entry.
-  if (::fsync(tmp.fd) != 0)
-    return os_error("cannot fsync", tmp_path);
-  if (::close(tmp.fd) != 0) {
-    tmp.fd = -1;
-    return os_error("cannot close", tmp_path);
-  }
-  tmp.fd = -1;
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0)
-    return os_error("cannot rename the temporary file onto", path);
-  tmp.keep = true;
-  auto directory = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    auto synced = ::fsync(dir_fd);
-    ::close(dir_fd);
-    if (synced != 0)
-      return os_error("cannot fsync directory", directory);
-  }
-  return {};
+    auto index_end = preamble_bytes + index.size() * 8;
+    if (auto ok = out.pad(align_up(index_end) - index_end); !ok)
+      return ok;
+    std::uint64_t position = 0;
+    for (std::size_t i = 0; i < dense.size(); ++i) {
+      if (auto ok = out.pad(offsets[i] - position); !ok)
+        return ok;
+      if (auto ok = out.write(bytes_of(dense[i].second)); !ok)
+        return ok;
+      position = offsets[i] + dense[i].second.nbytes();
+    }
+    if (auto ok = out.pad(payload_bytes - position); !ok)
+      return ok;
+    std::byte trailer[trailer_bytes];
+    detail::store_field<std::uint32_t>(trailer, out.checksum());
+    std::memcpy(trailer + 4, trailer_magic.data(), trailer_magic.size());
+    return out.write(trailer);
+  });
 }
 
 } // namespace
 
-expected<void> save_checkpoint(const std::filesystem::path& path, const named_tensors& tensors,
-                               const checkpoint_metadata& metadata) {
+expected<std::vector<checkpoint_extent>>
+save_checkpoint_with_extents(const std::filesystem::path& path, const named_tensors& tensors,
+                             const checkpoint_metadata& metadata) {
   // Lay out payloads first: dense CPU tensors at 64-byte aligned offsets.
   named_tensors dense;
   dense.reserve(tensors.size());
@@ -238,7 +150,24 @@ expected<void> save_checkpoint(const std::filesystem::path& path, const named_te
     return make_error(errc::invalid_argument, "save_checkpoint: cannot build the index: {}",
                       e.getDescription().cStr());
   }
-  return write_file(path, dense, index, offsets, payload_bytes);
+  if (auto ok = write_file(path, dense, index, offsets, payload_bytes); !ok)
+    return ok.error();
+  std::vector<checkpoint_extent> extents;
+  extents.reserve(dense.size());
+  auto payload_start = align_up(preamble_bytes + index.size() * 8);
+  for (std::size_t i = 0; i < dense.size(); ++i) {
+    auto bytes = bytes_of(dense[i].second);
+    extents.push_back({payload_start + offsets[i], bytes.size(), crc32c(0, bytes)});
+  }
+  return extents;
+}
+
+expected<void> save_checkpoint(const std::filesystem::path& path, const named_tensors& tensors,
+                               const checkpoint_metadata& metadata) {
+  auto extents = save_checkpoint_with_extents(path, tensors, metadata);
+  if (!extents)
+    return extents.error();
+  return {};
 }
 
 expected<checkpoint_contents> parse_checkpoint(std::shared_ptr<storage> file,
@@ -250,18 +179,11 @@ expected<checkpoint_contents> parse_checkpoint(std::shared_ptr<storage> file,
                               bytes.size(), options);
   if (!sizes)
     return sizes.error();
-  auto body = bytes.first(bytes.size() - trailer_bytes);
-  auto trailer = bytes.last(trailer_bytes);
-  if (std::memcmp(trailer.data() + 4, trailer_magic.data(), trailer_magic.size()) != 0)
-    return make_error(errc::malformed_message, "checkpoint trailer is missing (truncated?)");
-  auto stored = load<std::uint32_t>(trailer.data());
-  auto computed = crc32c(0, body);
-  if (stored != computed)
-    return make_error(errc::checksum_mismatch,
-                      "checkpoint checksum is {:#010x} but the contents hash to {:#010x}", stored,
-                      computed);
+  auto body = detail::checked_body(bytes, trailer_magic, "checkpoint");
+  if (!body)
+    return body.error();
 
-  auto index_frame = body.subspan(preamble_bytes, sizes->index_bytes);
+  auto index_frame = body->subspan(preamble_bytes, sizes->index_bytes);
   auto payload_start = sizes->payload_start;
   return detail::with_frame(
       index_frame, static_cast<std::size_t>(options.max_index_bytes),
@@ -325,47 +247,20 @@ expected<checkpoint_contents> parse_checkpoint(std::span<const std::byte> file,
 
 expected<checkpoint_contents> read_checkpoint(const std::filesystem::path& path,
                                               const checkpoint_options& options) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return os_error("cannot open", path);
-  struct closer {
-    int fd;
-    ~closer() { ::close(fd); }
-  } guard{fd};
-  struct stat info {};
-  if (::fstat(fd, &info) != 0)
-    return os_error("cannot stat", path);
-  if (!S_ISREG(info.st_mode))
-    return make_error(errc::io_error, "'{}' is not a regular file", path.string());
-  auto file_bytes = static_cast<std::uint64_t>(info.st_size);
-
-  auto read_at = [&](std::byte* into, std::uint64_t count, std::uint64_t at) -> expected<void> {
-    while (count > 0) {
-      auto got = ::pread(fd, into, count, static_cast<off_t>(at));
-      if (got < 0 && errno == EINTR)
-        continue;
-      if (got < 0)
-        return os_error("cannot read", path);
-      if (got == 0)
-        return make_error(errc::io_error, "'{}' shrank while being read", path.string());
-      into += got;
-      at += static_cast<std::uint64_t>(got);
-      count -= static_cast<std::uint64_t>(got);
-    }
-    return {};
-  };
-
+  auto file = detail::read_only_file::open(path);
+  if (!file)
+    return file.error();
   // Sizes against the file length before allocating the file's buffer.
   std::byte head[preamble_bytes] = {};
-  auto head_bytes = std::min<std::uint64_t>(file_bytes, preamble_bytes);
-  if (auto ok = read_at(head, head_bytes, 0); !ok)
+  auto head_bytes = std::min<std::uint64_t>(file->size(), preamble_bytes);
+  if (auto ok = file->read(head, head_bytes, 0); !ok)
     return ok.error();
-  auto sizes = check_preamble(std::span(head, head_bytes), file_bytes, options);
+  auto sizes = check_preamble(std::span(head, head_bytes), file->size(), options);
   if (!sizes)
     return make_error(sizes.error().code(), "{}: {}", path.string(), sizes.error().message());
 
-  auto buffer = storage::allocate(file_bytes);
-  if (auto ok = read_at(static_cast<std::byte*>(buffer->data()), file_bytes, 0); !ok)
+  auto buffer = storage::allocate(file->size());
+  if (auto ok = file->read(static_cast<std::byte*>(buffer->data()), file->size(), 0); !ok)
     return ok.error();
   auto parsed = parse_checkpoint(std::move(buffer), options);
   if (!parsed)

@@ -62,6 +62,21 @@ struct checkpoint_contents {
 expected<void> save_checkpoint(const std::filesystem::path& path, const named_tensors& tensors,
                                const checkpoint_metadata& metadata = {});
 
+/// Where one tensor's dense bytes lie inside a checkpoint file.
+struct checkpoint_extent {
+  std::uint64_t offset = 0; ///< from the start of the file; a multiple of 64
+  std::uint64_t bytes = 0;
+  std::uint32_t crc32c = 0; ///< of those bytes alone
+};
+
+/// save_checkpoint() that also says where each tensor's bytes landed, in the
+/// order of `tensors`: a distributed checkpoint's manifest points at these
+/// byte ranges (shard_writer.hpp), so a reader can fetch and check one piece
+/// without reading the whole file.
+expected<std::vector<checkpoint_extent>>
+save_checkpoint_with_extents(const std::filesystem::path& path, const named_tensors& tensors,
+                             const checkpoint_metadata& metadata = {});
+
 /// Reads a checkpoint written by save_checkpoint(). Errors:
 /// errc::io_error (missing or unreadable file, with the path),
 /// errc::malformed_message (wrong magic, truncated, bad index),

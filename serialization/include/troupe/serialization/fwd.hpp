@@ -12,5 +12,15 @@ struct message_header;
 struct decoded_message;
 struct checkpoint_options;
 struct checkpoint_contents;
+struct checkpoint_extent;
+struct checkpoint_piece;
+struct checkpoint_tensor;
+struct checkpoint_manifest;
+struct manifest_options;
+struct tensor_piece;
+class shard_writer;
+struct commit_options;
+struct tensor_region;
+class checkpoint_reader;
 
 } // namespace troupe

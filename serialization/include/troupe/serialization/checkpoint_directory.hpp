@@ -1,0 +1,52 @@
+#pragma once
+// The directory of a job's checkpoints and the second phase of a save.
+//
+//   <root>/step-<N>.tmp/   being written: shard files, then the manifest
+//   <root>/step-<N>/       a complete checkpoint (renamed from .tmp)
+//
+// A save goes: (1) every writer writes its shard file into step-<N>.tmp/
+// and fsyncs it (shard_writer.hpp); (2) the coordinator collects what they
+// wrote and calls commit_checkpoint(), which checks that the pieces tile
+// every tensor, writes the manifest last (fsynced), renames the directory to
+// step-<N> and fsyncs <root>. A crash at any point before the rename leaves
+// only a .tmp directory, which is not a checkpoint: latest_checkpoint()
+// never returns it and the next commit removes it.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+
+#include "troupe/serialization/checkpoint_manifest.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe {
+
+/// `<root>/step-<N>`: where step N's checkpoint lives once committed.
+std::filesystem::path checkpoint_path(const std::filesystem::path& root, std::uint64_t step);
+/// `<root>/step-<N>.tmp`: where its shard files are written before.
+std::filesystem::path staging_path(const std::filesystem::path& root, std::uint64_t step);
+
+struct commit_options {
+  std::uint64_t step = 0;
+  /// The driver's state: data position, random state, ... (opaque bytes).
+  checkpoint_metadata metadata;
+  /// How many complete checkpoints to keep, newest first; 0 keeps all.
+  std::size_t keep_last = 0;
+};
+
+/// The coordinator's commit: `written` is every writer's shard_writer::write()
+/// result, concatenated. Checks that the pieces of each tensor agree on its
+/// dtype and global shape and tile it exactly and that their files are in the
+/// staging directory; removes stray files there; writes the manifest; renames
+/// the directory; prunes older checkpoints beyond `keep_last` and abandoned
+/// staging directories of earlier steps. Returns the checkpoint's directory.
+expected<std::filesystem::path> commit_checkpoint(const std::filesystem::path& root,
+                                                  std::span<const checkpoint_tensor> written,
+                                                  const commit_options& options);
+
+/// The newest committed checkpoint under `root` (the highest N of a
+/// `step-<N>` directory whose manifest parses), or nullopt when there is
+/// none or `root` does not exist. Errors: `root` unreadable.
+expected<std::optional<std::filesystem::path>> latest_checkpoint(const std::filesystem::path& root);
+
+} // namespace troupe

@@ -1,0 +1,72 @@
+#pragma once
+// The first phase of a distributed checkpoint: every actor that holds state
+// writes its own pieces to one shard file in the checkpoint's staging
+// directory (`<root>/step-<N>.tmp/<writer>.shard`, an ordinary checkpoint
+// file), fsyncs it, and hands the pieces' descriptions to the coordinator,
+// which commits them (checkpoint_directory.hpp).
+//
+// A piece is a box of a whole tensor: a tensor-parallel shard (split along a
+// dimension at an offset), a pipeline stage's or parameter server's whole
+// tensors, or state every data-parallel replica holds alike. State that
+// several writers hold alike is written once: each piece goes to one of its
+// holders, picked by a hash of its name and offset (replica_writer()), so
+// the writing of replicated state is spread over the replicas rather than
+// all falling on rank 0.
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "troupe/serialization/checkpoint_manifest.hpp"
+#include "troupe/tensor/expected.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe {
+
+/// A box of a whole tensor that one writer holds.
+struct tensor_piece {
+  std::string name;  ///< the tensor's fully qualified name
+  tensor value;      ///< the box's values (a CPU tensor; views are fine)
+  dims global_shape; ///< the whole tensor's shape
+  dims offset;       ///< where `value` starts in it, per dimension
+};
+
+/// The piece a rank holds of a tensor split along `dim` at `offset` (the
+/// convention of parallel::parameter_shard); `dim` -1: the whole tensor.
+tensor_piece split_piece(std::string name, tensor value, dims global_shape, std::int64_t dim,
+                         std::int64_t offset);
+
+/// Which of `holders` writes a piece they all hold: CRC32C of the name and
+/// offset modulo the number of holders, the same in every process.
+std::size_t replica_writer(const tensor_piece& piece, std::size_t holders);
+
+/// Collects one writer's pieces and writes them as one shard file.
+class shard_writer {
+public:
+  /// `writer` names the shard file: [A-Za-z0-9._-], not starting with '.'
+  /// ("rank-3", "stage-1.replica-0"); unique among the checkpoint's writers.
+  shard_writer(std::filesystem::path root, std::uint64_t step, std::string writer);
+
+  /// A piece this writer alone holds. Throws usage_error when the piece
+  /// does not fit its global shape.
+  void add(tensor_piece piece);
+  /// A piece every writer in `holders` (this one among them) holds alike;
+  /// only holders[replica_writer()] writes it.
+  void add(tensor_piece piece, std::span<const std::string> holders);
+
+  /// Writes the shard file (created in the staging directory, fsynced) and
+  /// returns what the coordinator needs: per tensor, the pieces written.
+  /// No file is written when this writer has no piece to write.
+  expected<std::vector<checkpoint_tensor>> write() const;
+
+  const std::string& name() const noexcept { return writer_; }
+
+private:
+  std::filesystem::path root_;
+  std::uint64_t step_;
+  std::string writer_;
+  std::vector<tensor_piece> pieces_;
+};
+
+} // namespace troupe

@@ -1,0 +1,144 @@
+#include "durable_file.hpp"
+
+#include <cerrno>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "troupe/serialization/checksum.hpp"
+
+namespace troupe::detail {
+
+error os_error(std::string_view what, const std::filesystem::path& path) {
+  return make_error(errc::io_error, "{} '{}': {}", what, path.string(), std::strerror(errno));
+}
+
+expected<void> file_sink::write(std::span<const std::byte> bytes) {
+  crc_ = crc32c(crc_, bytes);
+  position_ += bytes.size();
+  while (!bytes.empty()) {
+    auto written = ::write(fd_, bytes.data(), bytes.size());
+    if (written < 0) {
+      if (errno == EINTR)
+        continue;
+      return os_error("cannot write", path_);
+    }
+    bytes = bytes.subspan(static_cast<std::size_t>(written));
+  }
+  return {};
+}
+
+expected<void> file_sink::pad(std::size_t count) {
+  static constexpr std::byte zeros[64] = {};
+  TROUPE_ASSERT(count <= sizeof zeros, "file_sink::pad({}) above 64 bytes", count);
+  return write(std::span(zeros, count));
+}
+
+namespace {
+
+/// Closes the descriptor and, unless kept, unlinks the temporary file.
+struct temporary_file {
+  int fd = -1;
+  std::filesystem::path path;
+  bool keep = false;
+  ~temporary_file() {
+    if (fd >= 0)
+      ::close(fd);
+    if (!keep && !path.empty())
+      ::unlink(path.c_str());
+  }
+};
+
+} // namespace
+
+expected<void> write_file_atomically(const std::filesystem::path& path,
+                                     const std::function<expected<void>(file_sink&)>& produce) {
+  auto tmp_path = path;
+  tmp_path += ".tmp";
+  temporary_file tmp;
+  tmp.fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (tmp.fd < 0)
+    return os_error("cannot create", tmp_path);
+  tmp.path = tmp_path;
+  file_sink sink(tmp.fd, tmp_path);
+  if (auto ok = produce(sink); !ok)
+    return ok;
+
+  // Durable before visible: data, then the rename, then the directory entry.
+  if (::fsync(tmp.fd) != 0)
+    return os_error("cannot fsync", tmp_path);
+  auto closed = ::close(tmp.fd);
+  tmp.fd = -1;
+  if (closed != 0)
+    return os_error("cannot close", tmp_path);
+  if (::rename(tmp_path.c_str(), path.c_str()) != 0)
+    return os_error("cannot rename the temporary file onto", path);
+  tmp.keep = true;
+  return fsync_directory(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+}
+
+expected<std::span<const std::byte>> checked_body(std::span<const std::byte> file, std::string_view magic,
+                                                 std::string_view what) {
+  auto body = file.first(file.size() - 8);
+  auto trailer = file.last(8);
+  if (std::memcmp(trailer.data() + 4, magic.data(), magic.size()) != 0)
+    return make_error(errc::malformed_message, "{} trailer is missing (truncated?)", what);
+  auto stored = load_field<std::uint32_t>(trailer.data());
+  auto computed = crc32c(0, body);
+  if (stored != computed)
+    return make_error(errc::checksum_mismatch, "{} checksum is {:#010x} but the contents hash to {:#010x}", what,
+                      stored, computed);
+  return body;
+}
+
+expected<void> fsync_directory(const std::filesystem::path& directory) {
+  int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return os_error("cannot open directory", directory);
+  auto synced = ::fsync(fd);
+  ::close(fd);
+  if (synced != 0)
+    return os_error("cannot fsync directory", directory);
+  return {};
+}
+
+expected<read_only_file> read_only_file::open(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return os_error("cannot open", path);
+  read_only_file file(fd, path, 0);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0)
+    return os_error("cannot stat", path);
+  if (!S_ISREG(info.st_mode))
+    return make_error(errc::io_error, "'{}' is not a regular file", path.string());
+  file.size_ = static_cast<std::uint64_t>(info.st_size);
+  return file;
+}
+
+read_only_file::read_only_file(read_only_file&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)), size_(other.size_) {}
+
+read_only_file::~read_only_file() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+expected<void> read_only_file::read(std::byte* into, std::uint64_t count, std::uint64_t at) const {
+  while (count > 0) {
+    auto got = ::pread(fd_, into, count, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0)
+      return os_error("cannot read", path_);
+    if (got == 0)
+      return make_error(errc::io_error, "'{}' shrank while being read", path_.string());
+    into += got;
+    at += static_cast<std::uint64_t>(got);
+    count -= static_cast<std::uint64_t>(got);
+  }
+  return {};
+}
+
+} // namespace troupe::detail

@@ -1,0 +1,137 @@
+// The two-phase save: a checkpoint exists only once its manifest is written
+// and its directory renamed; crashes before that leave nothing
+// latest_checkpoint() returns; keep_last prunes; commit refuses pieces that
+// do not tile their tensors.
+#include <fstream>
+
+#include "sharded_checkpoint_support.hpp"
+#include "troupe/serialization/checkpoint_reader.hpp"
+
+using namespace troupe;
+using namespace troupe::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Two writers each holding half of "w" ([4, 6], split along dim 0), as of `step`.
+std::vector<shard_writer> halves(const fs::path& root, std::uint64_t step) {
+  std::vector<shard_writer> writers{{root, step, "rank-0"}, {root, step, "rank-1"}};
+  auto pieces = split("w", patterned({4, 6}, dtype::float32), 0, 2);
+  writers[0].add(pieces[0]);
+  writers[1].add(pieces[1]);
+  return writers;
+}
+
+expected<fs::path> save(const fs::path& root, std::uint64_t step, std::size_t keep_last = 0) {
+  return commit_checkpoint(root, write_all(halves(root, step)), at_step(step, keep_last));
+}
+
+using CheckpointCommit = CheckpointDirectory;
+
+} // namespace
+
+TEST_F(CheckpointCommit, LatestOfAMissingRootIsNone) {
+  auto latest = latest_checkpoint(root_ / "never-written");
+  ASSERT_TRUE(latest);
+  EXPECT_FALSE(latest->has_value());
+}
+
+TEST_F(CheckpointCommit, CommitRenamesTheStagingDirectory) {
+  auto committed = save(root_, 5);
+  ASSERT_TRUE(committed) << committed.error().to_string();
+  EXPECT_EQ(*committed, checkpoint_path(root_, 5));
+  EXPECT_TRUE(fs::exists(*committed / "manifest"));
+  EXPECT_TRUE(fs::exists(*committed / "rank-0.shard"));
+  EXPECT_FALSE(fs::exists(staging_path(root_, 5)));
+  auto latest = latest_checkpoint(root_);
+  ASSERT_TRUE(latest && latest->has_value());
+  EXPECT_EQ(**latest, checkpoint_path(root_, 5));
+}
+
+TEST_F(CheckpointCommit, ACrashBeforeTheCommitLeavesNoCheckpoint) {
+  ASSERT_TRUE(save(root_, 1));
+  // Step 2: both shards written and fsynced, then the coordinator dies
+  // before writing the manifest.
+  write_all(halves(root_, 2));
+  ASSERT_TRUE(fs::exists(staging_path(root_, 2) / "rank-1.shard"));
+  auto latest = latest_checkpoint(root_);
+  ASSERT_TRUE(latest && latest->has_value());
+  EXPECT_EQ(**latest, checkpoint_path(root_, 1));
+  // The next commit removes the abandoned staging directory.
+  ASSERT_TRUE(save(root_, 3));
+  EXPECT_FALSE(fs::exists(staging_path(root_, 2)));
+  EXPECT_TRUE(fs::exists(checkpoint_path(root_, 1)));
+}
+
+TEST_F(CheckpointCommit, ADirectoryWithoutAValidManifestIsNotACheckpoint) {
+  ASSERT_TRUE(save(root_, 1));
+  fs::create_directories(checkpoint_path(root_, 8)); // no manifest
+  fs::create_directories(checkpoint_path(root_, 9));
+  std::ofstream(checkpoint_path(root_, 9) / "manifest") << "half a manifest";
+  auto latest = latest_checkpoint(root_);
+  ASSERT_TRUE(latest && latest->has_value());
+  EXPECT_EQ(**latest, checkpoint_path(root_, 1));
+}
+
+TEST_F(CheckpointCommit, KeepLastPrunesOlderCheckpoints) {
+  for (std::uint64_t step = 1; step <= 5; ++step)
+    ASSERT_TRUE(save(root_, step * 10, 2));
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(root_))
+    left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-40", "step-50"}));
+}
+
+TEST_F(CheckpointCommit, StrayFilesInTheStagingDirectoryAreRemoved) {
+  auto writers = halves(root_, 4);
+  auto written = write_all(writers);
+  std::ofstream(staging_path(root_, 4) / "rank-7.shard") << "an earlier attempt's shard";
+  ASSERT_TRUE(commit_checkpoint(root_, written, at_step(4)));
+  EXPECT_FALSE(fs::exists(checkpoint_path(root_, 4) / "rank-7.shard"));
+}
+
+TEST_F(CheckpointCommit, MissingPiecesAreRefusedNamingTheTensorAndElement) {
+  auto writers = halves(root_, 6);
+  auto written = writers[0].write(); // rank-1 never reports
+  ASSERT_TRUE(written);
+  auto committed = commit_checkpoint(root_, *written, at_step(6));
+  ASSERT_FALSE(committed);
+  EXPECT_EQ(committed.error().code(), errc::malformed_message);
+  EXPECT_NE(committed.error().message().find("tensor 'w' (global shape [4, 6]): the pieces cover 12 of its 24 "
+                                             "elements; the element at [2, 0] is in no piece"),
+            std::string::npos)
+      << committed.error().message();
+  EXPECT_FALSE(fs::exists(checkpoint_path(root_, 6)));
+}
+
+TEST_F(CheckpointCommit, WritersThatDisagreeOnATensorAreRefused) {
+  std::vector<shard_writer> writers{{root_, 1, "rank-0"}, {root_, 1, "rank-1"}};
+  writers[0].add(split_piece("w", patterned({2, 6}, dtype::float32), {4, 6}, 0, 0));
+  writers[1].add(split_piece("w", patterned({2, 6}, dtype::float64), {4, 6}, 0, 2));
+  auto committed = commit_checkpoint(root_, write_all(writers), at_step(1));
+  ASSERT_FALSE(committed);
+  EXPECT_EQ(committed.error().code(), errc::state_mismatch);
+  EXPECT_NE(committed.error().message().find("tensor 'w' is float32 [4, 6] in file 'rank-0.shard' but float64"),
+            std::string::npos)
+      << committed.error().message();
+}
+
+TEST_F(CheckpointCommit, AStepIsCommittedOnce) {
+  ASSERT_TRUE(save(root_, 1));
+  auto again = save(root_, 1);
+  ASSERT_FALSE(again);
+  EXPECT_NE(again.error().message().find("already exists"), std::string::npos) << again.error().message();
+  EXPECT_TRUE(checkpoint_reader::open(checkpoint_path(root_, 1)));
+}
+
+TEST(ShardWriter, RejectsWriterNamesThatLeaveTheDirectory) {
+  for (const char* bad : {"../x", "a/b", ".hidden", "", "manifest"})
+    EXPECT_THROW(shard_writer("/tmp", 1, bad), usage_error) << bad;
+}
+
+TEST(ShardWriter, RejectsAPieceOutsideItsGlobalShape) {
+  shard_writer writer("/tmp", 1, "rank-0");
+  EXPECT_THROW(writer.add(split_piece("w", tensor::zeros({3, 6}), {4, 6}, 0, 2)), usage_error);
+  EXPECT_THROW(writer.add(split_piece("w", tensor::zeros({2, 6}), {4, 6}, 0, 0), std::vector<std::string>{"rank-1", "rank-2"}), usage_error);
+}
