@@ -1,5 +1,5 @@
-// libFuzzer target: untrusted bytes through both decoders (a data-plane flat
-// frame and a checkpoint file image). Any crash, leak, hang or escaping
+// libFuzzer target: untrusted bytes through every decoder (a data-plane flat
+// frame, a checkpoint file image and a distributed checkpoint's manifest). Any crash, leak, hang or escaping
 // exception is a bug. Built and run by build_and_run.sh (ctest
 // serialization.fuzz).
 #include <cstddef>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "troupe/serialization/checkpoint_file.hpp"
+#include "troupe/serialization/checkpoint_manifest.hpp"
 #include "troupe/serialization/decode.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -40,5 +41,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         for (auto x : value.to_vector<double>())
           sink = sink + x;
   }
+
+  troupe::manifest_options manifest_limits;
+  manifest_limits.max_manifest_bytes = 1 << 20;
+  manifest_limits.max_pieces = 64;
+  (void)troupe::parse_manifest(raw, manifest_limits);
   return 0;
 }

@@ -1,5 +1,5 @@
 // Writes a small seed corpus for the fuzzer: valid flat frames of several
-// dtypes and layouts, and a valid checkpoint image.
+// dtypes and layouts, a valid checkpoint image and a valid manifest.
 //   serialization.fuzz_seeds <directory>
 #include <cstdio>
 #include <filesystem>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "troupe/serialization/checkpoint_file.hpp"
+#include "troupe/serialization/checkpoint_manifest.hpp"
 #include "troupe/serialization/encoded_message.hpp"
 
 using namespace troupe;
@@ -49,6 +50,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::filesystem::rename(checkpoint, dir / "checkpoint");
-  std::printf("wrote %d frames and a checkpoint to %s\n", n, dir.c_str());
+  // "w" [4, 6] in two row blocks of two files, a replicated scalar, metadata.
+  checkpoint_manifest manifest{12,
+                               {{"w", dtype::float32, {4, 6}, {{{0, 0}, {2, 6}, "rank-0.shard", 192, 48, 1},
+                                                              {{2, 0}, {2, 6}, "rank-1.shard", 192, 48, 2}}},
+                                {"step", dtype::int64, {}, {{{}, {}, "rank-0.shard", 256, 8, 3}}}},
+                               {{"data_position", std::string("\x00\x01", 2)}}};
+  write(dir / "manifest", encode_manifest(manifest));
+  std::printf("wrote %d frames, a checkpoint and a manifest to %s\n", n, dir.c_str());
   return 0;
 }
