@@ -147,6 +147,35 @@ TEST_F(ShardedCheckpoint, ReadsAnArbitraryRegionAcrossPieces) {
   EXPECT_EQ(empty->numel(), 0);
 }
 
+TEST_F(ShardedCheckpoint, ALocalTensorHoldingSeveralPiecesReshards) {
+  // Attention's fused c_attn weight [12, 4]: q, k and v rows of 2 heads of
+  // 2 rows each. Rank r of 2 holds its head's q, k and v rows in one local
+  // [6, 4] tensor: three pieces of the whole, at global rows 2r, 4 + 2r and
+  // 8 + 2r (parallel::parameter_shard's offset, size and local_offset).
+  auto whole = patterned({12, 4}, dtype::float32);
+  std::vector<shard_writer> writers{{root_, 1, "tp-0"}, {root_, 1, "tp-1"}};
+  for (std::int64_t r = 0; r < 2; ++r) {
+    auto local = tensor::empty({6, 4}, dtype::float32);
+    for (std::int64_t part = 0; part < 3; ++part) {
+      local.narrow(0, 2 * part, 2).copy_from(whole.narrow(0, 4 * part + 2 * r, 2));
+      writers[static_cast<std::size_t>(r)].add(
+          split_piece("attn.c_attn.weight", local.narrow(0, 2 * part, 2), {12, 4}, 0, 4 * part + 2 * r));
+    }
+  }
+  ASSERT_TRUE(commit_checkpoint(root_, write_all(writers), at_step(1)));
+  auto reader = checkpoint_reader::open(checkpoint_path(root_, 1));
+  ASSERT_TRUE(reader);
+  EXPECT_EQ(reader->find("attn.c_attn.weight")->pieces.size(), 6u);
+  auto loaded = reader->read("attn.c_attn.weight");
+  ASSERT_TRUE(loaded) << loaded.error().to_string();
+  EXPECT_TRUE(bitwise_equal(*loaded, whole));
+  for (const auto& expected : split("attn.c_attn.weight", whole, 0, 3)) { // 3 ranks of 4 rows each
+    auto rows = reader->read("attn.c_attn.weight", {expected.offset, expected.value.shape()});
+    ASSERT_TRUE(rows) << rows.error().to_string();
+    EXPECT_TRUE(bitwise_equal(*rows, expected.value));
+  }
+}
+
 TEST_F(ShardedCheckpoint, ReadsIntoAParameterShard) {
   auto reader = saved();
   auto shard = tensor::zeros({3, 5}, dtype::float32);

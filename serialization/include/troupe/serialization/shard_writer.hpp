@@ -34,6 +34,10 @@ struct tensor_piece {
 
 /// The piece a rank holds of a tensor split along `dim` at `offset` (the
 /// convention of parallel::parameter_shard); `dim` -1: the whole tensor.
+/// A parameter_shard `s` of a local parameter `p` is the piece
+/// split_piece(name, p.narrow(s.dim, s.local_offset, s.size),
+/// s.global_shape, s.dim, s.offset); a parameter holding several pieces
+/// (attention's q, k and v rows) gives one piece each.
 tensor_piece split_piece(std::string name, tensor value, dims global_shape, std::int64_t dim,
                          std::int64_t offset);
 
