@@ -291,6 +291,13 @@ variable softmax(const variable& a, std::int64_t dim) {
   });
 }
 
+variable causal_softmax(const variable& scores, double scale) {
+  auto out = troupe::causal_softmax(data_of(scores, "causal_softmax", "scores"), scale);
+  return record("causal_softmax", out, {scores}, [out, scale](const tensor& g, const needs_mask&) {
+    return std::vector<tensor>{causal_softmax_backward(g, out, scale)};
+  });
+}
+
 variable log_softmax(const variable& a, std::int64_t dim) {
   auto out = troupe::log_softmax(data_of(a, "log_softmax", "a"), dim);
   return record("log_softmax", out, {a}, [out, dim](const tensor& g, const needs_mask&) {

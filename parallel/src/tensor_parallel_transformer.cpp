@@ -2,7 +2,6 @@
 #include "troupe/parallel/tensor_parallel_transformer.hpp"
 
 #include <cmath>
-#include <limits>
 #include <optional>
 
 #include "troupe/autograd/functions.hpp"
@@ -98,16 +97,8 @@ variable parallel_self_attention::forward(const variable& x) {
     return autograd::reshape(autograd::permute(split_heads, {0, 2, 1, 3}), {batch * heads, seq, head_size});
   };
   auto q = to_heads(qkv[0]), k = to_heads(qkv[1]), v = to_heads(qkv[2]);
-  if (!mask_.defined() || mask_.size(0) != seq || mask_.where() != qkv_all.data().where()) {
-    auto mask = tensor::zeros({seq, seq}, dtype::float64);
-    auto* values = mask.data<double>();
-    for (std::int64_t row = 0; row < seq; ++row)
-      for (std::int64_t col = row + 1; col < seq; ++col)
-        values[row * seq + col] = -std::numeric_limits<double>::infinity();
-    mask_ = mask.to(options_.type).to(qkv_all.data().where());
-  }
-  auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2)) * (1.0 / std::sqrt(static_cast<double>(head_size)));
-  auto weights = (*attn_dropout_)(autograd::softmax(scores + variable(mask_), -1));
+  auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2));
+  auto weights = (*attn_dropout_)(autograd::causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(head_size))));
   auto y = autograd::bmm(weights, v);
   y = autograd::permute(autograd::reshape(y, {batch, heads, seq, head_size}), {0, 2, 1, 3});
   return (*resid_dropout_)((*c_proj_)(autograd::reshape(y, {batch, seq, heads * head_size})));

@@ -1,6 +1,7 @@
 #include "troupe/tensor/backend.hpp"
 
 #include <array>
+#include <limits>
 
 #include "cpu_backend.hpp"
 #ifdef TROUPE_HAVE_CUDA
@@ -19,6 +20,40 @@ void backend::bmm(const tensor& a, const tensor& b, tensor& out) {
     auto slice = out.select(0, i);
     gemm(a.select(0, i), b.select(0, i), slice, 1.0, 0.0);
   }
+}
+
+namespace {
+
+/// [queries, cols] of a's dtype on a's device: 1 where row i keeps column
+/// j (j <= i), 0 where the causal mask drops it.
+tensor causal_keep(const tensor& a, std::int64_t queries) {
+  const auto cols = a.size(1);
+  auto keep = tensor::zeros({queries, cols}, dtype::float64);
+  auto* values = keep.data<double>();
+  for (std::int64_t row = 0; row < queries; ++row)
+    for (std::int64_t col = 0; col <= row && col < cols; ++col)
+      values[row * cols + col] = 1.0;
+  return keep.to(a.type()).to(a.where());
+}
+
+} // namespace
+
+// `where`, not adding a -inf mask, so what lies under the mask is never
+// read (a caller may leave it unwritten).
+void backend::causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) {
+  const auto cols = a.size(1);
+  auto minus_infinity = tensor::full({}, -std::numeric_limits<double>::infinity(), a.type(), a.where());
+  auto masked = troupe::where(causal_keep(a, queries), troupe::mul(a.view({-1, queries, cols}), scale), minus_infinity);
+  out.copy_from(troupe::softmax(masked, -1).view({-1, cols}));
+}
+
+void backend::causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
+                                      tensor& out) {
+  const auto cols = grad.size(1);
+  auto zero = tensor::zeros({}, grad.type(), grad.where());
+  auto kept = troupe::where(causal_keep(grad, queries), grad.view({-1, queries, cols}), zero);
+  auto dx = troupe::mul(troupe::softmax_backward(kept, output.view({-1, queries, cols}), -1), scale);
+  out.copy_from(dx.view({-1, cols}));
 }
 
 void backend::cross_entropy(const tensor& logits, const tensor& targets, tensor& loss, tensor& log_sum_exp) {

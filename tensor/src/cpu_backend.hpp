@@ -24,6 +24,9 @@ public:
   void softmax(const tensor& a, bool log, tensor& out) override;
   void softmax_backward(const tensor& grad, const tensor& output, bool log,
                         tensor& out) override;
+  void causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) override;
+  void causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
+                               tensor& out) override;
   void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss,
                      tensor& log_sum_exp) override;
   void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,

@@ -1,4 +1,4 @@
-// CPU row reductions, softmax and cross-entropy. Sums go through row_sum (cpu_backend.hpp),
+// CPU row reductions, softmax, causal softmax and cross-entropy. Sums go through row_sum (cpu_backend.hpp),
 // whose order depends only on the row length; softmax goes to the AVX2 row
 // kernels of cpu_vector_math.hpp where the CPU has them, and the loops
 // below are its scalar path (TROUPE_VECTOR_MATH=off).
@@ -128,6 +128,63 @@ void cpu_backend::softmax_backward(const tensor& grad, const tensor& output, boo
         for (std::int64_t j = 0; j < cols; ++j)
           dr[j] = yr[j] * (gr[j] - dot);
       }
+    }
+  });
+}
+
+void cpu_backend::causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) {
+  const auto rows = a.size(0);
+  const auto cols = a.size(1);
+  dispatch_floating(a.type(), "causal_softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = a.data<T>();
+    T* y = out.data<T>();
+    const auto s = static_cast<T>(scale);
+    if (vector_math::available()) {
+      vector_math::causal_softmax_rows(x, y, rows, queries, cols, s);
+      return;
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      const auto kept = std::min(r % queries + 1, cols);
+      const T top = *std::max_element(xr, xr + kept); // scale > 0: max of scale x is scale top
+      for (std::int64_t j = 0; j < kept; ++j)
+        yr[j] = (xr[j] - top) * s;
+      exp_in_place(yr, kept);
+      const T inv = T(1) / row_sum(yr, kept, 1);
+      for (std::int64_t j = 0; j < kept; ++j)
+        yr[j] *= inv;
+      std::fill(yr + kept, yr + cols, T(0));
+    }
+  });
+}
+
+void cpu_backend::causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries,
+                                          double scale, tensor& out) {
+  const auto rows = grad.size(0);
+  const auto cols = grad.size(1);
+  dispatch_floating(grad.type(), "causal_softmax_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* g = grad.data<T>();
+    const T* y = output.data<T>();
+    T* dx = out.data<T>();
+    const auto s = static_cast<T>(scale);
+    if (vector_math::available()) {
+      vector_math::causal_softmax_backward_rows(g, y, dx, rows, queries, cols, s);
+      return;
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* gr = g + r * cols;
+      const T* yr = y + r * cols;
+      T* dr = dx + r * cols;
+      const auto kept = std::min(r % queries + 1, cols);
+      for (std::int64_t j = 0; j < kept; ++j)
+        dr[j] = gr[j] * yr[j];
+      const T dot = row_sum(dr, kept, 1);
+      for (std::int64_t j = 0; j < kept; ++j)
+        dr[j] = yr[j] * (gr[j] - dot) * s;
+      std::fill(dr + kept, dr + cols, T(0));
     }
   });
 }

@@ -60,6 +60,19 @@ void softmax_backward_rows(const float* grad, const float* y, float* dx, std::in
                            bool log);
 void softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows, std::int64_t n,
                            bool log);
+/// Causal softmax of rows of [queries, n] matrices: row r keeps its first
+/// min(r % queries + 1, n) elements, y = softmax(scale x) over them (scale
+/// > 0) and 0 after them.
+void causal_softmax_rows(const float* x, float* y, std::int64_t rows, std::int64_t queries, std::int64_t n,
+                         float scale);
+void causal_softmax_rows(const double* x, double* y, std::int64_t rows, std::int64_t queries, std::int64_t n,
+                         double scale);
+/// dx from dL/dy `grad` and y = causal_softmax_rows(x): scale y (g - <g, y>)
+/// over the kept prefix, 0 after it.
+void causal_softmax_backward_rows(const float* grad, const float* y, float* dx, std::int64_t rows,
+                                  std::int64_t queries, std::int64_t n, float scale);
+void causal_softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows,
+                                  std::int64_t queries, std::int64_t n, double scale);
 /// lse[r] = log Σ exp(x[r, :]) (max-shifted), for cross-entropy.
 void log_sum_exp_rows(const float* x, float* lse, std::int64_t rows, std::int64_t n);
 void log_sum_exp_rows(const double* x, double* lse, std::int64_t rows, std::int64_t n);

@@ -1,7 +1,8 @@
-// Row kernels of softmax, cross-entropy and layer norm over contiguous rows
-// with AVX2 lanes (cpu_vector_math.hpp has the contract). Softmax takes a
-// row's maximum, then writes exp(x - max) while it sums them, then scales
-// in place (the row is in L1 by then); log-softmax and cross-entropy only
+// Row kernels of softmax, causal softmax, cross-entropy and layer norm over
+// contiguous rows with AVX2 lanes (cpu_vector_math.hpp has the contract).
+// Softmax takes a row's maximum, then writes exp(x - max) while it sums
+// them, then scales in place (the row is in L1 by then); the causal one does
+// so over the row's unmasked prefix only; log-softmax and cross-entropy only
 // sum the exponentials. Layer
 // norm takes mean and variance in one Welford pass, then writes the row;
 // its backward takes its two sums and the parameters' gradients in one
@@ -182,6 +183,59 @@ void softmax_backward_rows_of(const typename L::scalar* g, const typename L::sca
         store_n<L>(dr + i, L::mul(load_n<L>(yr + i, count), L::sub(load_n<L>(gr + i, count), dot)), count);
       });
     }
+  }
+}
+
+/// Causal (masked) scaled softmax: row r of each [queries, n] matrix keeps
+/// its first min(r % queries + 1, n) elements, y = softmax(scale x) over
+/// them and 0 after them; the masked tail is never read.
+template <class L>
+void causal_softmax_rows_of(const typename L::scalar* x, typename L::scalar* y, std::int64_t rows,
+                            std::int64_t queries, std::int64_t n, typename L::scalar scale) {
+  using T = typename L::scalar;
+  const auto s = L::splat(scale);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    const std::int64_t kept = r % queries + 1 < n ? r % queries + 1 : n;
+    // scale > 0, so the row's maximum of scale x is scale max(x).
+    const auto top = L::splat(max_of<L>(xr, kept));
+    const T total = sum_over<L>(kept, [&](std::int64_t i, std::int64_t count) {
+      const auto e = L::exp(L::mul(L::sub(load_n<L>(xr + i, count), top), s));
+      store_n<L>(yr + i, e, count);
+      return e;
+    });
+    const auto inv = L::splat(T(1) / total);
+    for_vectors<L>(kept, [&](std::int64_t i, std::int64_t count) {
+      store_n<L>(yr + i, L::mul(load_n<L>(yr + i, count), inv), count);
+    });
+    for (std::int64_t j = kept; j < n; ++j)
+      yr[j] = 0;
+  }
+}
+
+/// dx = scale y (g - <g, y>) over each row's kept prefix, 0 after it (y is
+/// 0 there, so the full row's formula gives the same).
+template <class L>
+void causal_softmax_backward_rows_of(const typename L::scalar* g, const typename L::scalar* y,
+                                     typename L::scalar* dx, std::int64_t rows, std::int64_t queries,
+                                     std::int64_t n, typename L::scalar scale) {
+  using T = typename L::scalar;
+  const auto s = L::splat(scale);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* gr = g + r * n;
+    const T* yr = y + r * n;
+    T* dr = dx + r * n;
+    const std::int64_t kept = r % queries + 1 < n ? r % queries + 1 : n;
+    const auto dot = L::splat(sum_over<L>(kept, [&](std::int64_t i, std::int64_t count) {
+      return L::mul(load_n<L>(gr + i, count), load_n<L>(yr + i, count));
+    }));
+    for_vectors<L>(kept, [&](std::int64_t i, std::int64_t count) {
+      const auto inner = L::mul(load_n<L>(yr + i, count), L::sub(load_n<L>(gr + i, count), dot));
+      store_n<L>(dr + i, L::mul(inner, s), count);
+    });
+    for (std::int64_t j = kept; j < n; ++j)
+      dr[j] = 0;
   }
 }
 
@@ -393,6 +447,22 @@ void softmax_backward_rows(const float* grad, const float* y, float* dx, std::in
 void softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows, std::int64_t n,
                            bool log) {
   softmax_backward_rows_of<double_lanes>(grad, y, dx, rows, n, log);
+}
+void causal_softmax_rows(const float* x, float* y, std::int64_t rows, std::int64_t queries, std::int64_t n,
+                         float scale) {
+  causal_softmax_rows_of<float_lanes>(x, y, rows, queries, n, scale);
+}
+void causal_softmax_rows(const double* x, double* y, std::int64_t rows, std::int64_t queries, std::int64_t n,
+                         double scale) {
+  causal_softmax_rows_of<double_lanes>(x, y, rows, queries, n, scale);
+}
+void causal_softmax_backward_rows(const float* grad, const float* y, float* dx, std::int64_t rows,
+                                  std::int64_t queries, std::int64_t n, float scale) {
+  causal_softmax_backward_rows_of<float_lanes>(grad, y, dx, rows, queries, n, scale);
+}
+void causal_softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows,
+                                  std::int64_t queries, std::int64_t n, double scale) {
+  causal_softmax_backward_rows_of<double_lanes>(grad, y, dx, rows, queries, n, scale);
 }
 void log_sum_exp_rows(const float* x, float* lse, std::int64_t rows, std::int64_t n) {
   log_sum_exp_rows_of<float_lanes>(x, lse, rows, n);

@@ -1,7 +1,8 @@
-// Reductions and softmax. Every reduction is brought to one shape, a
+// Reductions, softmax and causal softmax. Every reduction is brought to one shape, a
 // [rows, cols] view whose rows are reduced (reduced dimensions permuted
 // last), so the backend needs a single row kernel.
 #include <algorithm>
+#include <cmath>
 
 #include "ops_common.hpp"
 
@@ -169,6 +170,44 @@ tensor softmax_backward(const tensor& grad, const tensor& output, std::int64_t d
 }
 tensor log_softmax_backward(const tensor& grad, const tensor& output, std::int64_t dim) {
   return softmax_backward_impl("log_softmax_backward", grad, output, dim, true);
+}
+
+tensor causal_softmax(const tensor& scores, double scale) {
+  require_defined("causal_softmax", scores, "input");
+  require_floating("causal_softmax", scores);
+  require(scores.rank() >= 2, "causal_softmax: scores must be [..., queries, keys], got shape {}", scores.shape());
+  require(scale > 0.0 && std::isfinite(scale), "causal_softmax: scale must be positive and finite, got {}", scale);
+  auto x = scores.contiguous();
+  auto out = tensor::empty(x.shape(), x.type(), x.where());
+  const auto cols = x.size(-1);
+  if (x.numel() > 0) {
+    auto out_rows = out.view({-1, cols});
+    backend_for(x.where(), "causal_softmax").causal_softmax(x.view({-1, cols}), x.size(-2), scale, out_rows);
+  }
+  return out;
+}
+
+tensor causal_softmax_backward(const tensor& grad, const tensor& output, double scale) {
+  const char* op = "causal_softmax_backward";
+  require_defined(op, grad, "grad");
+  require_defined(op, output, "output");
+  require_same_device(op, grad, output);
+  require_same_dtype(op, grad, output);
+  require_floating(op, grad);
+  require(grad.shape() == output.shape(), "{}: grad shape {} differs from output shape {}", op, grad.shape(),
+          output.shape());
+  require(grad.rank() >= 2, "{}: grad must be [..., queries, keys], got shape {}", op, grad.shape());
+  require(scale > 0.0 && std::isfinite(scale), "{}: scale must be positive and finite, got {}", op, scale);
+  auto g = grad.contiguous();
+  auto y = output.contiguous();
+  auto out = tensor::empty(g.shape(), g.type(), g.where());
+  const auto cols = g.size(-1);
+  if (g.numel() > 0) {
+    auto out_rows = out.view({-1, cols});
+    backend_for(g.where(), op).causal_softmax_backward(g.view({-1, cols}), y.view({-1, cols}), g.size(-2), scale,
+                                                       out_rows);
+  }
+  return out;
 }
 
 namespace {

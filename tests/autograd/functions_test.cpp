@@ -285,6 +285,20 @@ TEST(FunctionsGradcheck, CrossEntropyOfOddWidthsAndATransposedInput) {
   }
 }
 
+TEST(FunctionsGradcheck, CausalSoftmaxOfOddLengthsAndATransposedInput) {
+  // Square and non-square score matrices, and scores that reach the op as
+  // a transposed view.
+  for (std::int64_t keys : {1, 5, 9}) {
+    SCOPED_TRACE(keys);
+    EXPECT_TRUE(gradcheck([](const inputs& v) { return causal_softmax(v[0], 0.4); },
+                          {random_tensor({2, keys, keys}, 50, 0.0, 3.0)}));
+    EXPECT_TRUE(gradcheck([](const inputs& v) { return causal_softmax(v[0], 1.3); },
+                          {random_tensor({3, keys}, 51)}));
+    EXPECT_TRUE(gradcheck([](const inputs& v) { return causal_softmax(transpose(v[0], 1, 2), 0.7); },
+                          {random_tensor({2, keys, 4}, 52)}));
+  }
+}
+
 TEST(Functions, CrossEntropyMatchesReferenceAndNamesBadTarget) {
   auto logits = tensor::from<double>({1.0, 2.0, 3.0, 0.5, 0.5, 0.5}, {2, 3});
   variable x(logits, true);

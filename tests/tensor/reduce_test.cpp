@@ -1,4 +1,5 @@
-// Reductions, softmax and cross-entropy against float64 references.
+// Reductions, softmax, causal softmax and cross-entropy against float64 references.
+#include <algorithm>
 #include <cmath>
 
 #include "test_util.hpp"
@@ -268,6 +269,133 @@ TEST(CrossEntropy, StridedLogitsAndTargetsEqualTheirCopies) {
               values(cross_entropy_backward(upstream, logits.contiguous(), targets.contiguous(),
                                             copied.log_sum_exp)));
   }
+}
+
+/// Causal softmax of `scale x` in float64: x [..., queries, keys], row i of
+/// each matrix over its first min(i + 1, keys) elements, 0 after them.
+std::vector<double> causal_softmax_reference(const tensor& x, double scale) {
+  auto v = values(x);
+  const auto queries = x.size(-2), keys = x.size(-1);
+  std::vector<double> out(v.size(), 0.0);
+  for (std::int64_t r = 0; r < x.numel() / keys; ++r) {
+    const auto kept = std::min(r % queries + 1, keys);
+    const double* row = v.data() + r * keys;
+    double top = -INFINITY;
+    for (std::int64_t j = 0; j < kept; ++j)
+      top = std::max(top, scale * row[j]);
+    double total = 0;
+    for (std::int64_t j = 0; j < kept; ++j)
+      total += std::exp(scale * row[j] - top);
+    for (std::int64_t j = 0; j < kept; ++j)
+      out[r * keys + j] = std::exp(scale * row[j] - top) / total;
+  }
+  return out;
+}
+
+/// dL/dx of causal_softmax in float64: scale y (g - <g, y>) row by row.
+std::vector<double> causal_softmax_backward_reference(const tensor& x, const tensor& g, double scale) {
+  auto y = causal_softmax_reference(x, scale);
+  auto gv = values(g);
+  const auto keys = x.size(-1);
+  std::vector<double> out(y.size());
+  for (std::int64_t r = 0; r < x.numel() / keys; ++r) {
+    double dot = 0;
+    for (std::int64_t j = 0; j < keys; ++j)
+      dot += gv[r * keys + j] * y[r * keys + j];
+    for (std::int64_t j = 0; j < keys; ++j)
+      out[r * keys + j] = scale * y[r * keys + j] * (gv[r * keys + j] - dot);
+  }
+  return out;
+}
+
+// Key lengths around the vector widths and past a 128 block, square and with
+// fewer queries than keys (rows then keep fewer than all keys) or more.
+TEST(CausalSoftmax, RowsOfEveryLengthMatchTheFloat64Reference) {
+  for (std::int64_t keys : {1, 3, 4, 5, 8, 9, 17, 31, 33, 128, 131}) {
+    for (std::int64_t queries : {keys, std::int64_t{3}, keys + 2}) {
+      SCOPED_TRACE(testing::Message() << queries << " x " << keys);
+      auto x = mul(sample({2, queries, keys}, 61), 8.0);
+      auto g = sample({2, queries, keys}, 62);
+      const double scale = 0.35;
+      auto y = causal_softmax(x, scale);
+      expect_close(y, causal_softmax_reference(x, scale), 1e-14);
+      expect_close(causal_softmax_backward(g, y, scale), causal_softmax_backward_reference(x, g, scale), 1e-13);
+      // float32 within 1e-6 (1 + |ref|), as softmax; masked entries exactly 0.
+      auto x32 = x.to(dtype::float32);
+      auto y32 = causal_softmax(x32, scale);
+      expect_close(y32, causal_softmax_reference(x, scale), 1e-6);
+      expect_close(causal_softmax_backward(g.to(dtype::float32), y32, scale),
+                   causal_softmax_backward_reference(x, g, scale), 1e-6);
+      auto v = values(y32);
+      for (std::int64_t r = 0; r < 2 * queries; ++r)
+        for (std::int64_t j = r % queries + 1; j < keys; ++j)
+          ASSERT_EQ(v[r * keys + j], 0.0) << "row " << r << " key " << j;
+    }
+  }
+}
+
+TEST(CausalSoftmax, EqualsSoftmaxOfTheScaledScoresPlusAMinusInfinityMask) {
+  // What causal_self_attention computed before: scale, add triu(-inf), softmax.
+  auto x = mul(sample({3, 7, 7}, 63), 5.0);
+  auto mask = tensor::zeros({7, 7}, dtype::float64);
+  for (std::int64_t i = 0; i < 7; ++i)
+    for (std::int64_t j = i + 1; j < 7; ++j)
+      mask.data<double>()[i * 7 + j] = -INFINITY;
+  auto composed = softmax(add(mul(x, 0.5), mask), -1);
+  auto fused = causal_softmax(x, 0.5);
+  expect_close(fused, values(composed), 1e-15);
+  auto g = sample({3, 7, 7}, 64);
+  expect_close(causal_softmax_backward(g, fused, 0.5), values(mul(softmax_backward(g, composed, -1), 0.5)), 1e-15);
+}
+
+TEST(CausalSoftmax, AStridedInputEqualsItsContiguousCopy) {
+  auto base = mul(sample({2, 9, 13}, 65), 4.0);
+  for (dtype type : {dtype::float64, dtype::float32}) {
+    auto x = base.to(type);
+    for (const auto& view : {x.transpose(1, 2), x.narrow(2, 1, 11)}) {
+      auto y = causal_softmax(view, 0.25);
+      EXPECT_EQ(values(y), values(causal_softmax(view.contiguous(), 0.25)));
+      EXPECT_EQ(values(causal_softmax_backward(view, y, 0.25)),
+                values(causal_softmax_backward(view.contiguous(), y, 0.25)));
+    }
+  }
+}
+
+TEST(CausalSoftmax, TheComposedDefaultOfOtherBackendsAgrees) {
+  // backend::causal_softmax's default (a mask and softmax), as a backend
+  // without the fused kernel runs it; what lies under the mask (NaN here) is
+  // never read.
+  auto x = mul(sample({2, 5, 6}, 66), 3.0);
+  auto poisoned = x.clone();
+  for (std::int64_t r = 0; r < 10; ++r)
+    for (std::int64_t j = r % 5 + 1; j < 6; ++j)
+      poisoned.data<double>()[r * 6 + j] = NAN;
+  auto& cpu = backend_for(device::cpu());
+  auto y = tensor::empty({10, 6}, dtype::float64);
+  cpu.backend::causal_softmax(poisoned.view({10, 6}), 5, 0.7, y);
+  auto fused = causal_softmax(x, 0.7);
+  expect_close(y, values(fused), 1e-15);
+  auto g = sample({10, 6}, 67);
+  auto poisoned_g = g.clone();
+  for (std::int64_t r = 0; r < 10; ++r)
+    for (std::int64_t j = r % 5 + 1; j < 6; ++j)
+      poisoned_g.data<double>()[r * 6 + j] = NAN;
+  auto grad = tensor::empty({10, 6}, dtype::float64);
+  cpu.backend::causal_softmax_backward(poisoned_g, fused.view({10, 6}), 5, 0.7, grad);
+  expect_close(grad, values(causal_softmax_backward(g.view({2, 5, 6}), fused, 0.7)), 1e-15);
+  // Nor does the CPU's own kernel read under the mask, on either path.
+  expect_close(causal_softmax(poisoned.view({2, 5, 6}), 0.7), values(fused), 0.0);
+  expect_close(causal_softmax_backward(poisoned_g.view({2, 5, 6}), fused, 0.7), values(grad), 1e-15);
+}
+
+TEST(CausalSoftmax, NamesBadScalesAndShapes) {
+  auto x = sample({3, 3}, 68);
+  EXPECT_THAT(test::usage_error_of([&] { (void)causal_softmax(x, 0.0); }),
+              HasSubstr("causal_softmax: scale must be positive and finite, got 0"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)causal_softmax(x.reshape({9}), 1.0); }),
+              HasSubstr("causal_softmax: scores must be [..., queries, keys], got shape [9]"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)causal_softmax_backward(x, x.reshape({1, 9}), 1.0); }),
+              HasSubstr("causal_softmax_backward: grad shape [3, 3] differs from output shape [1, 9]"));
 }
 
 TEST(CrossEntropy, TheComposedDefaultOfOtherBackendsAgrees) {

@@ -1,7 +1,6 @@
 #include "troupe/autograd/nn/causal_self_attention.hpp"
 
 #include <cmath>
-#include <limits>
 
 #include "troupe/autograd/functions.hpp"
 
@@ -23,18 +22,6 @@ causal_self_attention::causal_self_attention(const attention_options& options) :
   reset_parameters(options.seed);
 }
 
-const tensor& causal_self_attention::mask_for(std::int64_t seq, device where) {
-  if (!mask_.defined() || mask_.size(0) != seq || mask_.where() != where) {
-    auto mask = tensor::zeros({seq, seq}, dtype::float64);
-    auto* values = mask.data<double>();
-    for (std::int64_t row = 0; row < seq; ++row)
-      for (std::int64_t col = row + 1; col < seq; ++col)
-        values[row * seq + col] = -std::numeric_limits<double>::infinity();
-    mask_ = mask.to(options_.type).to(where);
-  }
-  return mask_;
-}
-
 variable causal_self_attention::forward(const variable& x) {
   require(x.data().rank() == 3 && x.size(2) == options_.n_embd,
           "causal_self_attention: input must be [batch, seq, {}], got {}", options_.n_embd, x.shape());
@@ -49,11 +36,9 @@ variable causal_self_attention::forward(const variable& x) {
   };
   auto q = to_heads(qkv[0]), k = to_heads(qkv[1]), v = to_heads(qkv[2]);
 
-  // Scaled scores; the mask adds -inf above the diagonal so softmax gives
-  // future positions weight 0.
-  auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2)) * (1.0 / std::sqrt(static_cast<double>(head_size)));
-  scores = scores + variable(mask_for(seq, x.data().where()));
-  auto weights = (*attn_dropout_)(autograd::softmax(scores, -1));
+  // Scaled, masked softmax in one op: future positions get weight 0.
+  auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2));
+  auto weights = (*attn_dropout_)(autograd::causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(head_size))));
   auto y = autograd::bmm(weights, v); // [batch * heads, seq, head_size]
 
   // Back to [batch, seq, embd], heads side by side.

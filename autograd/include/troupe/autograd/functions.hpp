@@ -48,6 +48,9 @@ variable mean(const variable& a, const dims& dims_to_reduce = {}, bool keepdim =
 variable max(const variable& a, std::int64_t dim, bool keepdim = false);
 variable softmax(const variable& a, std::int64_t dim);
 variable log_softmax(const variable& a, std::int64_t dim);
+/// Softmax of `scale * scores` over the last dimension with the causal mask
+/// of attention (troupe::causal_softmax): scores [..., queries, keys].
+variable causal_softmax(const variable& scores, double scale);
 
 // -- shape (views; gradients flow back through them) -----------------------------------
 

@@ -78,7 +78,6 @@ private:
   std::shared_ptr<column_parallel_linear> c_attn_;
   std::shared_ptr<row_parallel_linear> c_proj_;
   std::shared_ptr<nn::module> attn_dropout_, resid_dropout_;
-  tensor mask_;
 };
 
 class parallel_transformer_block : public nn::module {

@@ -144,6 +144,16 @@ public:
   /// dL/dx of row-wise (log-)softmax from dL/dy and y, all contiguous.
   virtual void softmax_backward(const tensor& grad, const tensor& output, bool log,
                                 tensor& out) = 0;
+  /// Causal softmax of contiguous [rows, cols], rows being `queries`-row
+  /// matrices stacked: row r gives weight 0 to columns after r % queries and
+  /// softmax(scale x) to the others (scale > 0). Elements under the mask are
+  /// never read. The default selects -inf there (`where`) and calls softmax.
+  virtual void causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out);
+  /// dL/dx of causal_softmax from dL/dy and its output y, all contiguous:
+  /// scale y (g - <g, y>) on the kept elements, 0 under the mask (where g
+  /// is never read). The default composes where, softmax_backward and mul.
+  virtual void causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
+                                       tensor& out);
   /// Mean cross entropy of contiguous logits [n, classes] against int64
   /// targets [n] (checked to lie in [0, classes)): `loss` (rank 0) and each
   /// row's log Σ exp in `log_sum_exp` [n]. The default composes

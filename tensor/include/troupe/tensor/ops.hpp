@@ -92,6 +92,14 @@ tensor log_softmax(const tensor& a, std::int64_t dim);
 /// dL/dx given dL/dy and y = softmax(x) (resp. y = log_softmax(x)).
 tensor softmax_backward(const tensor& grad, const tensor& output, std::int64_t dim);
 tensor log_softmax_backward(const tensor& grad, const tensor& output, std::int64_t dim);
+/// Softmax over the last dimension of `scale * scores` with a causal mask:
+/// scores is [..., queries, keys] and element (i, j) of each matrix gets
+/// weight 0 for j > i (as adding triu(-inf, diagonal 1) before softmax
+/// would), without making the mask or the scaled copy. scale > 0. The result
+/// is contiguous.
+tensor causal_softmax(const tensor& scores, double scale);
+/// dL/dscores given dL/dy and y = causal_softmax(scores, scale).
+tensor causal_softmax_backward(const tensor& grad, const tensor& output, double scale);
 
 struct cross_entropy_result {
   tensor loss;        ///< rank 0: mean over rows of log Σ exp(logits) - logits[target]

@@ -30,15 +30,11 @@ public:
   const attention_options& options() const noexcept { return options_; }
 
 private:
-  /// [seq, seq]: 0 on and below the diagonal, -inf above (not state).
-  const tensor& mask_for(std::int64_t seq, device where);
-
   attention_options options_;
   std::shared_ptr<linear> c_attn_;
   std::shared_ptr<linear> c_proj_;
   std::shared_ptr<nn::dropout> attn_dropout_;
   std::shared_ptr<nn::dropout> resid_dropout_;
-  tensor mask_;
 };
 
 } // namespace troupe::nn
