@@ -34,6 +34,7 @@
 
 #include "baselines.hpp"
 #include "peer_process.hpp"
+#include "rank_processes.hpp"
 #include "report.hpp"
 #include "troupe/parallel/collectives.hpp"
 
@@ -42,8 +43,6 @@ using namespace troupe::parallel;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
 /// Chunk size of the ring (--chunk-kib=N, default the group's) and the
 /// least chunks per segment (--min-chunks=N).
@@ -235,23 +234,12 @@ int parent(int argc, char** argv) {
         peer[key] = std::max(peer[key], value);
     };
     run_peers();
-    actors::node_options options;
-    options.name = "worker0";
-    options.world_size = n;
-    options.listen_address = "127.0.0.1";
-    auto started = actors::node::start(options);
-    if (!started)
-      throw std::runtime_error(started.error().message());
-    auto node = std::move(*started);
-    std::vector<std::unique_ptr<bench::peer_process>> children;
-    for (std::uint32_t k = 1; k < n; ++k)
-      children.push_back(std::make_unique<bench::peer_process>(std::vector<std::string>{
-        self_path(), "--child=rank", fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()),
-        fmt::format("--troupe.rank={}", k), fmt::format("--troupe.world-size={}", n),
-        fmt::format("--troupe.name=worker{}", k), "--troupe.listen-address=127.0.0.1",
-        fmt::format("--chunk-kib={}", chunk_bytes >> 10), fmt::format("--min-chunks={}", min_chunks),
-        fmt::format("--pass-kib={}", pass_bytes >> 10),
-        fmt::format("--algorithm={}", runs[0] && runs[1] ? "both" : algorithm_names[runs[0] ? 0 : 1])}));
+    auto node = bench::start_rank_zero(n);
+    auto children = bench::start_ranks(
+        *node, n, "rank",
+        {fmt::format("--chunk-kib={}", chunk_bytes >> 10), fmt::format("--min-chunks={}", min_chunks),
+         fmt::format("--pass-kib={}", pass_bytes >> 10),
+         fmt::format("--algorithm={}", runs[0] && runs[1] ? "both" : algorithm_names[runs[0] ? 0 : 1])});
     {
       groups group;
       if (auto joined = join_all(*node, group); !joined)

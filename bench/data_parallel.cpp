@@ -23,17 +23,14 @@
 // "allreduce" spans are the intervals these figures come from.
 #include <algorithm>
 #include <csignal>
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #include "baselines.hpp"
-#include "peer_process.hpp"
+#include "rank_processes.hpp"
 #include "report.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/linear.hpp"
@@ -133,26 +130,10 @@ settings parse(int argc, char** argv) {
 }
 
 int child(int argc, char** argv) {
-  auto options = actors::node_options::from(argc, argv);
-  if (!options)
-    return 2;
-  auto started = actors::node::start(*options);
-  if (!started) {
-    std::printf("ERROR %s\n", started.error().message().c_str());
-    return 3;
-  }
-  auto result = train(**started, options->world_size, parse(argc, argv));
-  if (result)
-    std::printf("DONE %llu\n", static_cast<unsigned long long>(result->digest));
-  else
-    std::printf("FAILED %s\n", result.error().message().c_str());
-  std::fflush(stdout);
-  // Stay until rank 0 has everything (our last chunks may still be on the way).
-  char c;
-  while (read(0, &c, 1) == 1 && c != 'q') {
-  }
-  (*started)->stop();
-  return 0;
+  return bench::run_child(argc, argv, [&](actors::node& node, std::uint32_t world_size) {
+    auto result = train(node, world_size, parse(argc, argv));
+    return result ? fmt::format("DONE {}", result->digest) : "FAILED " + result.error().message();
+  });
 }
 
 /// PyTorch DDP's samples/s for `replicas`, or nullopt.
@@ -187,40 +168,22 @@ int parent(int argc, char** argv) {
                               "buckets", "samples/s", "step ms", "backward ms", "reduce ms", "hidden", "exposed ms",
                               "#wrong", "torch DDP", "ratio"));
   for (auto n : counts) {
-    actors::node_options options;
-    options.name = "worker0";
-    options.world_size = n;
-    options.listen_address = "127.0.0.1";
-    auto started = actors::node::start(options);
-    if (!started)
-      throw std::runtime_error(started.error().message());
-    auto node = std::move(*started);
-    std::vector<std::unique_ptr<bench::peer_process>> children;
-    for (std::uint32_t k = 1; k < n; ++k)
-      children.push_back(std::make_unique<bench::peer_process>(std::vector<std::string>{
-        std::filesystem::read_symlink("/proc/self/exe").string(), "--child=replica",
-        fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()), fmt::format("--troupe.rank={}", k),
-        fmt::format("--troupe.world-size={}", n), fmt::format("--troupe.name=worker{}", k),
-        "--troupe.listen-address=127.0.0.1", fmt::format("--steps={}", s.steps),
-        fmt::format("--bucket-mib={}", s.bucket_mib), fmt::format("--min-buckets={}", s.min_buckets)}));
+    auto node = bench::start_rank_zero(n);
+    auto children = bench::start_ranks(*node, n, "replica",
+                                       {fmt::format("--steps={}", s.steps), fmt::format("--bucket-mib={}", s.bucket_mib),
+                                        fmt::format("--min-buckets={}", s.min_buckets)});
     auto mine = train(*node, n, s);
     if (!mine)
       throw std::runtime_error(fmt::format("{} replicas: {}", n, mine.error().message()));
     std::int64_t wrong = 0;
-    for (auto& c : children) {
-      auto line = c->read_line(300'000).value_or("FAILED no answer");
+    for (const auto& line : bench::child_results(children, fmt::format("{} replicas", n), 300'000)) {
       std::istringstream in(line);
       std::string word;
       unsigned long long digest = 0;
       in >> word >> digest;
-      if (word != "DONE")
-        throw std::runtime_error(fmt::format("{} replicas: a replica failed: {}", n, line));
       wrong += digest != mine->digest;
     }
-    for (auto& c : children)
-      c->ask("q", 0);
-    children.clear();
-    node->stop();
+    bench::release_ranks(children, *node);
 
     const double step = bench::median(mine->step_seconds);
     const double rate = n * batch / step;
@@ -254,13 +217,5 @@ int parent(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::string_view(argv[i]) == "--child=replica")
-      return child(argc, argv);
-  try {
-    return parent(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "data_parallel: {}\n", e.what());
-    return 1;
-  }
+  return bench::child_or_parent(argc, argv, "data_parallel", "replica", child, parent);
 }

@@ -18,17 +18,13 @@
 // shared-memory path.
 #include <algorithm>
 #include <csignal>
-#include <filesystem>
-#include <sstream>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "baselines.hpp"
-#include "peer_process.hpp"
+#include "rank_processes.hpp"
 #include "report.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
@@ -98,27 +94,10 @@ expected<rank_result> run_rank(actors::node& node, std::uint32_t degree, const s
 }
 
 int child(int argc, char** argv) {
-  auto options = actors::node_options::from(argc, argv);
-  if (!options)
-    return 2;
-  auto started = actors::node::start(*options);
-  if (!started) {
-    std::printf("ERROR %s\n", started.error().message().c_str());
-    return 3;
-  }
-  {
-    auto result = run_rank(**started, options->world_size, parse(argc, argv));
-    if (result)
-      std::printf("DONE %.9g\n", result->loss);
-    else
-      std::printf("FAILED %s\n", result.error().message().c_str());
-    std::fflush(stdout);
-    char c; // stay until rank 0 has finished its last collective
-    while (read(0, &c, 1) == 1 && c != 'q') {
-    }
-  }
-  (*started)->stop();
-  return 0;
+  return bench::run_child(argc, argv, [&](actors::node& node, std::uint32_t world_size) {
+    auto result = run_rank(node, world_size, parse(argc, argv));
+    return result ? fmt::format("DONE {:.9g}", result->loss) : "FAILED " + result.error().message();
+  });
 }
 
 /// The PyTorch peer's median step seconds at `degree`, or nullopt.
@@ -153,34 +132,16 @@ int parent(int argc, char** argv) {
   table.push_back(fmt::format("{:>6} {:>9} {:>9} {:>14} {:>12} {:>12} {:>6}", "degree", "step ms", "speed-up",
                               "MiB/step/rank", "loss", "torch ms", "ratio"));
   for (auto n : degrees) {
-    actors::node_options options;
-    options.name = "worker0";
-    options.world_size = n;
-    options.listen_address = "127.0.0.1";
-    auto started = actors::node::start(options);
-    if (!started)
-      throw std::runtime_error(started.error().message());
-    auto node = std::move(*started);
-    std::vector<std::unique_ptr<bench::peer_process>> children;
-    for (std::uint32_t k = 1; k < n; ++k)
-      children.push_back(std::make_unique<bench::peer_process>(std::vector<std::string>{
-        std::filesystem::read_symlink("/proc/self/exe").string(), "--child=rank",
-        fmt::format("--troupe.coordinator=127.0.0.1:{}", node->port()), fmt::format("--troupe.rank={}", k),
-        fmt::format("--troupe.world-size={}", n), fmt::format("--troupe.name=worker{}", k),
-        "--troupe.listen-address=127.0.0.1", fmt::format("--steps={}", s.steps), fmt::format("--width={}", s.width),
-        fmt::format("--heads={}", s.heads), fmt::format("--seq={}", s.seq), fmt::format("--batch={}", s.batch)}));
+    auto node = bench::start_rank_zero(n);
+    auto children = bench::start_ranks(*node, n, "rank",
+                                       {fmt::format("--steps={}", s.steps), fmt::format("--width={}", s.width),
+                                        fmt::format("--heads={}", s.heads), fmt::format("--seq={}", s.seq),
+                                        fmt::format("--batch={}", s.batch)});
     auto mine = run_rank(*node, n, s);
     if (!mine)
       throw std::runtime_error(fmt::format("degree {}: {}", n, mine.error().message()));
-    for (auto& c : children) {
-      auto line = c->read_line(600'000).value_or("FAILED no answer");
-      if (!line.starts_with("DONE"))
-        throw std::runtime_error(fmt::format("degree {}: a rank failed: {}", n, line));
-    }
-    for (auto& c : children)
-      c->ask("q", 0);
-    children.clear();
-    node->stop();
+    bench::child_results(children, fmt::format("degree {}", n), 600'000);
+    bench::release_ranks(children, *node);
 
     const double step = bench::median(mine->step_seconds);
     if (n == 1) {
@@ -223,13 +184,5 @@ int parent(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::string_view(argv[i]) == "--child=rank")
-      return child(argc, argv);
-  try {
-    return parent(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "tensor_parallel: {}\n", e.what());
-    return 1;
-  }
+  return bench::child_or_parent(argc, argv, "tensor_parallel", "rank", child, parent);
 }

@@ -1,7 +1,6 @@
 // The GPT split over a tensor-parallel group (tensor_parallel_transformer.hpp).
 #include "troupe/parallel/tensor_parallel_transformer.hpp"
 
-#include <cmath>
 #include <optional>
 
 #include "troupe/autograd/functions.hpp"
@@ -88,20 +87,11 @@ parallel_self_attention::parallel_self_attention(const nn::attention_options& op
 variable parallel_self_attention::forward(const variable& x) {
   require(x.data().rank() == 3 && x.size(2) == options_.n_embd,
           "parallel_self_attention: input must be [batch, seq, {}], got {}", options_.n_embd, x.shape());
-  const auto heads = heads_.size, head_size = options_.n_embd / options_.n_head;
-  auto qkv_all = (*c_attn_)(x); // the whole sequence (gathered first with sequence parallelism)
-  const auto batch = qkv_all.size(0), seq = qkv_all.size(1);
-  auto qkv = autograd::split(qkv_all, heads * head_size, 2);
-  auto to_heads = [&](const variable& t) {
-    auto split_heads = autograd::reshape(t, {batch, seq, heads, head_size});
-    return autograd::reshape(autograd::permute(split_heads, {0, 2, 1, 3}), {batch * heads, seq, head_size});
-  };
-  auto q = to_heads(qkv[0]), k = to_heads(qkv[1]), v = to_heads(qkv[2]);
-  auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2));
-  auto weights = (*attn_dropout_)(autograd::causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(head_size))));
-  auto y = autograd::bmm(weights, v);
-  y = autograd::permute(autograd::reshape(y, {batch, heads, seq, head_size}), {0, 2, 1, 3});
-  return (*resid_dropout_)((*c_proj_)(autograd::reshape(y, {batch, seq, heads * head_size})));
+  const auto head_size = options_.n_embd / options_.n_head;
+  // c_attn sees the whole sequence (gathered first with sequence
+  // parallelism); c_proj sums the heads' outputs over the group.
+  auto y = nn::causal_attention((*c_attn_)(x), heads_.size, head_size, *attn_dropout_);
+  return (*resid_dropout_)((*c_proj_)(y));
 }
 
 // -- block ---------------------------------------------------------------------------------------

@@ -22,29 +22,35 @@ causal_self_attention::causal_self_attention(const attention_options& options) :
   reset_parameters(options.seed);
 }
 
-variable causal_self_attention::forward(const variable& x) {
-  require(x.data().rank() == 3 && x.size(2) == options_.n_embd,
-          "causal_self_attention: input must be [batch, seq, {}], got {}", options_.n_embd, x.shape());
-  const auto batch = x.size(0), seq = x.size(1), embd = options_.n_embd;
-  const auto heads = options_.n_head, head_size = embd / heads;
-
+variable causal_attention(const variable& qkv, std::int64_t heads, std::int64_t head_size, module& weights_dropout) {
+  const auto width = heads * head_size;
+  require(qkv.data().rank() == 3 && qkv.size(2) == 3 * width,
+          "causal_attention: qkv must be [batch, seq, {}] for {} heads of {}, got {}", 3 * width, heads, head_size,
+          qkv.shape());
+  const auto batch = qkv.size(0), seq = qkv.size(1);
   // q, k, v as [batch * heads, seq, head_size].
-  auto qkv = autograd::split((*c_attn_)(x), embd, 2);
+  auto parts = autograd::split(qkv, width, 2);
   auto to_heads = [&](const variable& t) {
     auto split_heads = autograd::reshape(t, {batch, seq, heads, head_size});
     return autograd::reshape(autograd::permute(split_heads, {0, 2, 1, 3}), {batch * heads, seq, head_size});
   };
-  auto q = to_heads(qkv[0]), k = to_heads(qkv[1]), v = to_heads(qkv[2]);
+  auto q = to_heads(parts[0]), k = to_heads(parts[1]), v = to_heads(parts[2]);
 
   // Scaled, masked softmax in one op: future positions get weight 0.
   auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2));
-  auto weights = (*attn_dropout_)(autograd::causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(head_size))));
+  auto weights = weights_dropout(autograd::causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(head_size))));
   auto y = autograd::bmm(weights, v); // [batch * heads, seq, head_size]
 
-  // Back to [batch, seq, embd], heads side by side.
+  // Back to [batch, seq, width], heads side by side.
   y = autograd::permute(autograd::reshape(y, {batch, heads, seq, head_size}), {0, 2, 1, 3});
-  y = autograd::reshape(y, {batch, seq, embd});
-  return (*resid_dropout_)((*c_proj_)(y));
+  return autograd::reshape(y, {batch, seq, width});
+}
+
+variable causal_self_attention::forward(const variable& x) {
+  require(x.data().rank() == 3 && x.size(2) == options_.n_embd,
+          "causal_self_attention: input must be [batch, seq, {}], got {}", options_.n_embd, x.shape());
+  const auto heads = options_.n_head, head_size = options_.n_embd / heads;
+  return (*resid_dropout_)((*c_proj_)(causal_attention((*c_attn_)(x), heads, head_size, *attn_dropout_)));
 }
 
 } // namespace troupe::nn

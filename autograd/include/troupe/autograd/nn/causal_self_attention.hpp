@@ -17,6 +17,13 @@ struct attention_options {
   std::uint64_t seed = 0;
 };
 
+/// Causal attention of `qkv` [batch, seq, 3 * heads * head_size] (q, k and
+/// v side by side, each with its heads side by side), scaled by
+/// 1/sqrt(head_size), `weights_dropout` on the attention weights →
+/// [batch, seq, heads * head_size]. causal_self_attention runs it on all
+/// heads, the tensor-parallel attention on a rank's heads.
+variable causal_attention(const variable& qkv, std::int64_t heads, std::int64_t head_size, module& weights_dropout);
+
 /// Input [batch, seq, n_embd] → [batch, seq, n_embd]. Children: `c_attn`
 /// (Linear n_embd → 3 n_embd, producing q, k, v), `c_proj` (Linear n_embd →
 /// n_embd), `attn_dropout`, `resid_dropout`. Position t attends only to
