@@ -22,11 +22,14 @@
 // --micro-batches, --schedule=1f1b|gpipe, --overlap-update=1 (each step's
 // last weight gradients and optimizer steps overlap the next step). Any
 // number of processes from 1 to 6 (one stage each); hybrid_demo.cpp adds
-// replicas.
+// replicas. --checkpoint-dir=DIR with --checkpoint-every=N (default 20):
+// every stage saves its layers and optimizer every N steps, and a run
+// resumes after the latest checkpoint in DIR (whatever the partition then).
 #include <fmt/format.h>
 
 #include "license_corpus.hpp"
 #include "troupe/job.hpp"
+#include "troupe/parallel/checkpoints.hpp"
 #include "troupe/parallel/remote.hpp"
 
 using namespace troupe;
@@ -37,6 +40,8 @@ int main(int argc, char** argv) {
   const auto micro = job.flag("micro-batches", 4, 1, 32);
   const auto schedule = job.flag("schedule", "1f1b", {"1f1b", "gpipe"});
   const auto overlap = job.flag("overlap-update", 0, 0, 1);
+  const auto directory = job.flag("checkpoint-dir", ""); // none: no checkpoints
+  const auto every = job.flag("checkpoint-every", 20, 1, 1'000'000);
   examples::license_corpus corpus;
   job.host_stages(corpus.recipe()); // every rank: the same model from the same seed
   job.start();
@@ -54,10 +59,17 @@ int main(int argc, char** argv) {
     job, {.model = model, .split = split, .schedule = parallel::schedule_named(schedule),
           .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
 
-  for (auto step : job.steps(steps)) {
+  auto ckpt = job.must(parallel::checkpoints::create(job, {.directory = directory, .every = every}));
+  ckpt.track(pipe);
+  ckpt.track("data", data); // the data order goes on where it stopped
+  const auto done = job.must(ckpt.resume(), "resume");
+
+  for (auto step : job.steps(steps, done)) {
     auto [x, y] = corpus.batch(data, batch, seq);
     step.report(job.must(pipe.train_step(x, y), fmt::format("step {}", step.number())), batch);
+    job.must(ckpt.save_if_due(step), fmt::format("checkpoint at step {}", step.number()));
   }
+  job.must(ckpt.wait(), "the last checkpoint");
   const auto measured = parallel::per_micro_batch_ms(job.must(pipe.stats()), std::size_t(micro));
   fmt::print("last step, per micro-batch:\n{}", parallel::to_string(split, measured));
   return job.finish(0);

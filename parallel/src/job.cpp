@@ -135,6 +135,10 @@ std::string job::flag(std::string_view name, std::string fallback, const std::ve
   return state_->flags.choice(name, std::move(fallback), allowed);
 }
 
+std::string job::flag(std::string_view name, std::string fallback) {
+  return state_->flags.text(name, std::move(fallback));
+}
+
 void job::reject(std::string message) {
   state_->flags.reject(std::move(message));
 }
@@ -315,11 +319,11 @@ void job::step::report(double loss, std::int64_t samples_per_step, std::string_v
   if (!owner_->is_driver())
     return;
   const auto every = owner_->state_->print_every;
-  if (number_ != 1 && number_ % every != 0 && number_ != last_)
+  if (number_ != first_ && number_ % every != 0 && number_ != last_)
     return;
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
   fmt::print("step {:4}  loss {:.4f}  samples/s {:.1f}{}\n", number_, loss,
-             static_cast<double>(number_ * samples_per_step) / elapsed.count(), extra);
+             static_cast<double>((number_ - first_ + 1) * samples_per_step) / elapsed.count(), extra);
 }
 
 int job::serve() {

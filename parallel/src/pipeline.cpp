@@ -11,6 +11,8 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "training_state.hpp"
+
 #include "troupe/actors/node.hpp"
 #include "troupe/job.hpp"
 #include "troupe/actors/peer_monitor.hpp"
@@ -633,6 +635,75 @@ expected<std::vector<double>> pipeline::state::parameter_digests() {
       return *failed;
   }
   return out;
+}
+
+} // namespace troupe::parallel
+
+namespace troupe::parallel {
+
+namespace {
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& name : names)
+    out += (out.empty() ? "" : ",") + name;
+  return out;
+}
+
+} // namespace
+
+std::vector<std::string> pipeline::state::checkpoint_writers() const {
+  std::vector<std::string> out;
+  for (const auto& name : names_)
+    out.push_back(writer_name(name));
+  return out;
+}
+
+expected<void> pipeline::state::ask_every_stage(std::string_view verb, errc refused,
+                                                const std::function<caf::message(std::size_t)>& request) {
+  if (auto ready = ready_for_query(); !ready)
+    return ready;
+  // Every request first, then every reply: the stages work in parallel.
+  std::vector<caf::response_handle<caf::blocking_actor, caf::message, true>> replies;
+  for (std::size_t i = 0; i < stages_.size(); ++i)
+    replies.push_back(driver_->self->request(stages_[i], options_.timeout, request(i)));
+  std::optional<troupe::error> failed;
+  for (std::size_t i = 0; i < stages_.size(); ++i)
+    replies[i].receive(
+      [&](const std::string& why) {
+        if (!failed && !why.empty())
+          failed = make_error(refused, "pipeline: stage {} ({}) could not {}: {}", i, names_[i], verb, why);
+      },
+      [&](caf::error& err) {
+        if (!failed)
+          failed = make_error(errc::io_error, "pipeline: stage {} ({}) did not {}: {}", i, names_[i], verb,
+                              node_.system().render(err));
+      });
+  if (failed)
+    return *failed;
+  return {};
+}
+
+expected<void> pipeline::state::save_stages(const std::filesystem::path& root, std::uint64_t step,
+                                            const std::vector<std::vector<std::string>>& state_holders,
+                                            const std::vector<std::string>& step_holders, bool asynchronous) {
+  const auto writers = checkpoint_writers();
+  const auto steps = joined(step_holders);
+  return ask_every_stage("save", errc::io_error, [&](std::size_t i) {
+    return caf::make_message(save_atom::value, root.string(), step, writers[i], joined(state_holders.at(i)), steps,
+                             asynchronous);
+  });
+}
+
+expected<void> pipeline::state::load_stages(const std::filesystem::path& directory) {
+  auto loaded = ask_every_stage("load", errc::state_mismatch, [&](std::size_t) {
+    return caf::make_message(load_atom::value, directory.string());
+  });
+  // Some stages may have loaded and others not: the model is no longer one
+  // state, so the pipeline refuses further steps.
+  if (!loaded)
+    return fail(loaded.error());
+  return {};
 }
 
 } // namespace troupe::parallel

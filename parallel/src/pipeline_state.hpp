@@ -4,6 +4,8 @@
 // talks to them, and the step bookkeeping. Internal: the public header
 // holds no CAF type.
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +40,23 @@ struct pipeline::state {
   expected<void> synchronize();
   expected<std::vector<stage_stats>> stats();
   expected<std::vector<double>> parameter_digests();
+
+  /// Each stage's writer name in checkpoints ("worker1-cpu-stage1").
+  std::vector<std::string> checkpoint_writers() const;
+  /// Every stage saves its layers and optimizer state (p_save, in parallel)
+  /// as its checkpoint writer; stage s's state is held alike by
+  /// `state_holders[s]` (its replicas' writers; empty: it alone), every
+  /// optimizer's step count by `step_holders`. Waits for the stages'
+  /// updates first. Errors name the stage.
+  expected<void> save_stages(const std::filesystem::path& root, std::uint64_t step,
+                             const std::vector<std::vector<std::string>>& state_holders,
+                             const std::vector<std::string>& step_holders, bool asynchronous);
+  /// Every stage loads its layers and optimizer state from `directory`.
+  expected<void> load_stages(const std::filesystem::path& directory);
+  /// Sends `request(i)` to every stage i at once and waits for each reply
+  /// (a message, "" when done); the first failure, naming its stage.
+  expected<void> ask_every_stage(std::string_view verb, errc refused,
+                                 const std::function<caf::message(std::size_t)>& request);
 
   /// Stops the stages and frees their names: the destructor's work, also
   /// run by the job's finish() when the pipeline outlives it. Idempotent.
@@ -85,6 +104,8 @@ struct pipeline::state {
 struct pipeline_access {
   /// Stage `index`'s actor (tests kill it to check failure handling).
   static caf::actor stage_actor(const pipeline& p, std::size_t index) { return p.state_->stages_.at(index); }
+  /// The driver's state (parallel::checkpoints saves and loads through it).
+  static pipeline::state& state(pipeline& p) { return *p.state_; }
 };
 
 } // namespace troupe::parallel

@@ -10,6 +10,8 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "training_state.hpp"
+
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace.hpp"
 #include "troupe/autograd/checkpoint.hpp"
@@ -517,6 +519,9 @@ private:
 caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_options> options) {
   auto state = std::make_shared<stage_state>(std::move(options));
   auto run_scheduled = std::make_shared<bool>(false);
+  // The stage's checkpoint writes run here; the last one finishes before the
+  // stage's behaviour (which holds it) is destroyed.
+  auto checkpoint_writer = std::make_shared<background_writer>();
   // Every handler validates and turns exceptions into a p_failed report: an
   // exception escaping a handler would kill the actor without a word.
   // Messages to the driver are anonymous and the state lets go of every
@@ -550,6 +555,18 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
       return caf::make_message(caf::ok_atom::value);
     },
     [=](digest_atom) { return caf::make_message(state->digest()); },
+    [=](save_atom, const std::string& root, std::uint64_t step, const std::string& writer,
+        const std::string& model_holders, const std::string& step_holders, bool asynchronous) {
+      auto saved = save_training_state(*state->options().layers, *state->options().optimizer, *checkpoint_writer,
+                                       {root, step, writer, split_names(model_holders), split_names(step_holders)},
+                                       asynchronous);
+      return saved ? std::string{} : saved.error().message();
+    },
+    [=](load_atom, const std::string& directory) {
+      auto loaded =
+        load_training_state(*state->options().layers, *state->options().optimizer, *checkpoint_writer, directory);
+      return loaded ? std::string{} : loaded.error().message();
+    },
     [=](begin_step_atom, std::uint64_t step, std::uint64_t batch) {
       try {
         state->begin(step, batch);

@@ -19,6 +19,16 @@
 //                                        peak deferred bytes, fill ms, total busy ms,
 //                                        total fill ms)
 //   (p_digest)                       -> (sum of p + p^2 over the stage's parameters)
+//   (p_save, root, step, writer, model holders, step holders, asynchronous)
+//                                    -> (why, "" when done): writes the stage's layers and
+//                                       optimizer state as `writer`'s shard of step's
+//                                       checkpoint (training_state.hpp); holders are
+//                                       writer names joined by ','. Asynchronous: the
+//                                       state is copied, the reply comes at once and
+//                                       the shard is written on the stage's writer
+//                                       thread (an earlier write's failure is the
+//                                       reply to the next save)
+//   (p_load, checkpoint directory)   -> (why, "" when done): loads them, by name
 // and towards the driver:
 //   (p_loss, step, mb, loss)         last stage: the micro-batch's mean loss
 //   (p_mbdone, step, mb)             first stage: backward of mb finished
@@ -66,6 +76,8 @@ using applied_atom = caf::atom_constant<caf::atom("p_applied")>;
 using run_atom = caf::atom_constant<caf::atom("p_run")>;
 using stats_atom = caf::atom_constant<caf::atom("p_stats")>;
 using digest_atom = caf::atom_constant<caf::atom("p_digest")>;
+using save_atom = caf::atom_constant<caf::atom("p_save")>;
+using load_atom = caf::atom_constant<caf::atom("p_load")>;
 using peer_lost_atom = caf::atom_constant<caf::atom("p_lost")>;
 using loss_atom = caf::atom_constant<caf::atom("p_loss")>;
 using micro_batch_done_atom = caf::atom_constant<caf::atom("p_mbdone")>;

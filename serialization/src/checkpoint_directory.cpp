@@ -7,6 +7,7 @@
 #include <set>
 #include <string_view>
 #include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -165,6 +166,56 @@ expected<fs::path> commit_checkpoint(const fs::path& root, std::span<const check
   if (auto ok = prune(root, options.step, options.keep_last); !ok)
     return ok.error();
   return final_path;
+}
+
+expected<std::vector<checkpoint_tensor>> collect_reports(const fs::path& root, std::uint64_t step,
+                                                         std::span<const std::string> writers,
+                                                         std::chrono::milliseconds timeout) {
+  auto staging = staging_path(root, step);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<checkpoint_tensor> out;
+  std::set<std::string> waiting(writers.begin(), writers.end());
+  manifest_options as_report;
+  as_report.require_tiling = false;
+  for (;;) {
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      const auto& writer = *it;
+      std::error_code failure;
+      if (auto failed = staging / (writer + detail::failure_suffix); fs::exists(failed, failure)) {
+        std::string why(512, '\0');
+        if (auto* file = std::fopen(failed.c_str(), "rb")) {
+          why.resize(std::fread(why.data(), 1, why.size(), file));
+          std::fclose(file);
+        }
+        return make_error(errc::io_error, "checkpoint of step {}: writer '{}' failed: {}", step, writer, why);
+      }
+      auto report_path = staging / (writer + detail::report_suffix);
+      if (!fs::exists(report_path, failure)) {
+        ++it;
+        continue;
+      }
+      auto report = read_manifest(report_path, as_report);
+      if (!report)
+        return report.error();
+      if (report->step != step)
+        return make_error(errc::malformed_message, "'{}' reports step {}, not {}", report_path.string(),
+                          report->step, step);
+      for (auto& t : report->tensors) {
+        for (const auto& piece : t.pieces)
+          if (piece.file != writer + ".shard")
+            return make_error(errc::malformed_message, "'{}' names file '{}' for '{}', not its own shard",
+                              report_path.string(), piece.file, t.name);
+        out.push_back(std::move(t));
+      }
+      it = waiting.erase(it);
+    }
+    if (waiting.empty())
+      return out;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return make_error(errc::io_error, "checkpoint of step {}: no report from {} within {} ms", step,
+                        fmt::join(waiting, ", "), timeout.count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 expected<std::optional<fs::path>> latest_checkpoint(const fs::path& root) {

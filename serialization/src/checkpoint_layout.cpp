@@ -189,8 +189,9 @@ expected<void> validate_manifest(const checkpoint_manifest& manifest, const mani
     for (std::size_t i = 0; i < t.pieces.size(); ++i)
       if (auto ok = check_piece(t, i, options); !ok)
         return ok;
-    if (auto ok = check_tiling(t); !ok)
-      return ok;
+    if (options.require_tiling)
+      if (auto ok = check_tiling(t); !ok)
+        return ok;
   }
   return {};
 }

@@ -14,6 +14,10 @@ namespace troupe::detail {
 
 /// The manifest's file name inside a checkpoint's directory.
 inline constexpr std::string_view manifest_file_name = "manifest";
+/// A writer's report of the pieces it wrote (`<writer>.pieces`), and of its
+/// failure (`<writer>.failed`), in the staging directory.
+inline constexpr const char* report_suffix = ".pieces";
+inline constexpr const char* failure_suffix = ".failed";
 
 /// A box of a tensor: where it starts and its extent, per dimension.
 struct box {
@@ -35,7 +39,8 @@ bool is_plain_file_name(std::string_view name);
 /// Every check parse_manifest() and commit_checkpoint() make of a manifest:
 /// counts within `options`, names unique, every piece inside its tensor
 /// with a byte count that matches its shape and a plain file name, and the
-/// pieces tiling each tensor exactly. Errors name the tensor and the piece.
+/// pieces tiling each tensor exactly (unless `options.require_tiling` is
+/// off). Errors name the tensor and the piece.
 expected<void> validate_manifest(const checkpoint_manifest& manifest, const manifest_options& options);
 
 /// Copies the box of extent `extent` at `from_origin` inside the dense

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "checkpoint_layout.hpp"
+#include "durable_file.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checksum.hpp"
 
@@ -60,13 +61,36 @@ void shard_writer::add(tensor_piece piece, std::span<const std::string> holders)
 }
 
 expected<std::vector<checkpoint_tensor>> shard_writer::write() const {
-  if (pieces_.empty())
-    return std::vector<checkpoint_tensor>{};
   auto directory = staging_path(root_, step_);
   std::error_code failure;
   std::filesystem::create_directories(directory, failure);
   if (failure)
     return make_error(errc::io_error, "cannot create '{}': {}", directory.string(), failure.message());
+  auto written = write_shard(directory);
+  if (!written)
+    return written;
+  // The report last: once it exists, the shard it describes is durable.
+  auto report = encode_manifest({step_, *written, {}});
+  auto reported = detail::write_file_atomically(directory / (writer_ + detail::report_suffix),
+                                                [&](detail::file_sink& out) { return out.write(report); });
+  if (!reported)
+    return reported.error();
+  return written;
+}
+
+void shard_writer::report_failure(const error& why) const {
+  auto directory = staging_path(root_, step_);
+  std::error_code failure;
+  std::filesystem::create_directories(directory, failure);
+  auto text = why.message();
+  (void)detail::write_file_atomically(directory / (writer_ + detail::failure_suffix), [&](detail::file_sink& out) {
+    return out.write(std::as_bytes(std::span(text)));
+  });
+}
+
+expected<std::vector<checkpoint_tensor>> shard_writer::write_shard(const std::filesystem::path& directory) const {
+  if (pieces_.empty())
+    return std::vector<checkpoint_tensor>{};
 
   // The shard is an ordinary checkpoint file; its entries are named
   // "<tensor>@<offset>" so that it stays readable on its own.

@@ -11,7 +11,7 @@
 //   job.start();
 //   if (!job.is_driver()) return job.serve();
 //   ...
-//   for (auto step : job.steps(steps)) {
+//   for (auto step : job.steps(steps, done)) {
 //     auto [x, y] = corpus.batch(data, batch, seq);
 //     step.report(job.must(pipe.train_step(x, y), fmt::format("step {}", step.number())), batch);
 //   }
@@ -34,6 +34,7 @@
 // own loop (data parallel) call finish() too. finish() never hangs: the
 // objects made from the job stop first, each serving rank is told within a
 // bounded time, then the node stops.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -60,16 +61,17 @@ public:
     std::int64_t number() const { return number_; }
     operator std::int64_t() const { return number_; }
     /// On the driver, prints "step N  loss L  samples/s S<extra>" at the
-    /// first step, every --print-every=K steps (default 10) and the last;
-    /// samples/s over the steps so far, timed from the loop's start.
+    /// loop's first step, every --print-every=K steps (default 10) and the
+    /// last; samples/s over the loop's steps so far, timed from its start.
     void report(double loss, std::int64_t samples_per_step, std::string_view extra = {}) const;
 
   private:
     friend class job;
-    step(const job* owner, std::int64_t number, std::int64_t last, std::chrono::steady_clock::time_point start)
-      : owner_(owner), number_(number), last_(last), start_(start) {}
+    step(const job* owner, std::int64_t number, std::int64_t first, std::int64_t last,
+         std::chrono::steady_clock::time_point start)
+      : owner_(owner), number_(number), first_(first), last_(last), start_(start) {}
     const job* owner_;
-    std::int64_t number_, last_;
+    std::int64_t number_, first_, last_;
     std::chrono::steady_clock::time_point start_;
   };
   /// `for (auto step : job.steps(n))`: steps 1..n, timed from the loop's start.
@@ -77,20 +79,22 @@ public:
   public:
     struct iterator {
       const job* owner;
-      std::int64_t number, last;
+      std::int64_t number, first, last;
       std::chrono::steady_clock::time_point start;
-      step operator*() const { return {owner, number, last, start}; }
+      step operator*() const { return {owner, number, first, last, start}; }
       iterator& operator++() { ++number; return *this; }
       bool operator!=(const iterator& other) const { return number != other.number; }
     };
-    iterator begin() const { return {owner_, 1, count_, std::chrono::steady_clock::now()}; }
-    iterator end() const { return {owner_, count_ + 1, count_, {}}; }
+    iterator begin() const { return {owner_, first_, first_, count_, std::chrono::steady_clock::now()}; }
+    iterator end() const { return {owner_, count_ + 1, first_, count_, {}}; }
 
   private:
     friend class job;
-    step_range(const job* owner, std::int64_t count) : owner_(owner), count_(count) {}
+    step_range(const job* owner, std::int64_t count, std::int64_t done)
+      : owner_(owner), count_(count), first_(std::min(done, count) + 1) {}
     const job* owner_;
     std::int64_t count_;
+    std::int64_t first_;
   };
 
   /// Keeps the command line; nothing starts before start().
@@ -110,6 +114,8 @@ public:
   std::int64_t flag(std::string_view name, std::int64_t fallback, std::int64_t low, std::int64_t high);
   /// `--name=value` as one of `allowed`; `fallback` when absent.
   std::string flag(std::string_view name, std::string fallback, const std::vector<std::string>& allowed);
+  /// `--name=value` as free text (a path); `fallback` when absent.
+  std::string flag(std::string_view name, std::string fallback);
   /// Records a usage error of the program's own (a flag that depends on
   /// another); start() reports it like a bad flag.
   void reject(std::string message);
@@ -139,8 +145,10 @@ public:
   /// The program name from argv[0], for messages.
   const std::string& program() const;
 
-  /// Steps 1..count for a training loop, each with report().
-  step_range steps(std::int64_t count) const { return {this, count}; }
+  /// Steps done+1..count for a training loop, each with report(): a run
+  /// resumed from the checkpoint of step `done` (checkpoints::resume)
+  /// goes on after it.
+  step_range steps(std::int64_t count, std::int64_t done = 0) const { return {this, count, done}; }
 
   /// Ranks other than the driver: hosts actors until the driver finishes
   /// (0) or its process is lost (1), then stops the node. finish(0).

@@ -9,7 +9,8 @@
 //   auto pipe = job.must(parallel::pipeline::create(
 //     job, {.model = model, .split = split, .schedule = parallel::schedule_named(schedule),
 //           .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
-//   for (auto step : job.steps(steps)) {
+//   ...
+//   for (auto step : job.steps(steps, done)) {
 //     auto [x, y] = corpus.batch(data, batch, seq);
 //     step.report(job.must(pipe.train_step(x, y), fmt::format("step {}", step.number())), batch);
 //   }

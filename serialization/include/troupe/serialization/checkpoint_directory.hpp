@@ -11,10 +11,12 @@
 // step-<N> and fsyncs <root>. A crash at any point before the rename leaves
 // only a .tmp directory, which is not a checkpoint: latest_checkpoint()
 // never returns it and the next commit removes it.
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "troupe/serialization/checkpoint_manifest.hpp"
 #include "troupe/tensor/expected.hpp"
@@ -43,6 +45,18 @@ struct commit_options {
 expected<std::filesystem::path> commit_checkpoint(const std::filesystem::path& root,
                                                   std::span<const checkpoint_tensor> written,
                                                   const commit_options& options);
+
+/// The coordinator's wait for the writers of step `step` in another process:
+/// polls the staging directory until each of `writers` has reported
+/// (shard_writer::write's report, or report_failure's), at most `timeout`;
+/// returns their pieces, concatenated, for commit_checkpoint(). A report is
+/// outside input: it must parse, be for `step` and name only its writer's
+/// shard file. Errors: a writer's failure (errc::io_error naming the writer
+/// and its message), a bad report (naming its file), errc::io_error naming
+/// the writers that did not report in time.
+expected<std::vector<checkpoint_tensor>> collect_reports(const std::filesystem::path& root, std::uint64_t step,
+                                                         std::span<const std::string> writers,
+                                                         std::chrono::milliseconds timeout);
 
 /// The newest committed checkpoint under `root` (the highest N of a
 /// `step-<N>` directory whose manifest parses), or nullopt when there is

@@ -69,6 +69,9 @@ struct manifest_options {
   std::uint32_t max_pieces = 1u << 12;
   std::uint64_t max_piece_bytes = std::uint64_t{1} << 36;
   std::uint32_t max_rank = 16;
+  /// Whether each tensor's pieces must tile it. Off for a writer's report
+  /// (shard_writer.hpp), which holds only the pieces that writer wrote.
+  bool require_tiling = true;
 };
 
 /// The file image of `manifest` (no validation: commit_checkpoint() checks

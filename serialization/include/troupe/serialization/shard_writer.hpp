@@ -12,6 +12,10 @@
 // holders, picked by a hash of its name and offset (replica_writer()), so
 // the writing of replicated state is spread over the replicas rather than
 // all falling on rank 0.
+//
+// The coordinator learns what each writer wrote from the writer's report
+// file next to its shard, so writers and coordinator need share nothing
+// but the checkpoint's directory (a shared file system across hosts).
 #include <cstdint>
 #include <filesystem>
 #include <span>
@@ -59,14 +63,27 @@ public:
   /// only holders[replica_writer()] writes it.
   void add(tensor_piece piece, std::span<const std::string> holders);
 
-  /// Writes the shard file (created in the staging directory, fsynced) and
-  /// returns what the coordinator needs: per tensor, the pieces written.
-  /// No file is written when this writer has no piece to write.
+  /// Writes the shard file (created in the staging directory, fsynced;
+  /// none when this writer has no piece to write), then the writer's report
+  /// `<writer>.pieces`: what the coordinator needs, per tensor the pieces
+  /// written, as a manifest that need not tile its tensors. A coordinator
+  /// in another process waits for the reports (collect_reports() in
+  /// checkpoint_directory.hpp); one in this process may use the returned
+  /// value instead.
   expected<std::vector<checkpoint_tensor>> write() const;
+  /// Tells the coordinator that this writer failed: `<writer>.failed` in
+  /// the staging directory holds the message, so collect_reports() stops
+  /// waiting and returns it. Best effort (the write that failed may be the
+  /// disk's fault): a report that cannot be written is left to the
+  /// coordinator's timeout.
+  void report_failure(const error& why) const;
 
   const std::string& name() const noexcept { return writer_; }
 
 private:
+  /// The shard file alone, in `directory`.
+  expected<std::vector<checkpoint_tensor>> write_shard(const std::filesystem::path& directory) const;
+
   std::filesystem::path root_;
   std::uint64_t step_;
   std::string writer_;

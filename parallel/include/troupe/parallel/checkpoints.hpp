@@ -1,0 +1,136 @@
+#pragma once
+// A job's distributed checkpoints: save the training state wherever it
+// lives (pipeline stages in other processes, data-parallel replicas, this
+// process), resume from the latest complete checkpoint, at any layout.
+//
+// From examples/data_parallel_demo.cpp:
+//
+//   auto ckpt = job.must(parallel::checkpoints::create(job, {.directory = directory, .every = every}));
+//   ckpt.track(*model, *optimizer, dp);
+//   const auto done = job.must(ckpt.resume(), "resume");
+//   for (auto step : job.steps(steps, done)) {
+//   ...
+//     job.must(ckpt.save_if_due(step), fmt::format("checkpoint at step {}", step.number()));
+//   }
+//   job.must(ckpt.wait(), "the last checkpoint");
+//
+// What is saved. Every tracked model's state_dict and its optimizer's state,
+// by the whole model's names (`model.fc1.weight`,
+// `optimizer.fc1.weight.exp_avg`, `optimizer.step`), and each tracked random
+// stream (the data order) in the manifest's metadata. Every writer writes its
+// own shard file in parallel: each pipeline stage in its own process, each
+// data-parallel replica a share of the replicated state (spread over the
+// replicas by name, not all by rank 0). The coordinator (the job's rank 0)
+// then commits: it waits for every writer's report, writes the manifest
+// last and renames the directory (checkpoint_directory.hpp), keeping the
+// newest `keep_last`. A save cut short (a killed rank) leaves no checkpoint,
+// and the previous one stays loadable. Writers and coordinator share only
+// the directory: across hosts it must be on a shared file system.
+//
+// Asynchronous saving. save() copies the state to memory and returns; the
+// files are written on a thread of each writer while training goes on, and
+// the values saved are exactly those at the call. The next save() (and
+// wait(), and the destructor) waits for the previous one and reports its
+// failure.
+//
+// Loading at another layout. Names are the whole model's, so a checkpoint
+// saved by a 3-stage pipeline loads into 2 stages with another split, into
+// data-parallel replicas or into one process: each loads the names it holds.
+// Before any stage or replica loads, the model's names, dtypes and shapes
+// are checked against the manifest (an error names the first that does not
+// match); a damaged shard is an error naming the file and tensor (its
+// CRC32C), and a pipeline that failed to load refuses further steps.
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "troupe/autograd/nn/module.hpp"
+#include "troupe/autograd/optim/optimizer.hpp"
+#include "troupe/tensor/expected.hpp"
+#include "troupe/tensor/random.hpp"
+
+namespace troupe {
+class job;
+}
+
+namespace troupe::parallel {
+
+class pipeline;
+class hybrid_pipeline;
+class data_parallel;
+
+struct checkpoint_options {
+  /// Where the job's checkpoints live (`step-<N>` directories; created
+  /// when missing). Empty: checkpointing is off (save() does nothing,
+  /// resume() returns 0), so a program may pass an optional flag through.
+  std::filesystem::path directory{};
+  /// save_if_due(step) saves at multiples of this step; 0: never.
+  std::int64_t every = 0;
+  /// Complete checkpoints kept, newest first; 0 keeps all.
+  std::size_t keep_last = 2;
+  /// save() returns once the state is copied and writes it meanwhile.
+  /// Off: save() returns once this rank's shards are durable and, on the
+  /// coordinator, the checkpoint is committed.
+  bool asynchronous = true;
+  /// Bound on the coordinator's wait for every writer's report, and on each
+  /// stage's reply.
+  std::chrono::milliseconds timeout{120000};
+};
+
+class checkpoints {
+public:
+  /// This rank's checkpoints of the job's state; rank 0 coordinates.
+  static expected<checkpoints> create(troupe::job& job, checkpoint_options options);
+  /// Without a job: a program of one process, the coordinator; or one of
+  /// a program's data-parallel replicas (threads), where replica 0 of the
+  /// tracked group coordinates.
+  static expected<checkpoints> create(checkpoint_options options);
+  /// Waits for the save in flight.
+  ~checkpoints();
+  checkpoints(checkpoints&&) noexcept;
+  checkpoints& operator=(checkpoints&&) noexcept;
+
+  /// A model and optimizer this process alone holds (a one-process
+  /// program, the driver's own state). Coordinator only (usage_error).
+  void track(nn::module& model, optim::optimizer& optimizer);
+  /// A model and optimizer every replica of `replicas` holds alike; every
+  /// replica tracks its own. Replicated state is written once, spread over
+  /// the replicas. The coordinator must be the group's rank 0.
+  void track(nn::module& model, optim::optimizer& optimizer, data_parallel& replicas);
+  /// The pipeline's stages, each saving and loading its own layers and
+  /// optimizer state in its process. The driver tracks it.
+  void track(pipeline& stages);
+  /// Every replica's stages; stage s's state is written once, spread over
+  /// the replicas of stage s.
+  void track(hybrid_pipeline& replicas);
+  /// A random stream of the coordinator's (the data order, dropout): its
+  /// seed and position go into the metadata and are restored by resume().
+  /// Other ranks make their data a function of the step instead.
+  void track(std::string name, generator& stream);
+
+  /// Loads the latest complete checkpoint into everything tracked and
+  /// returns its step; 0 when there is none (a fresh start).
+  expected<std::int64_t> resume();
+  /// Loads the checkpoint in `directory` (a `step-<N>` directory); its step.
+  expected<std::int64_t> load(const std::filesystem::path& directory);
+  /// Saves everything tracked as step `step` (> 0, above the last save's).
+  /// Every rank that tracks state calls it (the driver alone for
+  /// pipelines). Errors: a writer or stage failed (named), the previous
+  /// asynchronous save failed.
+  expected<void> save(std::int64_t step);
+  /// save(step) at multiples of `every`; nothing otherwise.
+  expected<void> save_if_due(std::int64_t step);
+  /// Waits for the asynchronous save in flight; its error.
+  expected<void> wait();
+
+  const checkpoint_options& options() const noexcept;
+
+private:
+  struct impl;
+  explicit checkpoints(std::unique_ptr<impl> state);
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace troupe::parallel

@@ -1,0 +1,301 @@
+// parallel::checkpoints: what each rank writes, and the coordinator's commit.
+#include "troupe/parallel/checkpoints.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "pipeline_state.hpp"
+#include "training_state.hpp"
+#include "troupe/job.hpp"
+#include "troupe/parallel/data_parallel.hpp"
+#include "troupe/parallel/hybrid.hpp"
+#include "troupe/serialization/checkpoint_directory.hpp"
+#include "troupe/serialization/checkpoint_reader.hpp"
+#include "troupe/tensor/error.hpp"
+
+namespace troupe::parallel {
+
+namespace {
+
+constexpr std::string_view generator_prefix = "generator.";
+
+std::vector<std::string> numbered(std::string_view prefix, std::uint32_t count) {
+  std::vector<std::string> out;
+  for (std::uint32_t i = 0; i < count; ++i)
+    out.push_back(fmt::format("{}{}", prefix, i));
+  return out;
+}
+
+/// "<seed> <offset>" of a metadata value, or nullopt.
+std::optional<generator> parse_stream(std::string_view text) {
+  generator out;
+  auto space = text.find(' ');
+  if (space == std::string_view::npos)
+    return std::nullopt;
+  auto seed = text.substr(0, space);
+  auto offset = text.substr(space + 1);
+  auto [a, ea] = std::from_chars(seed.data(), seed.data() + seed.size(), out.seed);
+  auto [b, eb] = std::from_chars(offset.data(), offset.data() + offset.size(), out.offset);
+  if (ea != std::errc{} || eb != std::errc{} || a != seed.data() + seed.size() ||
+      b != offset.data() + offset.size() || seed.empty() || offset.empty())
+    return std::nullopt;
+  return out;
+}
+
+} // namespace
+
+struct checkpoints::impl {
+  /// A model and optimizer of this process, written as `writer`.
+  struct local_state {
+    nn::module* model;
+    optim::optimizer* optimizer;
+    std::string writer;
+    std::vector<std::string> holders; ///< empty: this writer alone
+  };
+  /// A pipeline's stages; stage s's state held alike by state_holders[s].
+  struct stage_group {
+    pipeline* stages;
+    std::vector<std::vector<std::string>> state_holders;
+  };
+
+  checkpoint_options options;
+  /// The job's rank; without a job, 0 or the tracked replica's rank.
+  std::uint32_t rank = 0;
+  bool in_job = false;
+  std::vector<local_state> locals;
+  std::vector<stage_group> pipelines;
+  std::vector<std::pair<std::string, generator*>> streams;
+  /// Coordinator: every writer of the checkpoint (this process's and the
+  /// others'); the stages' optimizers' step is held alike by all stages.
+  std::vector<std::string> writers;
+  std::vector<std::string> stage_writers;
+  std::int64_t last_step = 0;
+  std::size_t replica_groups = 0;
+  /// Declared last: destroyed (its write finished) before what it reads.
+  background_writer thread;
+
+  bool coordinator() const { return rank == 0; }
+  /// No directory: checkpointing is off.
+  bool off() const;
+
+  void add_writers(const std::vector<std::string>& names) {
+    for (const auto& name : names) {
+      require(std::find(writers.begin(), writers.end(), name) == writers.end(),
+              "checkpoints: '{}' is tracked twice", name);
+      writers.push_back(name);
+    }
+  }
+
+  expected<void> save(std::int64_t step);
+  expected<std::int64_t> load(const std::filesystem::path& directory);
+};
+
+expected<checkpoints> checkpoints::create(troupe::job& job, checkpoint_options options) {
+  auto made = create(std::move(options));
+  if (made) {
+    made->impl_->rank = job.rank();
+    made->impl_->in_job = true;
+  }
+  return made;
+}
+
+expected<checkpoints> checkpoints::create(checkpoint_options options) {
+  require(options.every >= 0, "checkpoints: options.every is {}; it must be 0 (never) or positive", options.every);
+  auto state = std::make_unique<impl>();
+  state->options = std::move(options);
+  return checkpoints(std::move(state));
+}
+
+checkpoints::checkpoints(std::unique_ptr<impl> state) : impl_(std::move(state)) {}
+checkpoints::~checkpoints() = default;
+checkpoints::checkpoints(checkpoints&&) noexcept = default;
+checkpoints& checkpoints::operator=(checkpoints&&) noexcept = default;
+
+const checkpoint_options& checkpoints::options() const noexcept { return impl_->options; }
+
+void checkpoints::track(nn::module& model, optim::optimizer& optimizer) {
+  require(impl_->coordinator(),
+          "checkpoints: rank {} tracks a model of its own; only the coordinator (rank 0) may, other ranks "
+          "track replicas (track(model, optimizer, data_parallel)) or serve pipeline stages",
+          impl_->rank);
+  // Its names are the model's: a second model of this process's own would
+  // save the same names.
+  require(std::none_of(impl_->locals.begin(), impl_->locals.end(), [](const auto& l) { return l.holders.empty(); }),
+          "checkpoints: this process tracks a second model of its own; checkpoints save one model by its names");
+  auto writer = fmt::format("rank-{}", impl_->rank);
+  impl_->add_writers({writer});
+  impl_->locals.push_back({&model, &optimizer, std::move(writer), {}});
+}
+
+void checkpoints::track(nn::module& model, optim::optimizer& optimizer, data_parallel& replicas) {
+  auto& group = replicas.group();
+  if (!impl_->in_job) // replicas as threads of one program: replica 0 coordinates
+    impl_->rank = group.rank();
+  require(!impl_->coordinator() || group.rank() == 0,
+          "checkpoints: the coordinator (rank 0) is replica {} of its group; it must be replica 0", group.rank());
+  // Every replica names the writers alike: by the order in which its
+  // data-parallel groups were tracked, and the replicas' ranks.
+  auto holders = numbered(fmt::format("data-parallel-{}.replica-", impl_->replica_groups++), group.size());
+  if (impl_->coordinator())
+    impl_->add_writers(holders);
+  impl_->locals.push_back({&model, &optimizer, holders[group.rank()], holders});
+}
+
+void checkpoints::track(pipeline& stages) {
+  require(impl_->coordinator(), "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does",
+          impl_->rank);
+  auto& state = pipeline_access::state(stages);
+  auto writers = state.checkpoint_writers();
+  impl_->add_writers(writers);
+  impl_->stage_writers.insert(impl_->stage_writers.end(), writers.begin(), writers.end());
+  impl_->pipelines.push_back({&stages, std::vector<std::vector<std::string>>(writers.size())});
+}
+
+void checkpoints::track(hybrid_pipeline& replicas) {
+  require(impl_->coordinator(), "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does",
+          impl_->rank);
+  std::vector<std::vector<std::string>> per_replica;
+  for (std::size_t k = 0; k < replicas.replicas(); ++k)
+    per_replica.push_back(pipeline_access::state(replicas.replica(k)).checkpoint_writers());
+  const auto stages = per_replica.front().size();
+  std::vector<std::vector<std::string>> holders(stages);
+  for (std::size_t s = 0; s < stages; ++s)
+    for (const auto& writers : per_replica)
+      holders[s].push_back(writers.at(s));
+  for (std::size_t k = 0; k < replicas.replicas(); ++k) {
+    impl_->add_writers(per_replica[k]);
+    impl_->stage_writers.insert(impl_->stage_writers.end(), per_replica[k].begin(), per_replica[k].end());
+    impl_->pipelines.push_back({&replicas.replica(k), holders});
+  }
+}
+
+void checkpoints::track(std::string name, generator& stream) {
+  require(impl_->coordinator(), "checkpoints: rank {} tracks random stream '{}'; only the coordinator's are saved",
+          impl_->rank, name);
+  impl_->streams.emplace_back(std::move(name), &stream);
+}
+
+bool checkpoints::impl::off() const { return options.directory.empty(); }
+
+expected<std::int64_t> checkpoints::resume() {
+  if (impl_->off())
+    return std::int64_t{0};
+  auto latest = latest_checkpoint(impl_->options.directory);
+  if (!latest)
+    return latest.error();
+  if (!*latest)
+    return std::int64_t{0};
+  return load(**latest);
+}
+
+expected<std::int64_t> checkpoints::load(const std::filesystem::path& directory) { return impl_->load(directory); }
+
+expected<void> checkpoints::save(std::int64_t step) { return impl_->save(step); }
+
+expected<void> checkpoints::save_if_due(std::int64_t step) {
+  if (impl_->off() || impl_->options.every == 0 || step % impl_->options.every != 0)
+    return {};
+  return save(step);
+}
+
+expected<void> checkpoints::wait() { return impl_->thread.wait(); }
+
+expected<void> checkpoints::impl::save(std::int64_t step) {
+  require(step > last_step, "checkpoints: save({}) after save({}); steps must increase", step, last_step);
+  if (off())
+    return {};
+  // The previous save first: one at a time, and its failure is reported here.
+  if (auto previous = thread.wait(); !previous)
+    return previous;
+  last_step = step;
+  const auto at = static_cast<std::uint64_t>(step);
+  const bool asynchronous = options.asynchronous;
+
+  // What this process writes, copied now when the write comes later.
+  std::vector<std::pair<std::string, std::vector<state_share>>> mine;
+  for (const auto& local : locals)
+    mine.emplace_back(local.writer, training_shares(*local.model, *local.optimizer, local.holders,
+                                                    local.holders, asynchronous));
+  // The stages copy (or write) theirs before they answer.
+  for (auto& group : pipelines)
+    if (auto saved = pipeline_access::state(*group.stages)
+                       .save_stages(options.directory, at, group.state_holders, stage_writers, asynchronous);
+        !saved)
+      return saved;
+
+  checkpoint_metadata metadata;
+  for (const auto& [name, stream] : streams)
+    metadata.emplace_back(std::string(generator_prefix) + name, fmt::format("{} {}", stream->seed, stream->offset));
+
+  auto write = [mine = std::move(mine), root = options.directory, at, coordinate = coordinator(),
+                all = writers, timeout = options.timeout, keep_last = options.keep_last,
+                metadata = std::move(metadata)]() -> expected<void> {
+    for (const auto& [writer, shares] : mine)
+      if (auto ok = write_shares(root, at, writer, shares); !ok)
+        return ok;
+    if (!coordinate)
+      return {};
+    auto written = collect_reports(root, at, all, timeout);
+    if (!written)
+      return written.error();
+    auto committed = commit_checkpoint(root, *written, {at, metadata, keep_last});
+    if (!committed)
+      return committed.error();
+    return {};
+  };
+  if (asynchronous)
+    return thread.submit(std::move(write));
+  return write();
+}
+
+expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& directory) {
+  if (auto previous = thread.wait(); !previous)
+    return previous.error();
+  auto reader = checkpoint_reader::open(directory);
+  if (!reader)
+    return reader.error();
+  // Everything checked before anything loads: names, dtypes, shapes, streams.
+  for (const auto& local : locals)
+    if (auto ok = check_model(*reader, *local.model); !ok)
+      return ok.error();
+  for (auto& group : pipelines)
+    if (auto ok = check_model(*reader, *pipeline_access::state(*group.stages).options_.model); !ok)
+      return ok.error();
+  std::vector<generator> restored;
+  for (const auto& [name, stream] : streams) {
+    auto key = std::string(generator_prefix) + name;
+    auto found = std::find_if(reader->manifest().metadata.begin(), reader->manifest().metadata.end(),
+                              [&](const auto& entry) { return entry.first == key; });
+    if (found == reader->manifest().metadata.end())
+      return make_error(errc::state_mismatch, "checkpoint {} has no random stream '{}'", directory.string(), name);
+    auto parsed = parse_stream(found->second);
+    if (!parsed)
+      return make_error(errc::malformed_message, "checkpoint {}: random stream '{}' is '{}', not '<seed> <offset>'",
+                        directory.string(), name, found->second);
+    restored.push_back(*parsed);
+  }
+
+  std::vector<training_state_values> values;
+  for (const auto& local : locals) {
+    auto read = read_training_state(*reader, *local.model, *local.optimizer);
+    if (!read)
+      return read.error();
+    values.push_back(std::move(*read));
+  }
+  for (std::size_t i = 0; i < locals.size(); ++i)
+    if (auto ok = apply_training_state(values[i], *locals[i].model, *locals[i].optimizer); !ok)
+      return make_error(ok.error().code(), "checkpoint {}: {}", directory.string(), ok.error().message());
+  for (auto& group : pipelines)
+    if (auto ok = pipeline_access::state(*group.stages).load_stages(directory); !ok)
+      return ok.error();
+  for (std::size_t i = 0; i < streams.size(); ++i)
+    *streams[i].second = restored[i];
+  last_step = static_cast<std::int64_t>(reader->step());
+  return last_step;
+}
+
+} // namespace troupe::parallel

@@ -1,0 +1,141 @@
+#pragma once
+// A model's and its optimizer's state as pieces of a distributed checkpoint
+// (internal: parallel::checkpoints and the pipeline stages use it).
+//
+// Names. A parameter or buffer `fc1.weight` is saved as `model.fc1.weight`
+// and its optimizer state as `optimizer.fc1.weight.exp_avg`; the optimizer's
+// step count is `optimizer.step`. Pipeline slices and data-parallel replicas
+// keep the whole model's names, so a checkpoint saved at one layout loads
+// at any other by name: a stage reads the names of its own layers.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/autograd/nn/module.hpp"
+#include "troupe/autograd/optim/optimizer.hpp"
+#include "troupe/serialization/checkpoint_reader.hpp"
+#include "troupe/serialization/shard_writer.hpp"
+#include "troupe/tensor/expected.hpp"
+
+namespace troupe::parallel {
+
+/// One write at a time on a thread of its own: an asynchronous save runs
+/// there while training goes on, and the next save waits for it.
+class background_writer {
+public:
+  background_writer();
+  /// Waits for the write in flight.
+  ~background_writer();
+  background_writer(const background_writer&) = delete;
+  background_writer& operator=(const background_writer&) = delete;
+
+  /// Waits for the previous write, then starts `write`. Returns the
+  /// previous write's error, if it failed (and does not start `write`).
+  expected<void> submit(std::function<expected<void>()> write);
+  /// Waits for the write in flight; its error.
+  expected<void> wait();
+
+private:
+  void run();
+  /// Waits until no write runs; the last write's failure, once.
+  expected<void> wait_idle(std::unique_lock<std::mutex>& lock);
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<expected<void>()> pending_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::optional<error> failed_;
+  std::thread thread_;
+};
+
+/// Pieces that a set of writers hold alike (empty holders: one writer alone).
+struct state_share {
+  std::vector<tensor_piece> pieces;
+  std::vector<std::string> holders;
+};
+
+/// The model's state_dict as whole-tensor pieces; `snapshot` copies them
+/// (an asynchronous save writes while training changes the originals).
+std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot);
+/// The optimizer's state but its step count, as whole-tensor pieces
+/// (copies: optimizer::state_dict() makes them).
+std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer);
+/// `optimizer.step` alone (held alike by every stage and replica).
+tensor_piece optimizer_step_piece(const optim::optimizer& optimizer);
+
+/// Writes `shares` as `writer`'s shard and report of step `step` under
+/// `root`; on failure, reports it (shard_writer::report_failure) so the
+/// coordinator stops waiting, and returns it.
+expected<void> write_shares(const std::filesystem::path& root, std::uint64_t step, const std::string& writer,
+                            std::span<const state_share> shares);
+
+/// Whether `reader`'s checkpoint has every tensor of `model`'s state_dict
+/// with its dtype and shape (reads no shard): errc::state_mismatch naming
+/// the first that it lacks or that differs.
+expected<void> check_model(const checkpoint_reader& reader, const nn::module& model);
+/// A model's and its optimizer's state read from a checkpoint, not yet
+/// loaded: everything is read (and every piece's checksum checked) before
+/// anything changes, so a model is never half-loaded.
+struct training_state_values {
+  named_tensors model;
+  named_tensors optimizer;
+};
+/// Reads every tensor of `model`'s state_dict (errc::state_mismatch naming
+/// the first name missing from the checkpoint, or the first shape or dtype
+/// that differs) and the optimizer state of `optimizer`'s parameters with
+/// `optimizer.step`.
+expected<training_state_values> read_training_state(const checkpoint_reader& reader, const nn::module& model,
+                                                    const optim::optimizer& optimizer);
+/// Loads what read_training_state read (the optimizer first: its checks
+/// come before any change, and the model's were made by the read).
+expected<void> apply_training_state(const training_state_values& values, nn::module& model,
+                                    optim::optimizer& optimizer);
+
+/// Where one writer's part of a save goes and who else holds it.
+struct save_target {
+  std::filesystem::path root;
+  std::uint64_t step = 0;
+  std::string writer;
+  /// Writers holding the same model and optimizer state (data-parallel
+  /// replicas, a stage's replicas), this one among them; empty: this one alone.
+  std::vector<std::string> state_holders;
+  /// Writers holding an optimizer with the same step count (every stage,
+  /// every replica), this one among them; empty: this one alone.
+  std::vector<std::string> step_holders;
+};
+
+/// `model`'s and `optimizer`'s pieces: the state held alike by
+/// `state_holders`, the step count by `step_holders` (see save_target);
+/// `snapshot` copies the model's tensors.
+std::vector<state_share> training_shares(const nn::module& model, const optim::optimizer& optimizer,
+                                         std::vector<std::string> state_holders,
+                                         std::vector<std::string> step_holders, bool snapshot);
+
+/// Saves `model` and `optimizer` as `target.writer`'s shard. Asynchronous:
+/// copies the state, hands the write to `thread` and returns (the previous
+/// write's error, if it failed); otherwise writes before returning.
+expected<void> save_training_state(const nn::module& model, const optim::optimizer& optimizer,
+                                   background_writer& thread, save_target target, bool asynchronous);
+/// Waits for `thread`'s write in flight, then loads `model` and
+/// `optimizer` from the checkpoint in `directory`.
+expected<void> load_training_state(nn::module& model, optim::optimizer& optimizer, background_writer& thread,
+                                   const std::filesystem::path& directory);
+
+/// Names joined by ',' (a stage message's holders), split; "" -> none.
+std::vector<std::string> split_names(std::string_view joined);
+
+/// `name` made a writer name ([A-Za-z0-9._-]): "worker0/cpu/stage1" ->
+/// "worker0-cpu-stage1".
+std::string writer_name(std::string_view name);
+
+
+} // namespace troupe::parallel

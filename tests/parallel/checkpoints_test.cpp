@@ -1,0 +1,563 @@
+// Distributed checkpoints saved at one layout and resumed at another: one
+// process, pipelines of 2 and 3 stages with different splits, data parallel
+// over 2 and 3 replicas, hybrid 2 x 2. Training resumed from step 3 must give
+// the losses, parameters and optimizer state of an uninterrupted run. Then
+// what may go wrong: another model, a damaged shard, a save cut short, a
+// writer that never reports, and the values an asynchronous save writes.
+#include "troupe/parallel/checkpoints.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ring_support.hpp"
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/all.hpp"
+#include "troupe/job.hpp"
+#include "troupe/parallel/data_parallel.hpp"
+#include "troupe/parallel/hybrid.hpp"
+#include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/remote.hpp"
+#include "troupe/serialization/checkpoint_directory.hpp"
+#include "troupe/serialization/checkpoint_reader.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+
+constexpr int saved_at = 3;
+constexpr int last_step = 6;
+constexpr std::int64_t rows = 12;
+
+/// 6 x (Linear(16, 16) + ReLU) in float64: 12 layers.
+std::shared_ptr<nn::sequential> make_mlp(std::int64_t width = 16) {
+  auto model = std::make_shared<nn::sequential>();
+  for (int i = 0; i < 6; ++i) {
+    nn::linear_options o;
+    o.in_features = width;
+    o.out_features = width;
+    o.type = dtype::float64;
+    model->append(nn::make<nn::linear>(o));
+    model->append(nn::make<nn::relu>());
+  }
+  model->reset_parameters(11);
+  return model;
+}
+
+optimizer_factory adam() { return adam_factory({.lr = 0.01}); }
+stage_recipe recipe() { return {[] { return make_mlp(); }, adam(), mse_loss_function()}; }
+
+struct batch {
+  tensor inputs;
+  tensor targets;
+};
+
+/// The data of step `step`: a function of the step, so a resumed run sees
+/// what an uninterrupted one saw.
+batch make_batch(std::int64_t step) {
+  generator gen{500 + static_cast<std::uint64_t>(step)};
+  return {randn({rows, 16}, gen, 0.0, 1.0, dtype::float64), randn({rows, 16}, gen, 0.0, 1.0, dtype::float64)};
+}
+
+double train_step(nn::module& model, optim::optimizer& opt, const batch& b) {
+  auto loss = autograd::mse_loss(model.forward(autograd::variable(b.inputs)), autograd::variable(b.targets));
+  autograd::backward(loss);
+  opt.step();
+  opt.zero_grad();
+  return loss.item();
+}
+
+/// An uninterrupted run of steps 1..last_step in one process.
+struct reference_run {
+  std::shared_ptr<nn::sequential> model = make_mlp();
+  std::unique_ptr<optim::optimizer> opt = adam()(model->named_parameters());
+  std::vector<double> losses;
+  reference_run() {
+    for (int step = 1; step <= last_step; ++step)
+      losses.push_back(train_step(*model, *opt, make_batch(step)));
+  }
+};
+
+const reference_run& reference() {
+  static const reference_run run;
+  return run;
+}
+
+enum class layout_kind { one_process, pipeline, data_parallel, hybrid };
+
+struct layout {
+  layout_kind kind;
+  std::vector<std::size_t> boundaries{}; ///< pipeline: the split's layer boundaries
+  std::uint32_t replicas = 1;           ///< data parallel
+  std::string name;
+};
+
+void PrintTo(const layout& l, std::ostream* os) { *os << l.name; }
+
+checkpoint_options options_in(const fs::path& directory) {
+  return {.directory = directory, .every = saved_at, .keep_last = 2, .asynchronous = true, .timeout = 20s};
+}
+
+/// Resumes `ckpt`, trains the steps after its checkpoint up to `until`
+/// (`train(step)`: the step's loss), saving when due, and waits for the
+/// last save; the losses.
+expected<std::vector<double>> resume_and_train(checkpoints& ckpt, int until,
+                                               const std::function<expected<double>(std::int64_t)>& train) {
+  auto done = ckpt.resume();
+  if (!done)
+    return done.error();
+  std::vector<double> losses;
+  for (auto step = *done + 1; step <= until; ++step) {
+    auto loss = train(step);
+    if (!loss)
+      return loss.error();
+    losses.push_back(*loss);
+    if (auto saved = ckpt.save_if_due(step); !saved)
+      return saved.error();
+  }
+  if (auto ok = ckpt.wait(); !ok)
+    return ok.error();
+  return losses;
+}
+
+/// Runs steps (resumed) .. `until` at layout `l` with checkpoints in
+/// `directory`, saving when due; the losses of the steps it ran.
+std::vector<double> run(const layout& l, const fs::path& directory, int until) {
+  std::vector<double> losses;
+  auto fail = [&](const error& e) {
+    ADD_FAILURE() << l.name << ": " << e.message();
+    return losses;
+  };
+  switch (l.kind) {
+  case layout_kind::one_process: {
+    auto model = make_mlp();
+    auto opt = adam()(model->named_parameters());
+    auto ckpt = checkpoints::create(options_in(directory)).value();
+    ckpt.track(*model, *opt);
+    auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) -> expected<double> {
+      return train_step(*model, *opt, make_batch(step));
+    });
+    return trained ? *trained : fail(trained.error());
+  }
+  case layout_kind::pipeline: {
+    auto job = troupe::job::local().value();
+    pipeline_options o;
+    o.model = make_mlp();
+    o.places.assign(l.boundaries.size() + 1, "worker0/cpu");
+    auto split = from_split_points(l.boundaries, o.model->size());
+    o.split = split;
+    o.micro_batches = 2;
+    o.optimizer = adam();
+    o.loss = mse_loss_function();
+    o.in_this_process = true;
+    auto pipe = pipeline::create(job, std::move(o));
+    if (!pipe)
+      return fail(pipe.error());
+    auto ckpt = checkpoints::create(job, options_in(directory)).value();
+    ckpt.track(*pipe);
+    auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) {
+      auto b = make_batch(step);
+      return pipe->train_step(b.inputs, b.targets);
+    });
+    return trained ? *trained : fail(trained.error());
+  }
+  case layout_kind::data_parallel: {
+    test::local_ring ring(l.replicas);
+    std::vector<std::vector<double>> per_replica(l.replicas);
+    std::mutex failures;
+    std::vector<std::string> errors;
+    ring.each([&](std::uint32_t k) {
+      auto report = [&](const error& e) {
+        std::lock_guard lock(failures);
+        errors.push_back(fmt::format("replica {}: {}", k, e.message()));
+      };
+      auto model = make_mlp();
+      auto dp = data_parallel::create(model->named_parameters(), *ring.groups[k]);
+      if (!dp)
+        return report(dp.error());
+      auto opt = adam()(model->named_parameters());
+      auto ckpt = checkpoints::create(options_in(directory)).value();
+      ckpt.track(*model, *opt, *dp);
+      const auto share = rows / l.replicas;
+      auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) -> expected<double> {
+        auto b = make_batch(step);
+        auto x = b.inputs.narrow(0, k * share, share).contiguous();
+        auto y = b.targets.narrow(0, k * share, share).contiguous();
+        auto loss = autograd::mse_loss(model->forward(autograd::variable(x)), autograd::variable(y));
+        if (auto ok = dp->backward(loss); !ok)
+          return ok.error();
+        opt->step();
+        opt->zero_grad();
+        return loss.item();
+      });
+      if (!trained)
+        return report(trained.error());
+      per_replica[k] = *trained;
+    });
+    for (const auto& e : errors)
+      ADD_FAILURE() << l.name << ": " << e;
+    // Equal shards: the batch's mean loss is the mean of the replicas'.
+    for (std::size_t i = 0; i < per_replica[0].size(); ++i) {
+      double sum = 0;
+      for (const auto& r : per_replica)
+        sum += r.at(i);
+      losses.push_back(sum / l.replicas);
+    }
+    return losses;
+  }
+  case layout_kind::hybrid: {
+    auto node = test::start_local_node();
+    if (!node)
+      return fail(node.error());
+    register_stage_factory(**node, recipe());
+    hybrid_options o;
+    o.recipe = recipe();
+    o.places = {{"worker0/cpu", "worker0/cpu"}, {"worker0/cpu", "worker0/cpu"}};
+    o.pipeline.micro_batches = 2;
+    o.pipeline.timeout = 10s;
+    o.bucket_bytes = 2048;
+    {
+      auto hybrid = hybrid_pipeline::create(**node, std::move(o));
+      if (!hybrid)
+        return fail(hybrid.error());
+      auto ckpt = checkpoints::create(options_in(directory)).value();
+      ckpt.track(*hybrid);
+      auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) {
+        auto b = make_batch(step);
+        return hybrid->train_step(b.inputs, b.targets);
+      });
+      if (!trained)
+        return fail(trained.error());
+      losses = *trained;
+    }
+    (*node)->stop();
+    return losses;
+  }
+  }
+  return losses;
+}
+
+/// Every tensor of the checkpoint of step `step` against the reference
+/// run's model and optimizer state after that step.
+void expect_reference_state(const fs::path& directory, const std::string& what) {
+  auto reader = checkpoint_reader::open(checkpoint_path(directory, last_step));
+  ASSERT_TRUE(reader) << what << ": " << reader.error().message();
+  named_tensors want;
+  for (auto& [name, value] : reference().model->state_dict())
+    want.emplace_back("model." + name, value);
+  for (auto& [name, value] : reference().opt->state_dict())
+    want.emplace_back("optimizer." + name, value);
+  ASSERT_EQ(reader->manifest().tensors.size(), want.size()) << what;
+  for (const auto& [name, value] : want) {
+    auto saved = reader->read(name);
+    ASSERT_TRUE(saved) << what << ": " << saved.error().message();
+    auto got = saved->to_vector<double>();
+    auto expected_values = value.to_vector<double>();
+    ASSERT_EQ(got.size(), expected_values.size()) << what << ": " << name;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], expected_values[i], 1e-9 * (1 + std::abs(expected_values[i])))
+        << what << ": " << name << " element " << i;
+  }
+}
+
+class ScratchDirectory : public ::testing::Test {
+protected:
+  void SetUp() override {
+    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    for (auto& c : test)
+      if (c == '/')
+        c = '_';
+    directory_ = fs::temp_directory_path() / fmt::format("troupe-checkpoints-{}-{}", ::getpid(), test);
+    fs::remove_all(directory_);
+  }
+  void TearDown() override { fs::remove_all(directory_); }
+  fs::path directory_;
+};
+
+const std::vector<layout> layouts = {
+  {layout_kind::one_process, {}, 1, "one process"},
+  {layout_kind::pipeline, {6}, 1, "pipeline 2 stages split at 6"},
+  {layout_kind::pipeline, {2}, 1, "pipeline 2 stages split at 2"},
+  {layout_kind::pipeline, {4, 8}, 1, "pipeline 3 stages"},
+  {layout_kind::pipeline, {2, 10}, 1, "pipeline 3 stages uneven"},
+  {layout_kind::data_parallel, {}, 2, "data parallel 2"},
+  {layout_kind::data_parallel, {}, 3, "data parallel 3"},
+  {layout_kind::hybrid, {}, 1, "hybrid 2 x 2"},
+};
+
+using layout_pair = std::pair<layout, layout>;
+
+class ResumeAtAnotherLayout : public ScratchDirectory, public ::testing::WithParamInterface<layout_pair> {};
+
+TEST_P(ResumeAtAnotherLayout, GivesTheLossesParametersAndOptimizerStateOfAnUninterruptedRun) {
+  const auto& [saving, loading] = GetParam();
+  auto first = run(saving, directory_, saved_at);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(first.size(), std::size_t(saved_at));
+  for (int i = 0; i < saved_at; ++i)
+    EXPECT_NEAR(first[i], reference().losses[i], 1e-10) << saving.name << " step " << i + 1;
+  auto second = run(loading, directory_, last_step);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(second.size(), std::size_t(last_step - saved_at)) << "did " << loading.name << " resume at step 3?";
+  for (int i = 0; i < last_step - saved_at; ++i)
+    EXPECT_NEAR(second[i], reference().losses[saved_at + i], 1e-10) << loading.name << " step " << saved_at + i + 1;
+  expect_reference_state(directory_, saving.name + " -> " + loading.name);
+}
+
+std::vector<layout_pair> every_pair() {
+  std::vector<layout_pair> out;
+  for (const auto& a : layouts)
+    for (const auto& b : layouts)
+      if (a.name != b.name)
+        out.emplace_back(a, b);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ResumeAtAnotherLayout, ::testing::ValuesIn(every_pair()),
+                         [](const auto& info) {
+                           std::string name = info.param.first.name + " to " + info.param.second.name;
+                           for (auto& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c)))
+                               c = '_';
+                           return name;
+                         });
+
+using CheckpointsTest = ScratchDirectory;
+
+TEST_F(CheckpointsTest, AFreshDirectoryResumesAtStepZero) {
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  auto ckpt = checkpoints::create(options_in(directory_)).value();
+  ckpt.track(*model, *opt);
+  auto done = ckpt.resume();
+  ASSERT_TRUE(done) << done.error().message();
+  EXPECT_EQ(*done, 0);
+}
+
+TEST(CheckpointsOff, WithoutADirectoryNothingIsSavedAndResumeStartsAfresh) {
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  auto ckpt = checkpoints::create({.every = 1}).value();
+  ckpt.track(*model, *opt);
+  ASSERT_TRUE(ckpt.save_if_due(1));
+  ASSERT_TRUE(ckpt.save(2));
+  ASSERT_TRUE(ckpt.wait());
+  auto done = ckpt.resume();
+  ASSERT_TRUE(done);
+  EXPECT_EQ(*done, 0);
+}
+
+TEST_F(CheckpointsTest, AsynchronousSaveWritesTheValuesOfTheCallNotLaterOnes) {
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  train_step(*model, *opt, make_batch(1));
+  auto at_save = model->state_dict();
+  for (auto& [name, value] : at_save)
+    value = value.clone();
+  auto ckpt = checkpoints::create(options_in(directory_)).value();
+  ckpt.track(*model, *opt);
+  ASSERT_TRUE(ckpt.save(1));
+  // Right after the call returns: the parameters change under the writer.
+  for (auto& p : model->parameters())
+    p.set_data(tensor::full(p.data().shape(), 123.0, dtype::float64));
+  ASSERT_TRUE(ckpt.wait());
+  auto reader = checkpoint_reader::open(checkpoint_path(directory_, 1));
+  ASSERT_TRUE(reader) << reader.error().message();
+  for (const auto& [name, value] : at_save) {
+    auto saved = reader->read("model." + name);
+    ASSERT_TRUE(saved) << saved.error().message();
+    EXPECT_EQ(saved->to_vector<double>(), value.to_vector<double>()) << name;
+  }
+}
+
+TEST_F(CheckpointsTest, RandomStreamsAreSavedAndRestored) {
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  generator data{42};
+  auto ckpt = checkpoints::create(options_in(directory_)).value();
+  ckpt.track(*model, *opt);
+  ckpt.track("data", data);
+  (void)randn({5}, data);
+  const auto position = data;
+  ASSERT_TRUE(ckpt.save(1));
+  ASSERT_TRUE(ckpt.wait());
+
+  generator other{7};
+  auto model2 = make_mlp();
+  auto opt2 = adam()(model2->named_parameters());
+  auto again = checkpoints::create(options_in(directory_)).value();
+  again.track(*model2, *opt2);
+  again.track("data", other);
+  auto done = again.resume();
+  ASSERT_TRUE(done) << done.error().message();
+  EXPECT_EQ(*done, 1);
+  EXPECT_EQ(other.seed, position.seed);
+  EXPECT_EQ(other.offset, position.offset);
+}
+
+/// Saves one process's model after step 1 into `directory`.
+void save_one_step(const fs::path& directory) {
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  train_step(*model, *opt, make_batch(1));
+  auto ckpt = checkpoints::create(options_in(directory)).value();
+  ckpt.track(*model, *opt);
+  ASSERT_TRUE(ckpt.save(1));
+  ASSERT_TRUE(ckpt.wait());
+}
+
+TEST_F(CheckpointsTest, AnotherModelIsRefusedNamingTheFirstShapeThatDiffers) {
+  save_one_step(directory_);
+  auto model = make_mlp(8);
+  auto before = model->state_dict();
+  auto opt = adam()(model->named_parameters());
+  auto ckpt = checkpoints::create(options_in(directory_)).value();
+  ckpt.track(*model, *opt);
+  auto done = ckpt.resume();
+  ASSERT_FALSE(done);
+  EXPECT_THAT(done.error().message(), HasSubstr("'model.0.weight' is float64 [16, 16] there but float64 [8, 8]"));
+  EXPECT_EQ(model->state_dict()[0].second.to_vector<double>(), before[0].second.to_vector<double>());
+}
+
+TEST_F(CheckpointsTest, APipelineOfAnotherModelIsRefusedBeforeAnyStageLoads) {
+  save_one_step(directory_);
+  auto job = troupe::job::local().value();
+  pipeline_options o;
+  o.model = make_mlp(8);
+  o.places = {"worker0/cpu", "worker0/cpu"};
+  o.optimizer = adam();
+  o.loss = mse_loss_function();
+  o.in_this_process = true;
+  auto pipe = pipeline::create(job, std::move(o));
+  ASSERT_TRUE(pipe) << pipe.error().message();
+  auto ckpt = checkpoints::create(job, options_in(directory_)).value();
+  ckpt.track(*pipe);
+  auto done = ckpt.resume();
+  ASSERT_FALSE(done);
+  EXPECT_THAT(done.error().message(), HasSubstr("'model.0.weight' is float64 [16, 16] there but float64 [8, 8]"));
+  auto b = make_batch(1);
+  EXPECT_TRUE(pipe->train_step(b.inputs.narrow(1, 0, 8).contiguous(), b.targets.narrow(1, 0, 8).contiguous()))
+    << "a refused checkpoint must leave the pipeline usable";
+}
+
+TEST_F(CheckpointsTest, ADamagedShardIsAnErrorNamingFileAndTensorAndLoadsNothing) {
+  save_one_step(directory_);
+  // Flip one byte in the middle of the only shard file.
+  auto step = checkpoint_path(directory_, 1);
+  fs::path shard;
+  for (const auto& entry : fs::directory_iterator(step))
+    if (entry.path().extension() == ".shard")
+      shard = entry.path();
+  ASSERT_FALSE(shard.empty());
+  {
+    std::fstream file(shard, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(fs::file_size(shard) / 2));
+    char c = 0;
+    file.read(&c, 1);
+    file.seekp(static_cast<std::streamoff>(fs::file_size(shard) / 2));
+    c = static_cast<char>(c ^ 0x5a);
+    file.write(&c, 1);
+  }
+  auto model = make_mlp();
+  auto before = model->state_dict();
+  auto opt = adam()(model->named_parameters());
+  auto ckpt = checkpoints::create(options_in(directory_)).value();
+  ckpt.track(*model, *opt);
+  auto done = ckpt.resume();
+  ASSERT_FALSE(done);
+  EXPECT_THAT(done.error().message(), HasSubstr("in file '" + shard.filename().string() + "'"));
+  EXPECT_THAT(done.error().message(), HasSubstr("CRC32C"));
+  EXPECT_THAT(done.error().message(), ::testing::MatchesRegex(".*tensor '(model|optimizer)\\..*"));
+  auto after = model->state_dict();
+  for (std::size_t i = 0; i < before.size(); ++i)
+    EXPECT_EQ(after[i].second.to_vector<double>(), before[i].second.to_vector<double>()) << before[i].first;
+  EXPECT_EQ(opt->step_count(), 0);
+}
+
+TEST_F(CheckpointsTest, ASaveCutShortLeavesThePreviousCheckpointToResumeFrom) {
+  save_one_step(directory_);
+  // A later save whose writer died mid-shard: its staging directory holds
+  // a partial shard and no manifest.
+  fs::create_directories(staging_path(directory_, 2));
+  std::ofstream(staging_path(directory_, 2) / "rank-0.shard") << "partial";
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  auto ckpt = checkpoints::create(options_in(directory_)).value();
+  ckpt.track(*model, *opt);
+  auto done = ckpt.resume();
+  ASSERT_TRUE(done) << done.error().message();
+  EXPECT_EQ(*done, 1);
+  EXPECT_EQ(opt->step_count(), 1);
+}
+
+TEST_F(CheckpointsTest, AWriterThatNeverReportsIsNamedWhenTheCoordinatorGivesUp) {
+  test::local_ring ring(2);
+  std::optional<error> coordinator_error;
+  ring.each([&](std::uint32_t k) {
+    auto model = make_mlp();
+    auto dp = data_parallel::create(model->named_parameters(), *ring.groups[k]);
+    ASSERT_TRUE(dp) << dp.error().message();
+    auto opt = adam()(model->named_parameters());
+    auto o = options_in(directory_);
+    o.asynchronous = false;
+    o.timeout = 300ms;
+    auto ckpt = checkpoints::create(o).value();
+    ckpt.track(*model, *opt, *dp);
+    if (k == 0) { // replica 1 never saves
+      auto saved = ckpt.save(1);
+      if (!saved)
+        coordinator_error = saved.error();
+    }
+  });
+  ASSERT_TRUE(coordinator_error.has_value()) << "the coordinator committed without replica 1";
+  EXPECT_THAT(coordinator_error->message(), HasSubstr("no report from data-parallel-0.replica-1 within 300 ms"));
+  auto latest = latest_checkpoint(directory_);
+  ASSERT_TRUE(latest);
+  EXPECT_FALSE(latest->has_value());
+}
+
+TEST_F(CheckpointsTest, AnUnwritableDirectoryIsReportedByTheNextCall) {
+  fs::create_directories(directory_.parent_path());
+  std::ofstream(directory_) << "a file where the directory should be";
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  auto ckpt = checkpoints::create(options_in(directory_)).value();
+  ckpt.track(*model, *opt);
+  auto saved = ckpt.save(1); // asynchronous: the copy succeeds
+  ASSERT_TRUE(saved) << saved.error().message();
+  auto waited = ckpt.wait();
+  ASSERT_FALSE(waited);
+  EXPECT_THAT(waited.error().message(), HasSubstr(directory_.string()));
+  fs::remove(directory_);
+}
+
+TEST(CheckpointsUsage, MistakesAreUsageErrorsNamingTheValue) {
+  EXPECT_THROW((void)checkpoints::create({.directory = "/tmp/x", .every = -1}), usage_error);
+  auto ckpt = checkpoints::create({.directory = "/tmp/troupe-unused"}).value();
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  ckpt.track(*model, *opt);
+  EXPECT_THROW(ckpt.track(*model, *opt), usage_error); // one model of its own per process
+  // Steps must increase.
+  checkpoint_options o{.directory = fs::temp_directory_path() / fmt::format("troupe-usage-{}", ::getpid())};
+  auto again = checkpoints::create(o).value();
+  again.track(*model, *opt);
+  ASSERT_TRUE(again.save(2));
+  EXPECT_THROW((void)again.save(2), usage_error);
+  ASSERT_TRUE(again.wait());
+  fs::remove_all(o.directory);
+}
+
+} // namespace
+} // namespace troupe::parallel
