@@ -60,7 +60,8 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
         stage->rematerialize = spec->rematerialize;
         stage->defer_weight_gradients = spec->defer_weight_gradients;
         stage->fill_idle_with_weight_gradients = spec->fill_idle_with_weight_gradients;
-        stage->policy = schedule_policy{spec->credits, spec->backward_first};
+        stage->policy = schedule_policy{.credits = spec->credits, .backward_first = spec->backward_first,
+                                        .micro_batches = spec->micro_batches, .fixed_order = spec->fixed_order};
         stage->sender = routed_tensor_sender(owner->router(), where.to_string());
         stage->name = where.to_string();
         stage->replication.ring = *ring_places(*spec); // validated by stage_spec_from

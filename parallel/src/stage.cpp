@@ -71,18 +71,18 @@ expected<std::vector<std::string>> ring_places(const stage_spec& spec) {
 
 caf::message to_message(const stage_spec& spec) {
   return caf::make_message(spec.index, spec.stages, spec.begin, spec.end, spec.credits,
-                           spec.backward_first, spec.rematerialize, spec.defer_weight_gradients,
+                           spec.backward_first, spec.fixed_order, spec.micro_batches, spec.rematerialize, spec.defer_weight_gradients,
                            spec.fill_idle_with_weight_gradients, spec.replica_rank, spec.ring,
                            spec.bucket_bytes, spec.ring_timeout_ms);
 }
 
 expected<stage_spec> stage_spec_from(const caf::message& message) {
   if (!message.match_elements<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t,
-                              std::uint64_t, bool, bool, bool, bool, std::uint64_t, std::string,
+                              std::uint64_t, bool, bool, std::uint64_t, bool, bool, bool, std::uint64_t, std::string,
                               std::uint64_t, std::uint64_t>())
     return make_error(errc::malformed_message,
                       "pipeline stage: the spawn arguments are {} but must be (index, stages, "
-                      "begin, end, credits, backward_first, rematerialize, defer_weight_gradients, "
+                      "begin, end, credits, backward_first, fixed_order, micro_batches, rematerialize, defer_weight_gradients, "
                       "fill_idle_with_weight_gradients, replica_rank, ring, "
                       "bucket_bytes, ring_timeout_ms)",
                       caf::to_string(message));
@@ -93,20 +93,22 @@ expected<stage_spec> stage_spec_from(const caf::message& message) {
   spec.end = message.get_as<std::uint64_t>(3);
   spec.credits = message.get_as<std::uint64_t>(4);
   spec.backward_first = message.get_as<bool>(5);
-  spec.rematerialize = message.get_as<bool>(6);
-  spec.defer_weight_gradients = message.get_as<bool>(7);
-  spec.fill_idle_with_weight_gradients = message.get_as<bool>(8);
-  spec.replica_rank = message.get_as<std::uint64_t>(9);
-  spec.ring = message.get_as<std::string>(10);
-  spec.bucket_bytes = message.get_as<std::uint64_t>(11);
-  spec.ring_timeout_ms = message.get_as<std::uint64_t>(12);
+  spec.fixed_order = message.get_as<bool>(6);
+  spec.micro_batches = message.get_as<std::uint64_t>(7);
+  spec.rematerialize = message.get_as<bool>(8);
+  spec.defer_weight_gradients = message.get_as<bool>(9);
+  spec.fill_idle_with_weight_gradients = message.get_as<bool>(10);
+  spec.replica_rank = message.get_as<std::uint64_t>(11);
+  spec.ring = message.get_as<std::string>(12);
+  spec.bucket_bytes = message.get_as<std::uint64_t>(13);
+  spec.ring_timeout_ms = message.get_as<std::uint64_t>(14);
   if (auto ring = ring_places(spec); !ring)
     return ring.error_value();
-  if (spec.index >= spec.stages || spec.begin >= spec.end || spec.credits == 0)
+  if (spec.index >= spec.stages || spec.begin >= spec.end || spec.credits == 0 || spec.micro_batches == 0)
     return make_error(errc::malformed_message,
-                      "pipeline stage: stage {} of {} with layers [{}, {}) and {} credits; need "
-                      "index < stages, begin < end and credits >= 1",
-                      spec.index, spec.stages, spec.begin, spec.end, spec.credits);
+                      "pipeline stage: stage {} of {} with layers [{}, {}), {} credits and {} micro-batches; need "
+                      "index < stages, begin < end, credits >= 1 and micro-batches >= 1",
+                      spec.index, spec.stages, spec.begin, spec.end, spec.credits, spec.micro_batches);
   return spec;
 }
 

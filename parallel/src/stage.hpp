@@ -158,6 +158,8 @@ struct stage_spec {
   std::uint64_t end = 0;   ///< one past the last layer
   std::uint64_t credits = 1;
   bool backward_first = true;
+  bool fixed_order = false;
+  std::uint64_t micro_batches = 1; ///< per step, for the fixed order
   bool rematerialize = false;
   bool defer_weight_gradients = false;
   bool fill_idle_with_weight_gradients = false;

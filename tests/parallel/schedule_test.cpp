@@ -52,6 +52,44 @@ TEST(Schedule, GPipeRunsForwardsBeforeBackwards) {
   EXPECT_EQ(q.pop()->meta.kind, message_kind::backward_gradient);
 }
 
+// The fixed order waits for the micro-batch whose turn it is, whatever else
+// is ready: 1F1B with 2 credits and 3 micro-batches runs F0 F1 B0 F2 B1 B2
+// although forward 1 arrives last and backward 1 before backward 0; then
+// the next step starts over at F0.
+TEST(Schedule, FixedOrderWaitsForTheMicroBatchWhoseTurnItIs) {
+  work_queue q({.credits = 2, .backward_first = true, .micro_batches = 3, .fixed_order = true});
+  auto next = [&] {
+    auto w = q.pop();
+    if (!w)
+      return std::string("wait");
+    if (w->meta.kind == message_kind::backward_gradient) {
+      q.finished_backward();
+      return "B" + std::to_string(w->meta.micro_batch);
+    }
+    return "F" + std::to_string(w->meta.micro_batch);
+  };
+  q.push(work(message_kind::forward_activation, 0));
+  q.push(work(message_kind::forward_activation, 2));
+  EXPECT_EQ(next(), "F0");
+  EXPECT_EQ(next(), "wait") << "forward 2 is ready, but forward 1 comes first";
+  q.push(work(message_kind::forward_activation, 1));
+  q.push(work(message_kind::backward_gradient, 1));
+  EXPECT_EQ(next(), "F1");
+  EXPECT_EQ(next(), "wait") << "backward 1 is ready, but backward 0 comes first";
+  EXPECT_FALSE(q.has_runnable());
+  q.push(work(message_kind::backward_gradient, 0));
+  EXPECT_TRUE(q.has_runnable());
+  EXPECT_EQ(next(), "B0");
+  EXPECT_EQ(next(), "F2");
+  EXPECT_EQ(next(), "B1");
+  EXPECT_EQ(next(), "wait");
+  q.push(work(message_kind::forward_activation, 0)); // the next step's, before this one's last backward
+  EXPECT_EQ(next(), "wait");
+  q.push(work(message_kind::backward_gradient, 2));
+  EXPECT_EQ(next(), "B2");
+  EXPECT_EQ(next(), "F0");
+}
+
 /// Runs p stages' queues as a discrete simulation (one piece of work per
 /// stage per tick, messages arrive the next tick) and returns each stage's
 /// order of work, "F0 F1 B0 ...". Fails the test on a deadlock.

@@ -20,6 +20,8 @@ stage_spec replicated() {
   s.begin = 4;
   s.end = 8;
   s.credits = 2;
+  s.fixed_order = true;
+  s.micro_batches = 3;
   s.replica_rank = 1;
   s.ring = "worker1/cpu/r0.stage1.reducer,worker3/cpu/r1.stage1.reducer";
   s.bucket_bytes = 4096;
@@ -38,6 +40,8 @@ TEST(StageSpec, RoundTrip) {
   EXPECT_EQ(got->index, 1u);
   EXPECT_EQ(got->end, 8u);
   EXPECT_EQ(got->replica_rank, 1u);
+  EXPECT_TRUE(got->fixed_order);
+  EXPECT_EQ(got->micro_batches, 3u);
   auto ring = ring_places(*got);
   ASSERT_TRUE(ring);
   EXPECT_EQ(*ring, (std::vector<std::string>{"worker1/cpu/r0.stage1.reducer", "worker3/cpu/r1.stage1.reducer"}));
@@ -65,6 +69,9 @@ TEST(StageSpec, InconsistentValuesAreRefused) {
   s = replicated();
   s.credits = 0;
   EXPECT_THAT(refusal(s), HasSubstr("0 credits"));
+  s = replicated();
+  s.micro_batches = 0;
+  EXPECT_THAT(refusal(s), HasSubstr("0 micro-batches"));
 }
 
 TEST(StageSpec, BadRingsAreRefused) {

@@ -52,6 +52,18 @@ struct schedule_policy {
   std::size_t credits = 1;
   /// Run a ready backward before a ready forward.
   bool backward_first = true;
+  /// Micro-batches of a step (policy_for sets it).
+  std::size_t micro_batches = 1;
+  /// Run the work in one order fixed by the credits alone, waiting for the
+  /// next piece to arrive instead of running other ready work: a forward
+  /// (in micro-batch order) while the step has forwards left and a credit
+  /// is free, else the oldest micro-batch's backward. For GPipe every
+  /// forward, then every backward; for 1F1B the warm-up forwards, then one
+  /// backward and one forward, then the last backwards (Megatron's order).
+  /// Stages whose layers make collectives with other pipelines' stages
+  /// (tensor parallelism) need it: every member of a group makes the same
+  /// calls in the same order, which arrival order does not give.
+  bool fixed_order = false;
 };
 
 /// The policy of stage `stage` of `stages` for `micro_batches` per step.
@@ -87,11 +99,22 @@ public:
   const schedule_policy& policy() const noexcept { return policy_; }
 
 private:
+  /// Fixed order: whether the next work is a forward, and its position in
+  /// its queue; nothing when it has not arrived.
+  struct position {
+    bool forward;
+    std::size_t index;
+  };
+  std::optional<position> next_in_order() const noexcept;
+
   schedule_policy policy_;
   std::deque<actors::tensor_message> forwards_;
   std::deque<actors::tensor_message> backwards_;
   std::size_t in_flight_ = 0;
   std::size_t peak_in_flight_ = 0;
+  /// Fixed order: forwards and backwards of the step taken so far.
+  std::size_t forwards_taken_ = 0;
+  std::size_t backwards_taken_ = 0;
 };
 
 } // namespace troupe::parallel
