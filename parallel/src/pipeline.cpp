@@ -186,7 +186,8 @@ std::vector<std::vector<std::string>> pipeline::state::replica_rings() const {
       auto where = actors::place::parse(r.places[k][s]);
       require(where.has_value(), "pipeline: replica {}'s place {} of stage {}: {}", k, r.places[k][s], s,
               where.has_value() ? std::string{} : where.error_value().message());
-      rings[s].push_back(where->with_name(fmt::format("r{}.stage{}.reducer", k, s)).to_string());
+      rings[s].push_back(
+        where->with_name(fmt::format("{}{}r{}.stage{}.reducer", r.tag, r.tag.empty() ? "" : ".", k, s)).to_string());
     }
   return rings;
 }
@@ -223,7 +224,8 @@ expected<void> pipeline::state::start() {
   }
   const auto rings = replica_rings();
   for (std::size_t i = 0; i < p; ++i) {
-    const auto policy = policy_for(options_.schedule, i, p, options_.micro_batches);
+    auto policy = policy_for(options_.schedule, i, p, options_.micro_batches);
+    policy.fixed_order = options_.fixed_order;
     const bool remat = options_.remat == rematerialization::always ||
                        (options_.remat == rematerialization::all_but_last_stage && i + 1 < p);
     if (!options_.in_this_process) {
@@ -234,6 +236,8 @@ expected<void> pipeline::state::start() {
       spec.end = options_.split.end(i);
       spec.credits = policy.credits;
       spec.backward_first = policy.backward_first;
+      spec.fixed_order = policy.fixed_order;
+      spec.micro_batches = policy.micro_batches;
       spec.rematerialize = remat;
       spec.defer_weight_gradients = options_.defer_weight_gradients;
       spec.fill_idle_with_weight_gradients = options_.fill_idle_with_weight_gradients;

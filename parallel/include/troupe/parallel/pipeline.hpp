@@ -143,6 +143,10 @@ struct pipeline_replication {
   /// `<places[k][s]>/r<k>.stage<s>.reducer`.
   std::vector<std::vector<std::string>> places;
   std::size_t bucket_bytes = bucket_options{}.bucket_bytes;
+  /// Tells apart the rings of pipelines whose stages share places (a
+  /// tensor-parallel pipeline's tensor ranks): the reducer is then
+  /// `<places[k][s]>/<tag>.r<k>.stage<s>.reducer`.
+  std::string tag{};
 };
 
 struct pipeline_options {
@@ -208,6 +212,11 @@ struct pipeline_options {
   /// first place). Off: each stage is spawned on its place's node, which
   /// must have the stage factory registered (remote.hpp; the job does it).
   bool in_this_process = false;
+  /// Every stage runs its work in the schedule's fixed order
+  /// (schedule_policy::fixed_order) instead of as it becomes ready: for
+  /// stages that make collectives with other pipelines' stages
+  /// (tensor_parallel_pipeline sets it).
+  bool fixed_order = false;
   /// Prefix of the stage names ("<name>.stage1"), so that several pipelines
   /// can have stages on one node; empty: "stage1".
   std::string name{};
@@ -268,6 +277,7 @@ public:
 
 private:
   friend class hybrid_pipeline;
+  friend class tensor_parallel_pipeline;
   friend struct pipeline_access;
   struct state;
   explicit pipeline(std::unique_ptr<state> st);

@@ -1,0 +1,135 @@
+// Tensor x pipeline (x data) equals one process: a GPT cut into 2 stages,
+// each stage split over 2 tensor ranks (and the whole replicated twice,
+// each replica on half the batch), trains to nn::gpt's losses and
+// parameters; the mesh names which ranks share a group along each axis.
+#include "troupe/parallel/tensor_parallel_pipeline.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "troupe/autograd/backward.hpp"
+#include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/all.hpp"
+#include "troupe/autograd/optim/sgd.hpp"
+#include "troupe/job.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
+#include "troupe/parallel/tensor_parallel_transformer.hpp"
+#include "troupe/parallel/vocab_parallel.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::parallel {
+namespace {
+
+using autograd::variable;
+
+const nn::gpt_config config{.vocab_size = 11, .block_size = 8, .n_layer = 2, .n_head = 3, .n_embd = 12,
+                            .type = dtype::float64, .seed = 21};
+constexpr std::int64_t rows = 4, seq = 5;
+constexpr int steps = 3;
+
+tensor token_ids(int step, std::uint64_t salt) {
+  generator gen{500 + salt + static_cast<std::uint64_t>(step)};
+  return randint({rows, seq}, gen, 0, config.vocab_size);
+}
+
+/// The mean cross entropy over the tokens, each rank holding its classes.
+loss_function vocab_parallel_loss(reducer_group& group) {
+  return [&group](const variable& logits, const tensor& targets) {
+    const auto tokens = targets.numel(), classes = logits.data().shape()[2];
+    return vocab_parallel_cross_entropy(autograd::reshape(logits, {tokens, classes}), targets.reshape({tokens}), group,
+                                        config.vocab_size);
+  };
+}
+
+class TensorTimesPipeline : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
+
+// 2 stages x 2 tensor ranks (x `data` replicas), 2 micro-batches under
+// 1F1B, sequence parallelism on and off: every step's loss and,
+// afterwards, every rank's pieces equal nn::gpt trained on the whole batch
+// in one process.
+TEST_P(TensorTimesPipeline, TrainsLikeOneProcess) {
+  const auto [data, sequence_parallel] = GetParam();
+  nn::gpt whole(config);
+  std::vector<double> want_losses;
+  {
+    optim::sgd opt(whole.named_parameters(), {.lr = 0.1});
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      auto logits = whole(variable(token_ids(s, 0)));
+      auto loss = autograd::cross_entropy(autograd::reshape(logits, {rows * seq, config.vocab_size}),
+                                          token_ids(s, 1).reshape({rows * seq}));
+      autograd::backward(loss);
+      opt.step();
+      want_losses.push_back(loss.item());
+    }
+  }
+  named_tensors want;
+  for (auto& [name, p] : whole.named_parameters())
+    want.emplace_back(name, p.data().clone());
+
+  auto job = troupe::job::local().value();
+  auto made = tensor_parallel_pipeline::create(
+      job, {.tensor = 2, .data = data,
+                   .model = [&](reducer_group& group) {
+                     return std::make_shared<parallel_gpt>(config, group, tensor_parallel_options{sequence_parallel});
+                   },
+                   .loss = vocab_parallel_loss,
+                   .pipeline = {.places = {"worker0/cpu", "worker0/cpu"}, .micro_batches = 2,
+                                .optimizer = sgd_factory({.lr = 0.1}), .in_this_process = true}});
+  ASSERT_TRUE(made) << made.error_value().message();
+  auto tp = std::move(*made);
+  for (int s = 0; s < steps; ++s) {
+    const auto ids = token_ids(s, 0), targets = token_ids(s, 1);
+    auto loss = tp.train_step(ids, targets);
+    ASSERT_TRUE(loss) << loss.error_value().message();
+    EXPECT_NEAR(*loss, want_losses[s], 1e-10 * (1 + want_losses[s])) << "step " << s;
+  }
+  for (std::uint32_t d = 0; d < data; ++d)
+    for (std::uint32_t t = 0; t < 2; ++t) {
+      auto same = pieces_equal(tp.model(d, t), want, 1e-10);
+      EXPECT_TRUE(same) << "replica " << d << ", tensor rank " << t << ": " << same.error().message();
+    }
+  // The check can fail: the untrained model's pieces differ.
+  EXPECT_FALSE(pieces_equal(tp.model(0, 1), nn::gpt(config).state_dict(), 1e-10));
+}
+
+INSTANTIATE_TEST_SUITE_P(Replicas, TensorTimesPipeline, ::testing::Combine(::testing::Values(1u, 2u), ::testing::Bool()));
+
+TEST(TensorTimesPipelineLayout, TheMeshNamesTheGroupsTensorInnermost) {
+  auto job = troupe::job::local().value();
+  auto made = tensor_parallel_pipeline::create(
+      job, {.tensor = 2, .data = 2,
+                   .model = [&](reducer_group& group) { return std::make_shared<parallel_gpt>(config, group); },
+                   .loss = vocab_parallel_loss,
+                   .pipeline = {.places = {"worker0/cpu", "worker0/cpu"}, .micro_batches = 2,
+                                .optimizer = sgd_factory({.lr = 0.1}), .in_this_process = true}});
+  ASSERT_TRUE(made) << made.error_value().message();
+  const auto& grid = made->layout();
+  ASSERT_EQ(grid.axes().size(), 3u);
+  EXPECT_EQ(grid.axes()[0].name, "data");
+  EXPECT_EQ(grid.axes()[1].name, "pipeline");
+  EXPECT_EQ(grid.axes()[2].name, "tensor");
+  EXPECT_EQ(grid.size(), 8u);
+  // Rank 5 = replica 1, stage 0, tensor rank 1.
+  EXPECT_EQ(grid.group(5, "tensor"), (std::vector<std::uint32_t>{4, 5}));
+  EXPECT_EQ(grid.group(5, "pipeline"), (std::vector<std::uint32_t>{5, 7}));
+  EXPECT_EQ(grid.group(5, "data"), (std::vector<std::uint32_t>{1, 5}));
+  EXPECT_THROW((void)made->model(2, 0), usage_error);
+}
+
+TEST(TensorTimesPipelineLayout, StagesInOtherProcessesAreRefusedNamingWhy) {
+  auto job = troupe::job::local().value();
+  try {
+    (void)tensor_parallel_pipeline::create(
+        job, {.tensor = 2,
+                     .model = [&](reducer_group& group) { return std::make_shared<parallel_gpt>(config, group); },
+                     .loss = vocab_parallel_loss,
+                     .pipeline = {.places = {"worker0/cpu"}, .optimizer = sgd_factory({.lr = 0.1})}});
+    ADD_FAILURE() << "accepted remote stages";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("set in_this_process"));
+  }
+}
+
+} // namespace
+} // namespace troupe::parallel
