@@ -18,7 +18,8 @@
 //   auto dp = data_parallel::create(mlp.named_parameters(), *data_group);
 //
 // That test trains the layout and compares it with one process. A
-// pipeline axis names which ranks hold one replica's stages, in stage order.
+// pipeline axis names which ranks hold one replica's stages, in stage order
+// (tensor_parallel_pipeline.hpp lays out {"data", "pipeline", "tensor"}).
 #include <cstdint>
 #include <string>
 #include <string_view>
