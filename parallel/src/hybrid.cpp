@@ -1,10 +1,9 @@
 // Hybrid pipeline x data parallelism (hybrid.hpp).
 #include "troupe/parallel/hybrid.hpp"
 
-#include <future>
-
 #include <fmt/format.h>
 
+#include "concurrent_pipelines.hpp"
 #include "pipeline_state.hpp"
 #include "troupe/job.hpp"
 
@@ -59,44 +58,20 @@ expected<hybrid_pipeline> hybrid_pipeline::create(actors::node& node, hybrid_opt
 
 expected<double> hybrid_pipeline::train_step(const tensor& inputs, const tensor& targets) {
   const auto n = static_cast<std::int64_t>(replicas_.size());
-  require(inputs.rank() >= 1 && targets.rank() >= 1 && inputs.size(0) == targets.size(0),
-          "hybrid_pipeline::train_step: inputs {} and targets {} must have the same number of rows",
-          inputs.shape(), targets.shape());
-  require(inputs.size(0) % n == 0,
-          "hybrid_pipeline::train_step: {} rows do not split into {} equal shards (replicas average "
-          "their gradients, which equals the whole batch's only for equal shards)",
-          inputs.size(0), n);
-  const auto rows = inputs.size(0) / n;
   // One driver thread per replica: their steps meet in the stages' rings.
-  std::vector<std::future<expected<double>>> steps;
-  for (std::int64_t k = 0; k < n; ++k)
-    steps.push_back(std::async(std::launch::async, [this, k, rows, &inputs, &targets] {
-      return replicas_[static_cast<std::size_t>(k)].train_step(inputs.slice(0, k * rows, (k + 1) * rows),
-                                                                targets.slice(0, k * rows, (k + 1) * rows));
-    }));
+  auto losses = train_together(
+      replicas_, inputs, targets, n, [](std::size_t k) { return static_cast<std::int64_t>(k); },
+      [](std::size_t k) { return fmt::format("replica {}", k); }, "hybrid_pipeline::train_step");
+  if (!losses)
+    return losses.error_value();
   double sum = 0;
-  std::optional<troupe::error> failed;
-  for (std::int64_t k = 0; k < n; ++k) {
-    auto loss = steps[static_cast<std::size_t>(k)].get();
-    if (!loss && !failed)
-      failed = make_error(loss.error_value().code(), "replica {}: {}", k, loss.error_value().message());
-    else if (loss)
-      sum += *loss;
-  }
-  if (failed)
-    return *failed;
+  for (double loss : *losses)
+    sum += loss;
   return sum / static_cast<double>(n);
 }
 
 expected<void> hybrid_pipeline::synchronize() {
-  std::optional<troupe::error> failed;
-  // Every replica, also after a failure: each waits at most its timeout.
-  for (std::size_t k = 0; k < replicas_.size(); ++k)
-    if (auto done = replicas_[k].synchronize(); !done && !failed)
-      failed = make_error(done.error_value().code(), "replica {}: {}", k, done.error_value().message());
-  if (failed)
-    return *failed;
-  return {};
+  return synchronize_together(replicas_, [](std::size_t k) { return fmt::format("replica {}", k); });
 }
 
 } // namespace troupe::parallel

@@ -1,12 +1,12 @@
 // Tensor x pipeline (x data) parallelism (tensor_parallel_pipeline.hpp).
 #include "troupe/parallel/tensor_parallel_pipeline.hpp"
 
-#include <future>
 #include <optional>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "concurrent_pipelines.hpp"
 #include "pipeline_state.hpp"
 #include "troupe/job.hpp"
 #include "troupe/tensor/error.hpp"
@@ -145,48 +145,26 @@ tensor_parallel_pipeline::tensor_parallel_pipeline(tensor_parallel_pipeline&&) n
 tensor_parallel_pipeline& tensor_parallel_pipeline::operator=(tensor_parallel_pipeline&&) noexcept = default;
 
 expected<double> tensor_parallel_pipeline::train_step(const tensor& inputs, const tensor& targets) {
-  const auto D = static_cast<std::int64_t>(state_->data);
   const auto T = state_->tensor;
-  require(inputs.rank() >= 1 && targets.rank() >= 1 && inputs.size(0) == targets.size(0),
-          "tensor_parallel_pipeline::train_step: inputs {} and targets {} must have the same number of rows",
-          inputs.shape(), targets.shape());
-  require(inputs.size(0) % D == 0,
-          "tensor_parallel_pipeline::train_step: {} rows do not split into {} equal shards (replicas average their "
-          "gradients, which equals the whole batch's only for equal shards)",
-          inputs.size(0), D);
-  const auto rows = inputs.size(0) / D;
-  // One driver thread per pipeline: their stages meet in the groups and rings.
-  std::vector<std::future<expected<double>>> steps;
-  for (std::int64_t d = 0; d < D; ++d)
-    for (std::uint32_t t = 0; t < T; ++t)
-      steps.push_back(std::async(std::launch::async, [this, d, t, T, rows, &inputs, &targets] {
-        return state_->pipelines[static_cast<std::size_t>(d) * T + t].train_step(
-            inputs.slice(0, d * rows, (d + 1) * rows), targets.slice(0, d * rows, (d + 1) * rows));
-      }));
+  // Pipeline d T + t takes replica d's shard; the tensor ranks of a
+  // replica compute the same loss.
+  auto losses = train_together(
+      state_->pipelines, inputs, targets, state_->data, [T](std::size_t k) { return static_cast<std::int64_t>(k / T); },
+      [this](std::size_t k) { return name(k); }, "tensor_parallel_pipeline::train_step");
+  if (!losses)
+    return losses.error_value();
   double sum = 0;
-  std::optional<troupe::error> failed;
-  for (std::size_t k = 0; k < steps.size(); ++k) {
-    auto loss = steps[k].get();
-    if (!loss && !failed)
-      failed = make_error(loss.error_value().code(), "replica {}, tensor rank {}: {}", k / T, k % T,
-                          loss.error_value().message());
-    else if (loss && k % T == 0) // the tensor ranks of a replica compute the same loss
-      sum += *loss;
-  }
-  if (failed)
-    return *failed;
-  return sum / static_cast<double>(D);
+  for (std::size_t k = 0; k < losses->size(); k += T)
+    sum += (*losses)[k];
+  return sum / static_cast<double>(state_->data);
 }
 
 expected<void> tensor_parallel_pipeline::synchronize() {
-  std::optional<troupe::error> failed;
-  for (std::size_t k = 0; k < state_->pipelines.size(); ++k)
-    if (auto done = state_->pipelines[k].synchronize(); !done && !failed)
-      failed = make_error(done.error_value().code(), "replica {}, tensor rank {}: {}", k / state_->tensor,
-                          k % state_->tensor, done.error_value().message());
-  if (failed)
-    return *failed;
-  return {};
+  return synchronize_together(state_->pipelines, [this](std::size_t k) { return name(k); });
+}
+
+std::string tensor_parallel_pipeline::name(std::size_t k) const {
+  return fmt::format("replica {}, tensor rank {}", k / state_->tensor, k % state_->tensor);
 }
 
 const mesh& tensor_parallel_pipeline::layout() const {

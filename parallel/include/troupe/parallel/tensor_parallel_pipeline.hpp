@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "troupe/actors/fwd.hpp"
 #include "troupe/autograd/nn/sequential.hpp"
@@ -112,6 +113,8 @@ public:
 private:
   struct state;
   explicit tensor_parallel_pipeline(std::unique_ptr<state> st);
+  /// "replica d, tensor rank t" of pipeline d T + t, for errors.
+  std::string name(std::size_t k) const;
   std::unique_ptr<state> state_;
 };
 
