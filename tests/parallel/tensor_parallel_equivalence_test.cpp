@@ -8,6 +8,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "ring_support.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
@@ -30,30 +32,39 @@ tensor gpt_ids() {
   return randint({2, 5}, gen, 0, config.vocab_size);
 }
 
-class GptEquivalence : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
-
-TEST_P(GptEquivalence, FindsNoDifferenceInAnyLayer) {
-  const auto [degree, sequence_parallel] = GetParam();
+/// Every rank's report on the GPT split over `degree` ranks, after
+/// `change(rank, model)` (a fault, or nothing).
+std::vector<equivalence_report> gpt_reports(std::uint32_t degree, bool sequence_parallel,
+                                            const std::function<void(std::uint32_t, parallel_gpt&)>& change) {
   nn::gpt whole(config);
   const auto ids = gpt_ids();
   const auto reference = record_layers(whole, ids, {});
   local_ring ring(degree);
-  ASSERT_TRUE(ring.node);
+  EXPECT_TRUE(ring.node);
   std::vector<equivalence_report> reports(degree);
   ring.each([&](std::uint32_t r) {
     parallel_gpt split(config, *ring.groups[r], {.sequence_parallel = sequence_parallel});
+    change(r, split);
     reports[r] = compare_layers(reference, split, *ring.groups[r], ids, {.tolerance = 1e-10});
   });
+  return reports;
+}
+
+class GptEquivalence : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
+
+TEST_P(GptEquivalence, FindsNoDifferenceInAnyLayer) {
+  const auto [degree, sequence_parallel] = GetParam();
+  const auto reports = gpt_reports(degree, sequence_parallel, [](std::uint32_t, parallel_gpt&) {});
   for (std::uint32_t r = 0; r < degree; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_TRUE(reports[r].equal()) << reports[r].to_string();
     ASSERT_EQ(reports[r].layers.size(), static_cast<std::size_t>(config.n_layer + 2));
     EXPECT_EQ(reports[r].layers[2].layer, "2");
-    // Every parameter was compared (nn::gpt has 4 + 12 per block + 3).
+    // Every parameter was compared.
     std::size_t parameters = 0;
     for (const auto& layer : reports[r].layers)
       parameters += layer.parameter_gradients.size();
-    EXPECT_EQ(parameters, whole.named_parameters().size());
+    EXPECT_EQ(parameters, nn::gpt(config).named_parameters().size());
   }
 }
 
@@ -65,21 +76,13 @@ INSTANTIATE_TEST_SUITE_P(Degrees, GptEquivalence, ::testing::Combine(::testing::
 // (backward passes through the fault), is not what is named.
 TEST_P(GptEquivalence, NamesTheMiddleBlockWhoseWeightIsPerturbed) {
   const auto [degree, sequence_parallel] = GetParam();
-  nn::gpt whole(config);
-  const auto ids = gpt_ids();
-  const auto reference = record_layers(whole, ids, {});
-  local_ring ring(degree);
-  ASSERT_TRUE(ring.node);
-  std::vector<equivalence_report> reports(degree);
-  ring.each([&](std::uint32_t r) {
-    parallel_gpt split(config, *ring.groups[r], {.sequence_parallel = sequence_parallel});
+  const auto reports = gpt_reports(degree, sequence_parallel, [](std::uint32_t r, parallel_gpt& split) {
     if (r == 1)
       for (auto& [fqn, p] : split.named_parameters())
         if (fqn == "2.attn.c_attn.weight") {
           auto corner = p.data().slice(0, 0, 1).slice(1, 0, 1);
           corner.copy_from(add(corner, 1e-3));
         }
-    reports[r] = compare_layers(reference, split, *ring.groups[r], ids, {.tolerance = 1e-10});
   });
   for (std::uint32_t r = 0; r < degree; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));

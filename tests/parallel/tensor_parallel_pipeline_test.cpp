@@ -7,10 +7,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "troupe/autograd/backward.hpp"
+#include "gpt_reference.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
-#include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/job.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/parallel/tensor_parallel_transformer.hpp"
@@ -49,23 +48,9 @@ class TensorTimesPipeline : public ::testing::TestWithParam<std::tuple<std::uint
 // in one process.
 TEST_P(TensorTimesPipeline, TrainsLikeOneProcess) {
   const auto [data, sequence_parallel] = GetParam();
-  nn::gpt whole(config);
-  std::vector<double> want_losses;
-  {
-    optim::sgd opt(whole.named_parameters(), {.lr = 0.1});
-    for (int s = 0; s < steps; ++s) {
-      opt.zero_grad();
-      auto logits = whole(variable(token_ids(s, 0)));
-      auto loss = autograd::cross_entropy(autograd::reshape(logits, {rows * seq, config.vocab_size}),
-                                          token_ids(s, 1).reshape({rows * seq}));
-      autograd::backward(loss);
-      opt.step();
-      want_losses.push_back(loss.item());
-    }
-  }
-  named_tensors want;
-  for (auto& [name, p] : whole.named_parameters())
-    want.emplace_back(name, p.data().clone());
+  const auto one_process = test::train_gpt(config, steps, token_ids);
+  const auto& want_losses = one_process.losses;
+  const auto& want = one_process.parameters;
 
   auto job = troupe::job::local().value();
   auto made = tensor_parallel_pipeline::create(

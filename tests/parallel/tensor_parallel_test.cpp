@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "gpt_reference.hpp"
 #include "ring_support.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
@@ -326,22 +327,9 @@ TEST_P(GptTensorParallel, TrainsLikeOneProcess) {
     generator gen{400 + salt + static_cast<std::uint64_t>(step)};
     return randint({2, 5}, gen, 0, vocabulary);
   };
-  nn::gpt whole(config);
-  std::vector<double> want_losses;
-  {
-    optim::sgd opt(whole.named_parameters(), {.lr = 0.1});
-    for (int s = 0; s < gpt_steps; ++s) {
-      opt.zero_grad();
-      auto logits = whole(variable(batch_ids(s, 0)));
-      auto loss = autograd::cross_entropy(autograd::reshape(logits, {10, vocabulary}), batch_ids(s, 1).reshape({10}));
-      autograd::backward(loss);
-      opt.step();
-      want_losses.push_back(loss.item());
-    }
-  }
-  named_tensors want;
-  for (auto& [name, p] : whole.named_parameters())
-    want.emplace_back(name, p.data().clone());
+  const auto one_process = test::train_gpt(config, gpt_steps, batch_ids);
+  const auto& want_losses = one_process.losses;
+  const auto& want = one_process.parameters;
 
   local_ring ring(degree);
   ASSERT_TRUE(ring.node);
