@@ -67,7 +67,8 @@ std::span<const std::byte> bytes_of(const tensor& dense) {
 
 expected<void> write_file(const std::filesystem::path& path, const named_tensors& dense,
                           const std::vector<std::uint64_t>& index,
-                          const std::vector<std::uint64_t>& offsets, std::uint64_t payload_bytes) {
+                          const std::vector<std::uint64_t>& offsets, const std::vector<std::uint32_t>& crcs,
+                          std::uint64_t payload_bytes) {
   return detail::write_file_atomically(path, [&](detail::file_sink& out) -> expected<void> {
     std::byte head[preamble_bytes] = {};
     std::memcpy(head, file_magic.data(), file_magic.size());
@@ -85,7 +86,7 @@ expected<void> write_file(const std::filesystem::path& path, const named_tensors
     for (std::size_t i = 0; i < dense.size(); ++i) {
       if (auto ok = out.pad(offsets[i] - position); !ok)
         return ok;
-      if (auto ok = out.write(bytes_of(dense[i].second)); !ok)
+      if (auto ok = out.write(bytes_of(dense[i].second), crcs[i]); !ok)
         return ok;
       position = offsets[i] + dense[i].second.nbytes();
     }
@@ -150,15 +151,19 @@ save_checkpoint_with_extents(const std::filesystem::path& path, const named_tens
     return make_error(errc::invalid_argument, "save_checkpoint: cannot build the index: {}",
                       e.getDescription().cStr());
   }
-  if (auto ok = write_file(path, dense, index, offsets, payload_bytes); !ok)
+  // Each payload's checksum once: the extents report it and the file's own
+  // checksum combines them.
+  std::vector<std::uint32_t> crcs;
+  crcs.reserve(dense.size());
+  for (const auto& [name, value] : dense)
+    crcs.push_back(crc32c(0, bytes_of(value)));
+  if (auto ok = write_file(path, dense, index, offsets, crcs, payload_bytes); !ok)
     return ok.error();
   std::vector<checkpoint_extent> extents;
   extents.reserve(dense.size());
   auto payload_start = align_up(preamble_bytes + index.size() * 8);
-  for (std::size_t i = 0; i < dense.size(); ++i) {
-    auto bytes = bytes_of(dense[i].second);
-    extents.push_back({payload_start + offsets[i], bytes.size(), crc32c(0, bytes)});
-  }
+  for (std::size_t i = 0; i < dense.size(); ++i)
+    extents.push_back({payload_start + offsets[i], dense[i].second.nbytes(), crcs[i]});
   return extents;
 }
 

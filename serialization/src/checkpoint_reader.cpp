@@ -104,6 +104,12 @@ expected<tensor> checkpoint_reader::read(std::string_view name, const tensor_reg
       return ok.error();
   }
 
+  // The region is one saved piece (a whole tensor saved whole, a shard read
+  // at its own layout): the piece's buffer is the answer, no copy.
+  if (overlaps.size() == 1 && t->pieces[overlaps[0].first].offset == region.offset &&
+      t->pieces[overlaps[0].first].shape == region.shape)
+    return load_piece(*t, overlaps[0].first, files.at(t->pieces[overlaps[0].first].file));
+
   auto out = tensor::empty(region.shape, t->type);
   std::uint64_t covered = 0;
   for (const auto& [i, shared] : overlaps) {

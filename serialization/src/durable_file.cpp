@@ -14,8 +14,17 @@ error os_error(std::string_view what, const std::filesystem::path& path) {
   return make_error(errc::io_error, "{} '{}': {}", what, path.string(), std::strerror(errno));
 }
 
+expected<void> file_sink::write(std::span<const std::byte> bytes, std::uint32_t crc_of_bytes) {
+  crc_ = crc32c_combine(crc_, crc_of_bytes, bytes.size());
+  return write_unchecked(bytes);
+}
+
 expected<void> file_sink::write(std::span<const std::byte> bytes) {
   crc_ = crc32c(crc_, bytes);
+  return write_unchecked(bytes);
+}
+
+expected<void> file_sink::write_unchecked(std::span<const std::byte> bytes) {
   position_ += bytes.size();
   while (!bytes.empty()) {
     auto written = ::write(fd_, bytes.data(), bytes.size());

@@ -25,6 +25,9 @@ public:
   file_sink(int fd, const std::filesystem::path& path) : fd_(fd), path_(path) {}
 
   expected<void> write(std::span<const std::byte> bytes);
+  /// `bytes` whose CRC32C the caller has computed: the running checksum
+  /// combines it instead of reading the bytes again.
+  expected<void> write(std::span<const std::byte> bytes, std::uint32_t crc_of_bytes);
   /// `count` zero bytes (count < 64).
   expected<void> pad(std::size_t count);
   /// CRC32C of everything written so far.
@@ -33,6 +36,9 @@ public:
   std::uint64_t position() const noexcept { return position_; }
 
 private:
+  /// Writes `bytes`; the checksum is the caller's business.
+  expected<void> write_unchecked(std::span<const std::byte> bytes);
+
   int fd_;
   const std::filesystem::path& path_;
   std::uint32_t crc_ = 0;

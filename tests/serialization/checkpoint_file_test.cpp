@@ -82,6 +82,21 @@ TEST(Checksum, MatchesTheCastagnoliCheckValue) {
   EXPECT_EQ(crc32c(part, std::as_bytes(std::span(text + 4, 5))), 0xE3069283u);
 }
 
+TEST(Checksum, CombiningPiecesEqualsTheChecksumOfTheWhole) {
+  std::vector<std::byte> bytes(4099);
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
+  const auto whole = crc32c(0, bytes);
+  for (std::size_t cut : {std::size_t{0}, std::size_t{1}, std::size_t{8}, std::size_t{1000}, bytes.size() - 1,
+                          bytes.size()}) {
+    auto a = std::span(bytes).first(cut);
+    auto b = std::span(bytes).subspan(cut);
+    EXPECT_EQ(crc32c_combine(crc32c(0, a), crc32c(0, b), b.size()), whole) << "cut at " << cut;
+  }
+  EXPECT_NE(crc32c_combine(crc32c(0, std::span(bytes).first(10)), crc32c(0, std::span(bytes).subspan(10)), 4000),
+            whole) << "a wrong length must not combine to the whole";
+}
+
 TEST_F(CheckpointFile, RoundTripsEveryDtypeNameOrderAndMetadata) {
   auto path = dir_ / "model.ckpt";
   auto state = sample_state();

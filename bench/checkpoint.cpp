@@ -1,0 +1,231 @@
+// Distributed checkpoints: a pipeline of `stages` processes holding about
+// --mib MiB of float32 parameters (linear layers of width --width) and
+// Adam's state (twice as much again) saves and loads its checkpoint
+// (parallel::checkpoints: each stage writes its own shard, in parallel, and
+// rank 0 commits), beside the disk's own rate measured in the same run (one
+// file of the same size written with fsync, then read back) and beside
+// torch.save / torch.load of the same state in one process
+// (bench/peers/checkpoint_torch.py). For the asynchronous save: how long
+// save() blocks the training loop against a synchronous save.
+//
+//   build/bench/checkpoint [--json] [--mib=1024] [--width=2048] [--stages=4] [--rounds=2]
+//                          [--dir=/tmp/troupe-bench-checkpoint] [--no-peers]
+//
+// Reads hit the page cache on both sides (nothing drops it between the
+// write and the read); the writes are fsynced on both sides.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "baselines.hpp"
+#include "rank_processes.hpp"
+#include "report.hpp"
+#include "troupe/autograd/nn/all.hpp"
+#include "troupe/parallel/checkpoints.hpp"
+#include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/remote.hpp"
+#include "troupe/serialization/checkpoint_directory.hpp"
+#include "troupe/tensor/ops.hpp"
+
+using namespace troupe;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct settings {
+  std::int64_t mib = 1024, width = 2048, stages = 4, rounds = 2;
+  std::string dir = "/tmp/troupe-bench-checkpoint";
+  std::int64_t layers() const { return std::max<std::int64_t>(stages, mib * (1 << 20) / (4 * width * (width + 1))); }
+};
+
+settings parse(int argc, char** argv) {
+  settings s;
+  s.mib = bench::int_option(argc, argv, "mib", 1024, 1, 1 << 16);
+  s.width = bench::int_option(argc, argv, "width", 2048, 4, 1 << 15);
+  s.stages = bench::int_option(argc, argv, "stages", 4, 1, 16);
+  s.rounds = bench::int_option(argc, argv, "rounds", 2, 1, 100);
+  s.dir = bench::option(argc, argv, "dir", s.dir);
+  return s;
+}
+
+parallel::stage_recipe recipe(const settings& s) {
+  auto model = [s] {
+    auto m = std::make_shared<nn::sequential>();
+    for (std::int64_t i = 0; i < s.layers(); ++i) {
+      m->append(nn::make<nn::linear>(s.width, s.width, 0));
+      m->append(nn::make<nn::relu>());
+    }
+    m->reset_parameters(0);
+    return m;
+  };
+  return {model, parallel::adam_factory({.lr = 1e-4}), parallel::mse_loss_function()};
+}
+
+/// Seconds to write `bytes` to one new file in `dir` and fsync it, and to
+/// read it back: the disk's own rate for this amount.
+std::pair<double, double> disk_rate(const fs::path& dir, std::uint64_t bytes) {
+  const auto path = dir / "disk-rate";
+  std::vector<char> block(8 << 20, 1);
+  const double start = bench::now_seconds();
+  int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw std::runtime_error(fmt::format("cannot create {}", path.string()));
+  for (std::uint64_t done = 0; done < bytes;) {
+    auto n = std::min<std::uint64_t>(block.size(), bytes - done);
+    if (::write(fd, block.data(), n) != static_cast<ssize_t>(n))
+      throw std::runtime_error(fmt::format("cannot write {}", path.string()));
+    done += n;
+  }
+  ::fsync(fd);
+  ::close(fd);
+  const double written = bench::now_seconds() - start;
+  const double read_start = bench::now_seconds();
+  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  while (::read(fd, block.data(), block.size()) > 0) {
+  }
+  ::close(fd);
+  const double read = bench::now_seconds() - read_start;
+  fs::remove(path);
+  return {written, read};
+}
+
+/// torch.save and torch.load seconds of the same state, or nullopt.
+std::optional<std::pair<double, double>> torch_peer(const settings& s, bench::report& out) {
+  auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/checkpoint_torch.py";
+  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --layers {} --width {} --path {}/torch.pt",
+                                               script, s.layers(), s.width, s.dir),
+                                   900);
+  bench::settle_after_peer();
+  auto save = bench::json_number(output, "save_seconds");
+  auto load = bench::json_number(output, "load_seconds");
+  if (!save || !load) {
+    out.note("the PyTorch peer gave no figure (python3-torch missing?): {}", output);
+    return std::nullopt;
+  }
+  return std::pair{*save, *load};
+}
+
+std::uint64_t checkpoint_bytes(const fs::path& directory) {
+  std::uint64_t bytes = 0;
+  for (const auto& entry : fs::directory_iterator(directory))
+    if (entry.path().extension() == ".shard")
+      bytes += entry.file_size();
+  return bytes;
+}
+
+int parent(int argc, char** argv) {
+  bench::check_flags("checkpoint", argc, argv, {"mib=", "width=", "stages=", "rounds=", "dir=", "no-peers"});
+  bench::report out("checkpoint", argc, argv);
+  const auto s = parse(argc, argv);
+  bool no_peers = false;
+  for (int i = 1; i < argc; ++i)
+    no_peers |= std::string_view(argv[i]) == "--no-peers";
+  fs::remove_all(s.dir);
+  fs::create_directories(s.dir);
+  const auto n = static_cast<std::uint32_t>(s.stages);
+  out.note("{} linear layers of width {} (float32) with Adam's state, over {} stage processes; checkpoints in {}",
+           s.layers(), s.width, n, s.dir);
+
+  auto node = bench::start_rank_zero(n);
+  parallel::register_stage_factory(*node, recipe(s));
+  auto children = bench::start_ranks(*node, n, "stage", {fmt::format("--width={}", s.width),
+                                                         fmt::format("--mib={}", s.mib),
+                                                         fmt::format("--stages={}", s.stages)});
+  // Each answers once it has joined and can host stages.
+  bench::child_results(children, "stage processes", 300'000);
+  auto options = parallel::pipeline_options_from(recipe(s));
+  for (std::uint32_t k = 0; k < n; ++k)
+    options.places.push_back(fmt::format("worker{}/cpu", k));
+  options.timeout = std::chrono::seconds(300);
+  {
+    auto pipe = parallel::pipeline::create(*node, std::move(options));
+    if (!pipe)
+      throw std::runtime_error(pipe.error().message());
+    generator data{1};
+    auto x = randn({4, s.width}, data);
+    auto y = randn({4, s.width}, data);
+    auto step = [&] {
+      auto loss = pipe->train_step(x, y);
+      if (!loss)
+        throw std::runtime_error(loss.error().message());
+    };
+    step(); // Adam's state exists from the first step on
+    auto make = [&](bool asynchronous) {
+      auto ckpt = parallel::checkpoints::create({.directory = s.dir, .keep_last = 1, .asynchronous = asynchronous,
+                                                 .timeout = std::chrono::seconds(600)});
+      ckpt->track(*pipe);
+      return std::move(*ckpt);
+    };
+    auto sync = make(false);
+    auto async = make(true);
+    std::int64_t at = 0;
+    std::vector<double> save_s, load_s, block_s, async_total_s, disk_write_s, disk_read_s, torch_save_s,
+      torch_load_s;
+    std::uint64_t bytes = 0;
+    for (std::int64_t r = 0; r < s.rounds; ++r) {
+      double t = bench::now_seconds();
+      if (auto ok = sync.save(++at); !ok)
+        throw std::runtime_error(ok.error().message());
+      save_s.push_back(bench::now_seconds() - t);
+      const auto saved = checkpoint_path(s.dir, static_cast<std::uint64_t>(at));
+      bytes = checkpoint_bytes(saved);
+      t = bench::now_seconds();
+      if (auto ok = sync.load(saved); !ok)
+        throw std::runtime_error(ok.error().message());
+      load_s.push_back(bench::now_seconds() - t);
+
+      // The asynchronous save: what the loop waits for, then the write's end.
+      t = bench::now_seconds();
+      if (auto ok = async.save(++at); !ok)
+        throw std::runtime_error(ok.error().message());
+      block_s.push_back(bench::now_seconds() - t);
+      if (auto ok = async.wait(); !ok)
+        throw std::runtime_error(ok.error().message());
+      async_total_s.push_back(bench::now_seconds() - t);
+
+      auto [w, rd] = disk_rate(s.dir, bytes);
+      disk_write_s.push_back(w);
+      disk_read_s.push_back(rd);
+      if (!no_peers)
+        if (auto peer = torch_peer(s, out)) {
+          torch_save_s.push_back(peer->first);
+          torch_load_s.push_back(peer->second);
+        }
+    }
+    const double gb = static_cast<double>(bytes) / 1e9;
+    out.note("{:.3f} GB of shards per checkpoint; median of {} rounds", gb, s.rounds);
+    auto rate = [&](const std::vector<double>& seconds) { return gb / bench::median(seconds); };
+    out.add({"save", "GB/s", rate(save_s), "GB/s", "disk write+fsync", rate(disk_write_s), ""});
+    if (!torch_save_s.empty())
+      out.add({"save", "GB/s", rate(save_s), "GB/s", "torch.save+fsync", rate(torch_save_s), ""});
+    out.add({"load", "GB/s", rate(load_s), "GB/s", "disk read", rate(disk_read_s), ""});
+    if (!torch_load_s.empty())
+      out.add({"load", "GB/s", rate(load_s), "GB/s", "torch.load", rate(torch_load_s), ""});
+    out.add({"asynchronous save", "blocked s", bench::median(block_s), "s", "synchronous save",
+             bench::median(save_s), fmt::format("written in {:.2f} s", bench::median(async_total_s))});
+  }
+  bench::release_ranks(children, *node);
+  fs::remove_all(s.dir);
+  out.print();
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  return bench::child_or_parent(
+    argc, argv, "checkpoint", "stage",
+    [](int child_argc, char** child_argv) {
+      const auto s = parse(child_argc, child_argv);
+      return bench::run_child(child_argc, child_argv, [&](actors::node& node, std::uint32_t) {
+        parallel::register_stage_factory(node, recipe(s));
+        return std::string("DONE");
+      });
+    },
+    parent);
+}
