@@ -13,6 +13,7 @@
 #include "troupe/job.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/hybrid.hpp"
+#include "troupe/parallel/reducer_group.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
 #include "troupe/tensor/error.hpp"
@@ -55,6 +56,7 @@ struct checkpoints::impl {
     optim::optimizer* optimizer;
     std::string writer;
     std::vector<std::string> holders; ///< empty: this writer alone
+    bool sharded = false;             ///< tensor-parallel pieces
   };
   /// A pipeline's stages; stage s's state held alike by state_holders[s].
   struct stage_group {
@@ -75,6 +77,7 @@ struct checkpoints::impl {
   std::vector<std::string> stage_writers;
   std::int64_t last_step = 0;
   std::size_t replica_groups = 0;
+  std::size_t tensor_groups = 0;
   /// Declared last: destroyed (its write finished) before what it reads.
   background_writer thread;
 
@@ -143,6 +146,18 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, data_par
   if (impl_->coordinator())
     impl_->add_writers(holders);
   impl_->locals.push_back({&model, &optimizer, holders[group.rank()], holders});
+}
+
+void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group) {
+  if (!impl_->in_job) // members as threads of one program: member 0 coordinates
+    impl_->rank = tensor_group.rank();
+  require(!impl_->coordinator() || tensor_group.rank() == 0,
+          "checkpoints: the coordinator (rank 0) is member {} of its tensor-parallel group; it must be member 0",
+          tensor_group.rank());
+  auto members = numbered(fmt::format("tensor-parallel-{}.rank-", impl_->tensor_groups++), tensor_group.size());
+  if (impl_->coordinator())
+    impl_->add_writers(members);
+  impl_->locals.push_back({&model, &optimizer, members[tensor_group.rank()], members, true});
 }
 
 void checkpoints::track(pipeline& stages) {
@@ -218,8 +233,10 @@ expected<void> checkpoints::impl::save(std::int64_t step) {
   // What this process writes, copied now when the write comes later.
   std::vector<std::pair<std::string, std::vector<state_share>>> mine;
   for (const auto& local : locals)
-    mine.emplace_back(local.writer, training_shares(*local.model, *local.optimizer, local.holders,
-                                                    local.holders, asynchronous));
+    mine.emplace_back(local.writer,
+                      local.sharded
+                        ? sharded_training_shares(*local.model, *local.optimizer, local.holders, asynchronous)
+                        : training_shares(*local.model, *local.optimizer, local.holders, local.holders, asynchronous));
   // The stages copy (or write) theirs before they answer.
   for (auto& group : pipelines)
     if (auto saved = pipeline_access::state(*group.stages)
@@ -260,8 +277,9 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
     return reader.error();
   // Everything checked before anything loads: names, dtypes, shapes, streams.
   for (const auto& local : locals)
-    if (auto ok = check_model(*reader, *local.model); !ok)
-      return ok.error();
+    if (!local.sharded) // a split model's pieces are checked as they are read
+      if (auto ok = check_model(*reader, *local.model); !ok)
+        return ok.error();
   for (auto& group : pipelines)
     if (auto ok = check_model(*reader, *pipeline_access::state(*group.stages).options_.model); !ok)
       return ok.error();
@@ -281,7 +299,8 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
 
   std::vector<training_state_values> values;
   for (const auto& local : locals) {
-    auto read = read_training_state(*reader, *local.model, *local.optimizer);
+    auto read = local.sharded ? read_sharded_training_state(*reader, *local.model)
+                              : read_training_state(*reader, *local.model, *local.optimizer);
     if (!read)
       return read.error();
     values.push_back(std::move(*read));

@@ -1,11 +1,13 @@
 #include "training_state.hpp"
 
 #include <cctype>
+#include <map>
 #include <set>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/serialization/shard_writer.hpp"
 
 namespace troupe::parallel {
@@ -144,6 +146,116 @@ expected<void> apply_training_state(const training_state_values& values, nn::mod
   if (auto loaded = optimizer.load_state_dict(values.optimizer); !loaded)
     return loaded;
   return model.load_state_dict(values.model);
+}
+
+std::vector<state_share> sharded_training_shares(nn::module& model, const optim::optimizer& optimizer,
+                                                 std::vector<std::string> members, bool snapshot) {
+  std::vector<state_share> shares(2); // [0] this writer alone, [1] every member alike
+  shares[1].holders = std::move(members);
+  std::map<std::string, tensor, std::less<>> parameters;
+  for (auto& [fqn, p] : model.named_parameters())
+    parameters.emplace(fqn, p.data());
+  const auto state = optimizer.state_dict();
+  std::set<std::string, std::less<>> scalars;
+  for (const auto& [fqn, shard] : parameter_shards(model)) {
+    auto piece_of = [&, &shard = shard](const tensor& local) {
+      auto value = shard.dim < 0 ? local : local.narrow(shard.dim, shard.local_offset, shard.size);
+      return snapshot ? value.clone() : value;
+    };
+    auto& share = shares[shard.dim < 0 ? 1 : 0];
+    share.pieces.push_back(split_piece(std::string(model_prefix) + fqn, piece_of(parameters.at(fqn)),
+                                       shard.global_shape, shard.dim, shard.offset));
+    for (const auto& [key, value] : state) {
+      if (!key.starts_with(fqn + ".") || key.find('.', fqn.size() + 1) != std::string::npos)
+        continue;
+      if (value.shape() == parameters.at(fqn).shape())
+        share.pieces.push_back(split_piece(std::string(optimizer_prefix) + key, piece_of(value), shard.global_shape,
+                                           shard.dim, shard.offset));
+      else if (scalars.insert(key).second) // a per-parameter count (Adam's step): the same on every member
+        shares[1].pieces.push_back(whole(std::string(optimizer_prefix) + key, value, false));
+    }
+  }
+  for (const auto& [name, value] : model.state_dict()) // buffers: held whole by every member
+    if (!parameters.contains(name))
+      shares[1].pieces.push_back(whole(std::string(model_prefix) + name, value, snapshot));
+  shares[1].pieces.push_back(optimizer_step_piece(optimizer));
+  return shares;
+}
+
+expected<training_state_values> read_sharded_training_state(const checkpoint_reader& reader, nn::module& model) {
+  if (reader.find(step_name) == nullptr)
+    return make_error(errc::state_mismatch, "checkpoint {} has no optimizer state ('{}')",
+                      reader.directory().string(), step_name);
+  std::map<std::string, tensor, std::less<>> parameters;
+  for (auto& [fqn, p] : model.named_parameters())
+    parameters.emplace(fqn, p.data());
+  // Each local tensor is assembled from its pieces' regions of the saved whole.
+  std::map<std::string, tensor, std::less<>> model_values, optimizer_values;
+  auto place = [&](std::map<std::string, tensor, std::less<>>& into, const std::string& key, const tensor& like,
+                   const std::string& saved_name, const parameter_shard& shard) -> expected<void> {
+    const auto* saved = reader.find(saved_name);
+    if (saved == nullptr)
+      return make_error(errc::state_mismatch, "checkpoint {} has no tensor '{}'", reader.directory().string(),
+                        saved_name);
+    if (saved->type != like.type() || saved->global_shape != shard.global_shape)
+      return make_error(errc::state_mismatch, "checkpoint {}: '{}' is {} {} there but {} {} in the model",
+                        reader.directory().string(), saved_name, saved->type, saved->global_shape, like.type(),
+                        shard.global_shape);
+    tensor_region region{dims(shard.global_shape.size(), 0), shard.global_shape};
+    if (shard.dim >= 0) {
+      region.offset[static_cast<std::size_t>(shard.dim)] = shard.offset;
+      region.shape[static_cast<std::size_t>(shard.dim)] = shard.size;
+    }
+    auto piece = reader.read(saved_name, region);
+    if (!piece)
+      return located(reader, piece.error());
+    auto [it, fresh] = into.try_emplace(key, tensor{});
+    if (fresh)
+      it->second = tensor::empty(like.shape(), like.type());
+    auto target = shard.dim < 0 ? it->second : it->second.narrow(shard.dim, shard.local_offset, shard.size);
+    target.copy_from(*piece);
+    return {};
+  };
+  std::set<std::string, std::less<>> state_names;
+  for (const auto& t : reader.manifest().tensors)
+    if (t.name.starts_with(optimizer_prefix) && t.name != step_name)
+      state_names.insert(t.name.substr(optimizer_prefix.size()));
+  for (const auto& [fqn, shard] : parameter_shards(model)) {
+    const auto& local = parameters.at(fqn);
+    if (auto ok = place(model_values, fqn, local, std::string(model_prefix) + fqn, shard); !ok)
+      return ok.error();
+    for (auto it = state_names.lower_bound(fqn + "."); it != state_names.end() && it->starts_with(fqn + "."); ++it) {
+      if (it->find('.', fqn.size() + 1) != std::string::npos)
+        continue;
+      const auto saved_name = std::string(optimizer_prefix) + *it;
+      if (reader.find(saved_name)->global_shape.empty()) { // a per-parameter count, saved whole
+        auto count = reader.read(saved_name);
+        if (!count)
+          return located(reader, count.error());
+        optimizer_values[*it] = std::move(*count);
+      } else if (auto ok = place(optimizer_values, *it, local, saved_name, shard); !ok) {
+        return ok.error();
+      }
+    }
+  }
+  training_state_values out;
+  for (const auto& [name, value] : model.state_dict()) {
+    if (auto it = model_values.find(name); it != model_values.end()) {
+      out.model.emplace_back(name, it->second);
+      continue;
+    }
+    auto saved = read_like(reader, std::string(model_prefix) + name, value, "model"); // a buffer, whole
+    if (!saved)
+      return saved.error();
+    out.model.emplace_back(name, std::move(*saved));
+  }
+  for (auto& [key, value] : optimizer_values)
+    out.optimizer.emplace_back(key, std::move(value));
+  auto count = reader.read(step_name);
+  if (!count)
+    return located(reader, count.error());
+  out.optimizer.emplace_back("step", std::move(*count));
+  return out;
 }
 
 std::vector<state_share> training_shares(const nn::module& model, const optim::optimizer& optimizer,

@@ -120,6 +120,17 @@ std::vector<state_share> training_shares(const nn::module& model, const optim::o
                                          std::vector<std::string> state_holders,
                                          std::vector<std::string> step_holders, bool snapshot);
 
+/// A tensor-parallel model's pieces (parameter_shards: tensor_parallel.hpp):
+/// a split parameter's piece and its optimizer state held by this writer
+/// alone, what every member of the group holds whole (replicated
+/// parameters, buffers, the step count) alike by `members`.
+std::vector<state_share> sharded_training_shares(nn::module& model, const optim::optimizer& optimizer,
+                                                 std::vector<std::string> members, bool snapshot);
+/// Reads this rank's pieces of a tensor-parallel model and of its
+/// optimizer's state from a checkpoint of any layout (whole, or split at
+/// another degree): each piece is the region of the saved whole it covers.
+expected<training_state_values> read_sharded_training_state(const checkpoint_reader& reader, nn::module& model);
+
 /// Saves `model` and `optimizer` as `target.writer`'s shard. Asynchronous:
 /// copies the state, hands the write to `thread` and returns (the previous
 /// write's error, if it failed); otherwise writes before returning.

@@ -25,6 +25,8 @@
 #include "troupe/parallel/hybrid.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
+#include "troupe/parallel/tensor_parallel_transformer.hpp"
+#include "troupe/parallel/vocab_parallel.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -331,6 +333,101 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ResumeAtAnotherLayout, ::testing::ValuesIn(eve
                              if (!std::isalnum(static_cast<unsigned char>(c)))
                                c = '_';
                            return name;
+                         });
+
+// A tensor-parallel GPT (vocabulary 11, 3 heads: degrees 2 and 3 divide
+// neither) saved at one degree and resumed at another or in one process.
+constexpr std::int64_t gpt_vocabulary = 11;
+const nn::gpt_config gpt_config{.vocab_size = gpt_vocabulary, .block_size = 8, .n_layer = 2, .n_head = 3,
+                                .n_embd = 12, .type = dtype::float64, .seed = 21};
+
+tensor gpt_ids(std::int64_t step, std::uint64_t salt) {
+  generator gen{700 + salt + static_cast<std::uint64_t>(step)};
+  return randint({2, 5}, gen, 0, gpt_vocabulary);
+}
+
+/// Steps (resumed) .. `until` of the GPT at tensor-parallel `degree` (1: nn::gpt in one process).
+std::vector<double> run_gpt(std::uint32_t degree, const fs::path& directory, int until) {
+  auto options = options_in(directory);
+  if (degree == 1) {
+    nn::gpt model(gpt_config);
+    auto opt = adam()(model.named_parameters());
+    auto ckpt = checkpoints::create(options).value();
+    ckpt.track(model, *opt);
+    auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) -> expected<double> {
+      auto logits = model(autograd::variable(gpt_ids(step, 0)));
+      auto loss = autograd::cross_entropy(autograd::reshape(logits, {10, gpt_vocabulary}), gpt_ids(step, 1).reshape({10}));
+      autograd::backward(loss);
+      opt->step();
+      opt->zero_grad();
+      return loss.item();
+    });
+    if (!trained)
+      ADD_FAILURE() << "one process: " << trained.error().message();
+    return trained ? *trained : std::vector<double>{};
+  }
+  test::local_ring ring(degree);
+  std::vector<std::vector<double>> losses(degree);
+  ring.each([&](std::uint32_t r) {
+    auto& group = *ring.groups[r];
+    parallel_gpt model(gpt_config, group, {.sequence_parallel = true});
+    auto opt = adam()(model.named_parameters());
+    auto ckpt = checkpoints::create(options).value();
+    ckpt.track(model, *opt, group);
+    auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) -> expected<double> {
+      auto logits = model(autograd::variable(gpt_ids(step, 0)));
+      auto classes = logits.data().shape()[2];
+      auto loss = vocab_parallel_cross_entropy(autograd::reshape(logits, {10, classes}), gpt_ids(step, 1).reshape({10}),
+                                               group, gpt_vocabulary);
+      autograd::backward(loss);
+      opt->step();
+      opt->zero_grad();
+      return loss.item();
+    });
+    if (!trained)
+      ADD_FAILURE() << "rank " << r << " of " << degree << ": " << trained.error().message();
+    else
+      losses[r] = *trained;
+  });
+  for (std::uint32_t r = 1; r < degree; ++r)
+    EXPECT_EQ(losses[r], losses[0]) << "the members' losses differ";
+  return losses[0];
+}
+
+class TensorParallelResume : public ScratchDirectory,
+                             public ::testing::WithParamInterface<std::pair<std::uint32_t, std::uint32_t>> {};
+
+TEST_P(TensorParallelResume, AtAnotherDegreeGivesTheLossesOfAnUninterruptedRun) {
+  const auto [saving, loading] = GetParam();
+  fs::path uninterrupted = directory_ / "uninterrupted";
+  const auto want = run_gpt(1, uninterrupted, last_step);
+  ASSERT_EQ(want.size(), std::size_t(last_step));
+  const auto first = run_gpt(saving, directory_ / "resumed", saved_at);
+  ASSERT_EQ(first.size(), std::size_t(saved_at));
+  const auto second = run_gpt(loading, directory_ / "resumed", last_step);
+  ASSERT_EQ(second.size(), std::size_t(last_step - saved_at)) << "did degree " << loading << " resume at step 3?";
+  for (int i = 0; i < saved_at; ++i)
+    EXPECT_NEAR(first[i], want[i], 1e-10) << "step " << i + 1;
+  for (int i = 0; i < last_step - saved_at; ++i)
+    EXPECT_NEAR(second[i], want[saved_at + i], 1e-10) << "step " << saved_at + i + 1;
+  // Parameters and optimizer state: the resumed run's last checkpoint holds
+  // the uninterrupted run's, tensor by tensor.
+  auto a = checkpoint_reader::open(checkpoint_path(uninterrupted, last_step));
+  auto b = checkpoint_reader::open(checkpoint_path(directory_ / "resumed", last_step));
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->manifest().tensors.size(), b->manifest().tensors.size());
+  for (const auto& t : a->manifest().tensors) {
+    auto x = a->read(t.name);
+    auto y = b->read(t.name);
+    ASSERT_TRUE(x && y) << t.name;
+    EXPECT_TRUE(allclose(*y, *x, 1e-9, 1e-12)) << t.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallelResume,
+                         ::testing::Values(std::pair{1u, 2u}, std::pair{2u, 1u}, std::pair{2u, 3u}, std::pair{3u, 2u}),
+                         [](const auto& info) {
+                           return fmt::format("degree_{}_to_{}", info.param.first, info.param.second);
                          });
 
 using CheckpointsTest = ScratchDirectory;

@@ -60,6 +60,7 @@ namespace troupe::parallel {
 class pipeline;
 class hybrid_pipeline;
 class data_parallel;
+class reducer_group;
 
 struct checkpoint_options {
   /// Where the job's checkpoints live (`step-<N>` directories; created
@@ -99,6 +100,12 @@ public:
   /// replica tracks its own. Replicated state is written once, spread over
   /// the replicas. The coordinator must be the group's rank 0.
   void track(nn::module& model, optim::optimizer& optimizer, data_parallel& replicas);
+  /// A model split over `tensor_group` (tensor_parallel.hpp: sharded
+  /// modules): every member tracks its own and saves its pieces with their
+  /// global shapes and offsets (what all hold whole, once); loading reads
+  /// each member's pieces from a checkpoint of any layout, one process or
+  /// another degree. The coordinator must be the group's rank 0.
+  void track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group);
   /// The pipeline's stages, each saving and loading its own layers and
   /// optimizer state in its process. The driver tracks it.
   void track(pipeline& stages);
