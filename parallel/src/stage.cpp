@@ -294,6 +294,11 @@ public:
 
   const stage_options& options() const noexcept { return *options_; }
   const caf::actor& driver() const noexcept { return driver_; }
+  background_writer& checkpoint_writer() {
+    if (!checkpoint_writer_)
+      checkpoint_writer_ = std::make_shared<background_writer>();
+    return *checkpoint_writer_;
+  }
   std::uint64_t step() const noexcept { return step_; }
 
 private:
@@ -432,6 +437,9 @@ private:
       if (auto ok = data_parallel_->synchronize(); !ok)
         throw std::runtime_error(fmt::format("stage {}: averaging gradients with its replicas failed: {}",
                                              options_->name, ok.error_value().message()));
+    // An asynchronous checkpoint may still be copying the parameters.
+    if (checkpoint_writer_)
+      checkpoint_writer_->wait_for_copy();
     options_->optimizer->step();
     options_->optimizer->zero_grad();
     caf::anon_send(driver_, applied_atom::value, static_cast<std::uint64_t>(options_->index), step_);
@@ -492,6 +500,9 @@ private:
   }
 
   std::shared_ptr<stage_options> options_;
+  /// The stage's checkpoint writes (p_save); its copy of the state must end
+  /// before the next optimizer step changes it.
+  std::shared_ptr<background_writer> checkpoint_writer_;
   std::optional<data_parallel> data_parallel_;
   autograd::deferred_weight_grads deferred_;
   std::map<context_key, std::int64_t> micro_batch_rows_;
@@ -521,9 +532,6 @@ private:
 caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_options> options) {
   auto state = std::make_shared<stage_state>(std::move(options));
   auto run_scheduled = std::make_shared<bool>(false);
-  // The stage's checkpoint writes run here; the last one finishes before the
-  // stage's behaviour (which holds it) is destroyed.
-  auto checkpoint_writer = std::make_shared<background_writer>();
   // Every handler validates and turns exceptions into a p_failed report: an
   // exception escaping a handler would kill the actor without a word.
   // Messages to the driver are anonymous and the state lets go of every
@@ -559,14 +567,14 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
     [=](digest_atom) { return caf::make_message(state->digest()); },
     [=](save_atom, const std::string& root, std::uint64_t step, const std::string& writer,
         const std::string& model_holders, const std::string& step_holders, bool asynchronous) {
-      auto saved = save_training_state(*state->options().layers, *state->options().optimizer, *checkpoint_writer,
+      auto saved = save_training_state(*state->options().layers, *state->options().optimizer, state->checkpoint_writer(),
                                        {root, step, writer, split_names(model_holders), split_names(step_holders)},
                                        asynchronous);
       return saved ? std::string{} : saved.error().message();
     },
     [=](load_atom, const std::string& directory) {
       auto loaded =
-        load_training_state(*state->options().layers, *state->options().optimizer, *checkpoint_writer, directory);
+        load_training_state(*state->options().layers, *state->options().optimizer, state->checkpoint_writer(), directory);
       return loaded ? std::string{} : loaded.error().message();
     },
     [=](begin_step_atom, std::uint64_t step, std::uint64_t batch) {

@@ -274,15 +274,18 @@ std::vector<state_share> training_shares(const nn::module& model, const optim::o
 
 expected<void> save_training_state(const nn::module& model, const optim::optimizer& optimizer,
                                    background_writer& thread, save_target target, bool asynchronous) {
-  auto shares = training_shares(model, optimizer, std::move(target.state_holders),
-                                std::move(target.step_holders), asynchronous);
-  auto write = [shares = std::move(shares), root = std::move(target.root), step = target.step,
-                writer = std::move(target.writer)] { return write_shares(root, step, writer, shares); };
+  auto copy = [&model, &optimizer, target = std::move(target), asynchronous]() mutable {
+    auto shares = training_shares(model, optimizer, std::move(target.state_holders),
+                                  std::move(target.step_holders), asynchronous);
+    return std::function<expected<void>()>(
+      [shares = std::move(shares), root = std::move(target.root), step = target.step,
+       writer = std::move(target.writer)] { return write_shares(root, step, writer, shares); });
+  };
   if (asynchronous)
-    return thread.submit(std::move(write));
+    return thread.submit_copy(std::move(copy));
   if (auto previous = thread.wait(); !previous)
     return previous;
-  return write();
+  return copy()();
 }
 
 expected<void> load_training_state(nn::module& model, optim::optimizer& optimizer, background_writer& thread,
@@ -333,13 +336,22 @@ background_writer::~background_writer() {
 }
 
 expected<void> background_writer::submit(std::function<expected<void>()> write) {
+  return submit_copy([write = std::move(write)]() mutable { return std::move(write); });
+}
+
+expected<void> background_writer::submit_copy(std::function<std::function<expected<void>()>()> copy) {
   std::unique_lock lock(mutex_);
   if (auto idle = wait_idle(lock); !idle)
     return idle;
-  pending_ = std::move(write);
-  busy_ = true;
+  pending_ = std::move(copy);
+  busy_ = copying_ = true;
   changed_.notify_all();
   return {};
+}
+
+void background_writer::wait_for_copy() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !copying_; });
 }
 
 expected<void> background_writer::wait() {
@@ -362,14 +374,26 @@ void background_writer::run() {
     changed_.wait(lock, [&] { return stopping_ || pending_; });
     if (!pending_)
       return;
-    auto write = std::move(pending_);
+    auto copy = std::move(pending_);
     pending_ = nullptr;
     lock.unlock();
+    std::function<expected<void>()> write;
     expected<void> done = make_error(errc::io_error, "checkpoint write threw");
     try {
-      done = write();
+      write = copy();
     } catch (const std::exception& e) {
-      done = make_error(errc::io_error, "checkpoint write: {}", e.what());
+      done = make_error(errc::io_error, "checkpoint copy: {}", e.what());
+    }
+    lock.lock();
+    copying_ = false; // the state may change now
+    changed_.notify_all();
+    lock.unlock();
+    if (write) {
+      try {
+        done = write();
+      } catch (const std::exception& e) {
+        done = make_error(errc::io_error, "checkpoint write: {}", e.what());
+      }
     }
     lock.lock();
     if (!done)

@@ -40,6 +40,12 @@ public:
   /// Waits for the previous write, then starts `write`. Returns the
   /// previous write's error, if it failed (and does not start `write`).
   expected<void> submit(std::function<expected<void>()> write);
+  /// Waits for the previous write, then runs `copy` on the thread and then
+  /// the write it returns; returns at once. Until `copy` has returned,
+  /// wait_for_copy() blocks: what is about to change the state being copied
+  /// (a stage's next optimizer step) calls it first.
+  expected<void> submit_copy(std::function<std::function<expected<void>()>()> copy);
+  void wait_for_copy();
   /// Waits for the write in flight; its error.
   expected<void> wait();
 
@@ -50,8 +56,9 @@ private:
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::function<expected<void>()> pending_;
+  std::function<std::function<expected<void>()>()> pending_;
   bool busy_ = false;
+  bool copying_ = false;
   bool stopping_ = false;
   std::optional<error> failed_;
   std::thread thread_;
@@ -132,8 +139,10 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
 expected<training_state_values> read_sharded_training_state(const checkpoint_reader& reader, nn::module& model);
 
 /// Saves `model` and `optimizer` as `target.writer`'s shard. Asynchronous:
-/// copies the state, hands the write to `thread` and returns (the previous
-/// write's error, if it failed); otherwise writes before returning.
+/// returns at once (the previous write's error, if it failed) while
+/// `thread` copies the state and then writes it; the caller must not change
+/// the state before `thread.wait_for_copy()`. Otherwise writes before
+/// returning.
 expected<void> save_training_state(const nn::module& model, const optim::optimizer& optimizer,
                                    background_writer& thread, save_target target, bool asynchronous);
 /// Waits for `thread`'s write in flight, then loads `model` and

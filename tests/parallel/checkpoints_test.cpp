@@ -478,6 +478,29 @@ TEST_F(CheckpointsTest, AsynchronousSaveWritesTheValuesOfTheCallNotLaterOnes) {
   }
 }
 
+TEST_F(CheckpointsTest, APipelinesAsynchronousSaveHoldsItsStepWhileTheNextStepsRun) {
+  // The stages copy their state on their writer threads while the next
+  // steps' forward and backward run; the optimizer steps wait for the copy.
+  auto losses = run({layout_kind::pipeline, {4, 8}, 1, "pipeline 3 stages"}, directory_, last_step);
+  ASSERT_EQ(losses.size(), std::size_t(last_step));
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  for (int step = 1; step <= saved_at; ++step)
+    train_step(*model, *opt, make_batch(step));
+  auto reader = checkpoint_reader::open(checkpoint_path(directory_, saved_at));
+  ASSERT_TRUE(reader) << reader.error().message();
+  for (const auto& [name, value] : model->state_dict()) {
+    auto saved = reader->read("model." + name);
+    ASSERT_TRUE(saved) << saved.error().message();
+    EXPECT_TRUE(allclose(*saved, value, 1e-12, 1e-12)) << name << " is not step 3's";
+  }
+  for (const auto& [name, value] : opt->state_dict()) {
+    auto saved = reader->read("optimizer." + name);
+    ASSERT_TRUE(saved) << saved.error().message();
+    EXPECT_TRUE(allclose(*saved, value, 1e-12, 1e-12)) << name << " is not step 3's";
+  }
+}
+
 TEST_F(CheckpointsTest, RandomStreamsAreSavedAndRestored) {
   auto model = make_mlp();
   auto opt = adam()(model->named_parameters());

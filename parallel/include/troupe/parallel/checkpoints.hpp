@@ -27,11 +27,13 @@
 // and the previous one stays loadable. Writers and coordinator share only
 // the directory: across hosts it must be on a shared file system.
 //
-// Asynchronous saving. save() copies the state to memory and returns; the
-// files are written on a thread of each writer while training goes on, and
-// the values saved are exactly those at the call. The next save() (and
-// wait(), and the destructor) waits for the previous one and reports its
-// failure.
+// Asynchronous saving. The files are written on a thread of each writer
+// while training goes on, and the values saved are exactly those at the
+// call. A model this process holds is copied before save() returns;
+// pipeline stages copy theirs on their threads while the next step's
+// forward and backward run, and their next optimizer step waits for the
+// copy. The next save() (and wait(), and the destructor) waits for the
+// previous one and reports its failure.
 //
 // Loading at another layout. Names are the whole model's, so a checkpoint
 // saved by a 3-stage pipeline loads into 2 stages with another split, into
