@@ -143,7 +143,8 @@ troupe::expected<std::vector<rank_command>> plan_launch(const launch_request& re
       command.node_name = node_name_of(command.host) + "-" + std::to_string(next_index[command.host]++);
     command.env = {std::string(env_coordinator) + "=" + coordinator, std::string(env_rank) + "=" + std::to_string(rank),
                    std::string(env_world_size) + "=" + std::to_string(request.ranks),
-                   std::string(env_node_name) + "=" + command.node_name};
+                   std::string(env_node_name) + "=" + command.node_name,
+                   std::string(env_restart) + "=" + std::to_string(request.restart)};
     if (!request.job_token.empty())
       command.env.push_back("TROUPE_JOB_TOKEN=" + request.job_token);
     if (!command.remote) {

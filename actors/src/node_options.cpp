@@ -287,6 +287,8 @@ troupe::expected<node_options> node_options::from(int argc, const char* const* a
     options.world_size = *rv->world_size;
   if (rv->coordinator)
     options.coordinator = *rv->coordinator;
+  if (rv->restart)
+    options.restart = *rv->restart;
   if (rv->node_name)
     if (auto ok = options.set("name", *rv->node_name, env_node_name); !ok)
       return ok.error();

@@ -99,6 +99,12 @@ troupe::expected<rendezvous> rendezvous::from(const environment& env) {
   }
   if (auto text = get(env_node_name))
     result.node_name = *text;
+  if (auto text = get(env_restart)) {
+    auto value = parse_count(*text, env_restart);
+    if (!value)
+      return value.error();
+    result.restart = *value;
+  }
   return result;
 }
 

@@ -1,6 +1,9 @@
 // troupe-launch: starts the ranks of a job with the rendezvous variables set,
 // prefixes their output with the rank, and stops all of them when one fails,
-// when the job times out, or on Ctrl-C.
+// when the job times out, or on Ctrl-C. With --restarts N, a job whose rank
+// failed is stopped and started again, up to N times; each run's ranks see
+// TROUPE_RESTART=<k> (0 on the first run; job::restart()) and resume from
+// their latest checkpoint themselves.
 //
 //   troupe-launch -n 3 -- ./build/examples/topology
 //   [0] coordinator listening on 127.0.0.1:41231
@@ -9,7 +12,8 @@
 //
 // Exit status: 0 when every rank exited 0; otherwise the failing rank's exit
 // status (128 + signal when it was killed), 124 on --timeout, 128 + signal
-// when the launcher itself was interrupted, 2 for bad arguments.
+// when the launcher itself was interrupted, 2 for bad arguments. With
+// --restarts, the status of the last run.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -42,12 +46,15 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 constexpr const char* usage =
-  "usage: troupe-launch -n N [--hosts FILE] [--port P] [--timeout S] [--grace S] [--dry-run] -- program args...\n"
+  "usage: troupe-launch -n N [--hosts FILE] [--port P] [--timeout S] [--grace S] [--restarts N] [--dry-run]\n"
+  "                     -- program args...\n"
   "  -n N          number of ranks\n"
   "  --hosts FILE  lines of `host [slots=N]`; ranks on other hosts start over ssh\n"
-  "  --port P      the coordinator's port (default: a free one)\n"
-  "  --timeout S   stop everything after S seconds (exit 124)\n"
-  "  --grace S     time between SIGTERM and SIGKILL when stopping (default 3)\n"
+  "  --port P      the coordinator's port (default: a free one, a new one for each restart)\n"
+  "  --timeout S   stop everything after S seconds, restarts included (exit 124)\n"
+  "  --grace S     time between SIGTERM and SIGKILL when stopping (default 1.5)\n"
+  "  --restarts N  when a rank fails, stop the others and start the job again, at most N times\n"
+  "                (default 0); the ranks see TROUPE_RESTART=<run number, from 0>\n"
   "  --dry-run     print each rank's command instead of running it\n";
 
 int bad_arguments(const std::string& message) {
@@ -196,7 +203,120 @@ void signal_rank(running_rank& r, int sig) {
     r.stopped_by_us = true;
     if (kill(-r.pid, sig) != 0)
       kill(r.pid, sig);
+    // A stopped process (SIGSTOP, a hung terminal) takes SIGTERM only once
+    // continued: without SIGCONT a stopped rank would hold the job for the
+    // whole grace period.
+    if (sig == SIGTERM && kill(-r.pid, SIGCONT) != 0)
+      kill(r.pid, SIGCONT);
   }
+}
+
+/// How one run of the job ended.
+struct run_outcome {
+  int exit_code = 0;     ///< 0: every rank exited 0
+  std::string failure;   ///< the first reason to stop; empty: none
+  bool restartable = false; ///< a rank failed by itself (not Ctrl-C, --timeout or a failed start)
+};
+
+/// Starts every rank of `plan`, forwards their output, and waits until all
+/// have exited; the first failure stops the others (SIGTERM, SIGKILL after
+/// `grace`). `deadline`: --timeout's end, for every run together.
+run_outcome run_job(const std::vector<rank_command>& plan, std::chrono::milliseconds grace,
+                    std::optional<clock_type::time_point> deadline, std::optional<double> timeout_s) {
+  std::vector<running_rank> ranks;
+  for (auto& command : plan) {
+    running_rank r;
+    r.command = command;
+    ranks.push_back(std::move(r));
+  }
+  run_outcome outcome;
+  std::optional<clock_type::time_point> kill_at;
+  std::optional<clock_type::time_point> drain_until;
+  auto stop_all = [&](std::string reason, int code, bool restartable) {
+    if (!outcome.failure.empty())
+      return;
+    outcome = {code, std::move(reason), restartable};
+    fmt::print(stderr, "troupe-launch: {}; stopping all ranks\n", outcome.failure);
+    for (auto& r : ranks)
+      signal_rank(r, SIGTERM);
+    kill_at = clock_type::now() + grace;
+  };
+  for (auto& r : ranks) {
+    r.pid = start_rank(r);
+    if (r.pid < 0) {
+      stop_all(fmt::format("cannot start rank {}: {}", r.command.rank, std::strerror(errno)), 1, false);
+      break;
+    }
+  }
+
+  for (;;) {
+    std::vector<pollfd> fds{{signal_pipe[0], POLLIN, 0}};
+    for (auto& r : ranks) {
+      if (r.out >= 0)
+        fds.push_back({r.out, POLLIN, 0});
+      if (r.err >= 0)
+        fds.push_back({r.err, POLLIN, 0});
+    }
+    poll(fds.data(), fds.size(), 50);
+    char drain[64];
+    while (read(signal_pipe[0], drain, sizeof drain) > 0) {
+    }
+    for (auto& r : ranks) {
+      if (r.out >= 0)
+        pump(r.out, stdout, r.command.rank, r.out_partial);
+      if (r.err >= 0)
+        pump(r.err, stderr, r.command.rank, r.err_partial);
+    }
+    for (auto& r : ranks) {
+      int status = 0;
+      if (r.pid > 0 && !r.status && waitpid(r.pid, &status, WNOHANG) == r.pid) {
+        r.status = status;
+        // A rank that was killed could not unlink its shared arena.
+        troupe::actors::shared_arena::remove_left_by(r.pid);
+        if (failed(status) && !r.stopped_by_us)
+          stop_all(fmt::format("rank {} ({}) {}", r.command.rank, r.command.node_name, describe(status)),
+                   WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), true);
+      }
+    }
+    if (interrupted_by != 0)
+      stop_all(fmt::format("interrupted by {}", strsignal(interrupted_by)), 128 + interrupted_by, false);
+    if (deadline && clock_type::now() >= *deadline)
+      stop_all(fmt::format("the job ran longer than --timeout={} s", *timeout_s), 124, false);
+    if (kill_at && clock_type::now() >= *kill_at) {
+      for (auto& r : ranks)
+        signal_rank(r, SIGKILL);
+      kill_at.reset();
+    }
+    bool all_exited = std::all_of(ranks.begin(), ranks.end(), [](auto& r) { return r.pid < 0 || r.status; });
+    if (all_exited) {
+      // What a rank left running (a backgrounded grandchild) may hold its
+      // pipes open: read for a moment, then stop waiting.
+      if (!drain_until)
+        drain_until = clock_type::now() + std::chrono::milliseconds(500);
+      bool open = std::any_of(ranks.begin(), ranks.end(), [](auto& r) { return r.out >= 0 || r.err >= 0; });
+      if (!open || clock_type::now() >= *drain_until)
+        break;
+    }
+  }
+  for (auto& r : ranks) {
+    if (r.out >= 0) {
+      emit(stdout, r.command.rank, r.out_partial, true);
+      close(r.out);
+    }
+    if (r.err >= 0) {
+      emit(stderr, r.command.rank, r.err_partial, true);
+      close(r.err);
+    }
+  }
+  if (!outcome.failure.empty()) {
+    for (auto& r : ranks)
+      if (r.status && r.stopped_by_us)
+        fmt::print(stderr, "troupe-launch: rank {} ({}) stopped: {}\n", r.command.rank, r.command.node_name,
+                   describe(*r.status));
+    if (outcome.exit_code == 0)
+      outcome.exit_code = 1;
+  }
+  return outcome;
 }
 
 } // namespace
@@ -204,7 +324,10 @@ void signal_rank(running_rank& r, int sig) {
 int main(int argc, char** argv) {
   launch_request request;
   std::optional<double> timeout_s;
-  double grace_s = 3;
+  // The job must end within 2 s of a rank's failure: ranks die at once on
+  // SIGTERM unless they handle it, and one that does gets this long.
+  double grace_s = 1.5;
+  std::uint32_t restarts = 0;
   bool dry_run = false;
   std::string hosts_file;
   bool have_n = false;
@@ -246,6 +369,14 @@ int main(int argc, char** argv) {
         return bad_arguments(fmt::format("-n=\"{}\" is not a positive integer", *value));
       request.ranks = *n;
       have_n = true;
+    } else if (arg == "--restarts" || arg.starts_with("--restarts=")) {
+      auto value = value_of("--restarts");
+      if (!value)
+        return bad_arguments("--restarts needs a value");
+      auto n = parse_count(*value, "--restarts");
+      if (!n)
+        return bad_arguments(fmt::format("--restarts=\"{}\" is not a non-negative integer", *value));
+      restarts = *n;
     } else if (arg == "--hosts" || arg.starts_with("--hosts=")) {
       auto value = value_of("--hosts");
       if (!value)
@@ -286,7 +417,8 @@ int main(int argc, char** argv) {
       return bad_arguments(hosts.error().message());
     request.hosts = *hosts;
   }
-  if (request.port == 0)
+  const bool chosen_port = request.port != 0;
+  if (!chosen_port)
     request.port = free_port();
   char cwd[4096];
   if (getcwd(cwd, sizeof cwd))
@@ -324,100 +456,30 @@ int main(int argc, char** argv) {
   sigaction(SIGCHLD, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::vector<running_rank> ranks;
-  for (auto& command : *plan) {
-    running_rank r;
-    r.command = command;
-    ranks.push_back(std::move(r));
-  }
-  for (auto& r : ranks) {
-    r.pid = start_rank(r);
-    if (r.pid < 0) {
-      fmt::print(stderr, "troupe-launch: cannot start rank {}: {}\n", r.command.rank, std::strerror(errno));
-      for (auto& other : ranks)
-        signal_rank(other, SIGKILL);
-      break;
+  const auto grace = std::chrono::milliseconds(static_cast<std::int64_t>(grace_s * 1000));
+  std::optional<clock_type::time_point> deadline;
+  if (timeout_s)
+    deadline = clock_type::now() + std::chrono::milliseconds(static_cast<std::int64_t>(*timeout_s * 1000));
+  for (std::uint32_t restart = 0;; ++restart) { // `restart` runs restarted so far
+    auto outcome = run_job(*plan, grace, deadline, timeout_s);
+    if (outcome.failure.empty())
+      return 0;
+    if (!outcome.restartable || restart == restarts || interrupted_by != 0) {
+      fmt::print(stderr, "troupe-launch: failed: {}\n", outcome.failure);
+      return outcome.exit_code;
+    }
+    fmt::print(stderr, "troupe-launch: restarting the job (restart {} of {}) after: {}\n", restart + 1, restarts,
+               outcome.failure);
+    request.restart = restart + 1;
+    // A fresh coordinator port: the last run's may still be held (TIME_WAIT,
+    // or a rank on another host that has not exited yet).
+    const auto old_port = request.port;
+    for (int tries = 0; !chosen_port && request.port == old_port && tries < 8; ++tries)
+      request.port = free_port();
+    plan = plan_launch(request);
+    if (!plan) { // cannot happen: the first plan from the same request succeeded
+      fmt::print(stderr, "troupe-launch: {}\n", plan.error().message());
+      return 1;
     }
   }
-
-  auto started = clock_type::now();
-  std::optional<clock_type::time_point> kill_at;
-  std::optional<clock_type::time_point> drain_until;
-  std::string failure; // the first reason to stop, for the summary
-  int exit_code = 0;
-  auto stop_all = [&](std::string reason, int code) {
-    if (!failure.empty())
-      return;
-    failure = std::move(reason);
-    exit_code = code;
-    fmt::print(stderr, "troupe-launch: {}; stopping all ranks\n", failure);
-    for (auto& r : ranks)
-      signal_rank(r, SIGTERM);
-    kill_at = clock_type::now() + std::chrono::milliseconds(static_cast<std::int64_t>(grace_s * 1000));
-  };
-
-  for (;;) {
-    std::vector<pollfd> fds{{signal_pipe[0], POLLIN, 0}};
-    for (auto& r : ranks) {
-      if (r.out >= 0)
-        fds.push_back({r.out, POLLIN, 0});
-      if (r.err >= 0)
-        fds.push_back({r.err, POLLIN, 0});
-    }
-    poll(fds.data(), fds.size(), 50);
-    char drain[64];
-    while (read(signal_pipe[0], drain, sizeof drain) > 0) {
-    }
-    for (auto& r : ranks) {
-      if (r.out >= 0)
-        pump(r.out, stdout, r.command.rank, r.out_partial);
-      if (r.err >= 0)
-        pump(r.err, stderr, r.command.rank, r.err_partial);
-    }
-    for (auto& r : ranks) {
-      int status = 0;
-      if (r.pid > 0 && !r.status && waitpid(r.pid, &status, WNOHANG) == r.pid) {
-        r.status = status;
-        // A rank that was killed could not unlink its shared arena.
-        troupe::actors::shared_arena::remove_left_by(r.pid);
-        if (failed(status) && !r.stopped_by_us)
-          stop_all(fmt::format("rank {} ({}) {}", r.command.rank, r.command.node_name, describe(status)),
-                   WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-      }
-    }
-    if (interrupted_by != 0)
-      stop_all(fmt::format("interrupted by {}", strsignal(interrupted_by)), 128 + interrupted_by);
-    if (timeout_s && clock_type::now() - started > std::chrono::duration<double>(*timeout_s))
-      stop_all(fmt::format("the job ran longer than --timeout={} s", *timeout_s), 124);
-    if (kill_at && clock_type::now() >= *kill_at) {
-      for (auto& r : ranks)
-        signal_rank(r, SIGKILL);
-      kill_at.reset();
-    }
-    bool all_exited = std::all_of(ranks.begin(), ranks.end(), [](auto& r) { return r.pid < 0 || r.status; });
-    if (all_exited) {
-      // What a rank left running (a backgrounded grandchild) may hold its
-      // pipes open: read for a moment, then stop waiting.
-      if (!drain_until)
-        drain_until = clock_type::now() + std::chrono::milliseconds(500);
-      bool open = std::any_of(ranks.begin(), ranks.end(), [](auto& r) { return r.out >= 0 || r.err >= 0; });
-      if (!open || clock_type::now() >= *drain_until)
-        break;
-    }
-  }
-  for (auto& r : ranks) {
-    if (r.out >= 0)
-      emit(stdout, r.command.rank, r.out_partial, true);
-    if (r.err >= 0)
-      emit(stderr, r.command.rank, r.err_partial, true);
-  }
-  if (!failure.empty()) {
-    for (auto& r : ranks)
-      if (r.status && r.stopped_by_us)
-        fmt::print(stderr, "troupe-launch: rank {} ({}) stopped: {}\n", r.command.rank, r.command.node_name,
-                   describe(*r.status));
-    fmt::print(stderr, "troupe-launch: failed: {}\n", failure);
-    return exit_code == 0 ? 1 : exit_code;
-  }
-  return 0;
 }

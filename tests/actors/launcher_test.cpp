@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "process_support.hpp"
 #include "troupe/actors/launcher.hpp"
 
@@ -24,7 +26,8 @@ const std::string launcher = std::string(TROUPE_BINARY_DIR) + "/bin/troupe-launc
 
 child_process launch(std::vector<std::string> args) {
   return child_process::start(launcher, args,
-                              {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=", "TROUPE_NODE_NAME="});
+                              {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=", "TROUPE_NODE_NAME=",
+                               "TROUPE_RESTART="});
 }
 
 // A scratch directory removed at the end of the test.
@@ -64,8 +67,11 @@ TEST(LaunchPlan, LocalRanksGetTheRendezvousVariables) {
   EXPECT_FALSE(rank2.remote);
   EXPECT_EQ(rank2.node_name, "worker2");
   EXPECT_EQ(rank2.env, (std::vector<std::string>{"TROUPE_COORDINATOR=127.0.0.1:4242", "TROUPE_RANK=2",
-                                                 "TROUPE_WORLD_SIZE=3", "TROUPE_NODE_NAME=worker2"}));
+                                                 "TROUPE_WORLD_SIZE=3", "TROUPE_NODE_NAME=worker2",
+                                                 "TROUPE_RESTART=0"}));
   EXPECT_EQ(rank2.argv, request.program);
+  request.restart = 2; // troupe-launch --restarts, the third run
+  EXPECT_EQ((*plan_launch(request))[2].env.back(), "TROUPE_RESTART=2");
   request.job_token = "s3cret";
   EXPECT_EQ((*plan_launch(request))[1].env.back(), "TROUPE_JOB_TOKEN=s3cret");
 }
@@ -88,7 +94,7 @@ TEST(LaunchPlan, RemoteRanksRunOverSshWithQuotedCommands) {
   EXPECT_EQ(rank1.argv,
             (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "gpu-a", "--",
                                       "cd '/home/me/my job' && env TROUPE_COORDINATOR=gpu-a:7000 TROUPE_RANK=1 "
-                                      "TROUPE_WORLD_SIZE=4 TROUPE_NODE_NAME=gpu-a-1 ./train 'a b' 'it'\\''s'"}));
+                                      "TROUPE_WORLD_SIZE=4 TROUPE_NODE_NAME=gpu-a-1 TROUPE_RESTART=0 ./train 'a b' 'it'\\''s'"}));
   EXPECT_EQ((*plan)[2].node_name, "gpu-b");
   // A localhost slot runs directly, without ssh.
   EXPECT_FALSE((*plan)[3].remote);
@@ -152,6 +158,110 @@ TEST(Launcher, AKilledRankIsReportedWithItsSignal) {
   EXPECT_NE(run.output().find("rank 0 (worker0) was killed by signal 9"), std::string::npos) << run.output();
 }
 
+TEST(Launcher, AStoppedRankDoesNotHoldTheJobForTheGracePeriod) {
+  scratch_dir dir;
+  // Rank 1 stops itself (SIGSTOP) and rank 0 then fails: a stopped process
+  // takes SIGTERM only once continued, so without the launcher's SIGCONT it
+  // would be killed only after the 10 s grace.
+  auto start = std::chrono::steady_clock::now();
+  auto run = launch({"-n", "2", "--grace", "10", "--", "/bin/sh", "-c",
+                     "echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; "
+                     "if [ $TROUPE_RANK = 1 ]; then kill -STOP $$; exec sleep 30; fi; sleep 0.5; exit 3"});
+  auto status = run.exited(20s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_LT(test::seconds_since(start), 3.0) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
+  EXPECT_NE(run.output().find("rank 1 (worker1) stopped: was killed by signal 15"), std::string::npos)
+    << run.output();
+  expect_all_gone(dir.path, 2);
+}
+
+// A rank program for the restart tests: prints its run and coordinator,
+// records that it ran, and fails (rank 1 with status 3) in the runs before
+// `succeed_from`.
+std::vector<std::string> failing_until(const scratch_dir& dir, int succeed_from) {
+  return {"/bin/sh", "-c",
+          "echo \"run $TROUPE_RESTART at $TROUPE_COORDINATOR\"; touch " + dir.path.string() +
+            "/ran.$TROUPE_RESTART.$TROUPE_RANK; echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; " +
+            "if [ $TROUPE_RANK = 1 ] && [ $TROUPE_RESTART -lt " + std::to_string(succeed_from) +
+            " ]; then sleep 0.2; exit 3; fi; sleep 0.5"};
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(Launcher, RestartsAFailedJobAndTellsEachRankItsRun) {
+  scratch_dir dir;
+  auto run = launch(concat({"-n", "2", "--restarts", "1", "--"}, failing_until(dir, 1)));
+  auto status = run.exited(30s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run.output();
+  auto& out = run.output();
+  EXPECT_NE(out.find("troupe-launch: restarting the job (restart 1 of 1) after: rank 1 (worker1) exited with "
+                     "status 3"),
+            std::string::npos)
+    << out;
+  for (int rank = 0; rank < 2; ++rank)
+    for (int attempt = 0; attempt < 2; ++attempt)
+      EXPECT_TRUE(std::filesystem::exists(dir.path / fmt::format("ran.{}.{}", attempt, rank)))
+        << "rank " << rank << " run " << attempt << "\n" << out;
+  EXPECT_EQ(out.find("troupe-launch: failed"), std::string::npos) << out;
+  // Each run has its own coordinator port: the last one's may be in TIME_WAIT.
+  auto coordinator_of = [&](int attempt) {
+    const auto prefix = "[0] run " + std::to_string(attempt) + " at ";
+    auto at = out.find(prefix);
+    return at == std::string::npos ? std::string() : out.substr(at + prefix.size(), out.find('\n', at) - at - prefix.size());
+  };
+  ASSERT_FALSE(coordinator_of(0).empty()) << out;
+  ASSERT_FALSE(coordinator_of(1).empty()) << out;
+  EXPECT_NE(coordinator_of(0), coordinator_of(1)) << out;
+  expect_all_gone(dir.path, 2);
+}
+
+TEST(Launcher, WithoutRestartsAFailedJobFails) {
+  scratch_dir dir;
+  auto run = launch(concat({"-n", "2", "--restarts", "0", "--"}, failing_until(dir, 1)));
+  auto status = run.exited(30s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
+  EXPECT_EQ(run.output().find("restarting"), std::string::npos) << run.output();
+  EXPECT_FALSE(std::filesystem::exists(dir.path / "ran.1.0")) << run.output();
+}
+
+TEST(Launcher, AJobThatAlwaysFailsRunsOncePlusItsRestartsAndExitsWithItsStatus) {
+  scratch_dir dir;
+  auto run = launch(concat({"-n", "2", "--restarts", "2", "--"}, failing_until(dir, 1000)));
+  auto status = run.exited(30s);
+  ASSERT_TRUE(status) << run.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
+  auto& out = run.output();
+  EXPECT_NE(out.find("(restart 1 of 2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(restart 2 of 2)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("(restart 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("troupe-launch: failed: rank 1 (worker1) exited with status 3"), std::string::npos) << out;
+  for (int attempt = 0; attempt < 3; ++attempt)
+    EXPECT_TRUE(std::filesystem::exists(dir.path / fmt::format("ran.{}.1", attempt))) << out;
+  EXPECT_FALSE(std::filesystem::exists(dir.path / "ran.3.1")) << out;
+}
+
+TEST(Launcher, NeitherTimeoutNorSigintRestarts) {
+  auto timed_out = launch({"-n", "2", "--restarts", "3", "--timeout", "0.5", "--", "sleep", "30"});
+  auto status = timed_out.exited(10s);
+  ASSERT_TRUE(status) << timed_out.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 124) << timed_out.output();
+  EXPECT_EQ(timed_out.output().find("restarting"), std::string::npos) << timed_out.output();
+
+  auto interrupted = launch({"-n", "2", "--restarts", "3", "--", "/bin/sh", "-c", "echo up; exec sleep 30"});
+  ASSERT_TRUE(interrupted.wait_for("[1] up", 10s)) << interrupted.output();
+  interrupted.signal(SIGINT);
+  status = interrupted.exited(10s);
+  ASSERT_TRUE(status) << interrupted.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGINT) << interrupted.output();
+  EXPECT_EQ(interrupted.output().find("restarting"), std::string::npos) << interrupted.output();
+}
+
 TEST(Launcher, SigintStopsEverything) {
   scratch_dir dir;
   // Rank 1 ignores SIGTERM: the launcher must escalate to SIGKILL.
@@ -184,6 +294,7 @@ TEST(Launcher, BadArgumentsExitWithStatusTwo) {
     {{"-n", "2", "--timeout", "-1", "--", "true"}, "--timeout=\"-1\" is not a positive number of seconds"},
     {{"-n", "2", "--hosts", "/nonexistent", "--", "true"}, "hosts file \"/nonexistent\" cannot be read"},
     {{"-n", "2", "--frobnicate", "--", "true"}, "unknown argument \"--frobnicate\""},
+    {{"-n", "2", "--restarts", "-1", "--", "true"}, "--restarts=\"-1\" is not a non-negative integer"},
   };
   for (auto& [args, says] : cases) {
     auto run = launch(args);
@@ -206,7 +317,7 @@ TEST(Launcher, DryRunPrintsSshCommandsWithoutRunningThem) {
   EXPECT_NE(out.find("rank 0 on 127.0.0.1: env TROUPE_COORDINATOR="), std::string::npos) << out;
   EXPECT_NE(out.find("rank 2 on far-away-host: ssh -o BatchMode=yes far-away-host -- "), std::string::npos) << out;
   // The secret is not made up for a dry run; the line says where it goes.
-  EXPECT_NE(out.find("TROUPE_RANK=2 TROUPE_WORLD_SIZE=3 TROUPE_NODE_NAME=far-away-host-1 "
+  EXPECT_NE(out.find("TROUPE_RANK=2 TROUPE_WORLD_SIZE=3 TROUPE_NODE_NAME=far-away-host-1 TROUPE_RESTART=0 "
                      "'\\''TROUPE_JOB_TOKEN=<random per job>'\\'' ./train"),
             std::string::npos)
     << out;

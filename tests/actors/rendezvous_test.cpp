@@ -32,9 +32,11 @@ TEST(Rendezvous, LauncherVariables) {
   auto options = from({}, {{"TROUPE_COORDINATOR", "10.0.0.1:4242"},
                            {"TROUPE_RANK", "2"},
                            {"TROUPE_WORLD_SIZE", "4"},
-                           {"TROUPE_NODE_NAME", "gpu-box.3"}});
+                           {"TROUPE_NODE_NAME", "gpu-box.3"},
+                           {"TROUPE_RESTART", "1"}});
   ASSERT_TRUE(options) << options.error().message();
   EXPECT_EQ(options->rank, 2u);
+  EXPECT_EQ(options->restart, 1u);
   EXPECT_EQ(options->world_size, 4u);
   EXPECT_EQ(options->coordinator, (endpoint{"10.0.0.1", 4242}));
   EXPECT_EQ(options->name, "gpu-box.3");
@@ -59,6 +61,7 @@ TEST(Rendezvous, SlurmAndOpenMpiVariablesAndDefaultName) {
   ASSERT_TRUE(alone);
   EXPECT_TRUE(alone->is_coordinator());
   EXPECT_EQ(alone->name, "worker0");
+  EXPECT_EQ(alone->restart, 0u); // not under troupe-launch --restarts: the first run
 }
 
 TEST(Rendezvous, BadVariablesNameTheVariableAndValue) {
@@ -71,6 +74,7 @@ TEST(Rendezvous, BadVariablesNameTheVariableAndValue) {
   EXPECT_EQ(error_of({}, {{"TROUPE_COORDINATOR", "localhost:70000"}}),
             "TROUPE_COORDINATOR=\"localhost:70000\": port \"70000\" is not in [0, 65535]");
   EXPECT_NE(error_of({}, {{"TROUPE_NODE_NAME", "a/b"}}).find("TROUPE_NODE_NAME"), std::string::npos);
+  EXPECT_EQ(error_of({}, {{"TROUPE_RESTART", "-1"}}), "TROUPE_RESTART=\"-1\" is not a non-negative integer");
   EXPECT_EQ(error_of({}, {{"TROUPE_RANK", "1"}, {"TROUPE_WORLD_SIZE", "2"}}),
             "node worker1 (rank 1) needs the coordinator's address: set TROUPE_COORDINATOR=host:port or "
             "--troupe.coordinator=host:port");

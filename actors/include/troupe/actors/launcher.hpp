@@ -39,6 +39,11 @@ struct launch_request {
   /// The job's secret, given to every rank as TROUPE_JOB_TOKEN (node_options
   /// job_token); empty: none.
   std::string job_token;
+  /// Which run of the job this is, given to every rank as TROUPE_RESTART:
+  /// 0 the first, k after k restarts (troupe-launch --restarts). A rank
+  /// reads it as job::restart() to know it should resume from its latest
+  /// checkpoint.
+  std::uint32_t restart = 0;
 };
 
 /// How to start one rank.

@@ -29,6 +29,9 @@ struct node_options {
   std::string name;
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
+  /// Which run of the job this is: 0 the first, k after troupe-launch
+  /// restarted it k times (TROUPE_RESTART).
+  std::uint32_t restart = 0;
   /// The coordinator (rank 0). Rank 0 listens on its port; with port 0 it
   /// picks a free one (node::port() tells which).
   endpoint coordinator{"127.0.0.1", 0};

@@ -17,6 +17,8 @@ inline constexpr const char* env_rank = "TROUPE_RANK";
 inline constexpr const char* env_world_size = "TROUPE_WORLD_SIZE";
 inline constexpr const char* env_node_name = "TROUPE_NODE_NAME";
 inline constexpr const char* env_config = "TROUPE_CONFIG";
+/// Which run of the job this is (troupe-launch --restarts): 0, 1, ...
+inline constexpr const char* env_restart = "TROUPE_RESTART";
 
 /// A snapshot of environment variables (tests pass their own).
 using environment = std::map<std::string, std::string, std::less<>>;
@@ -42,10 +44,12 @@ struct rendezvous {
   std::optional<std::uint32_t> world_size;
   std::optional<endpoint> coordinator;
   std::optional<std::string> node_name;
+  std::optional<std::uint32_t> restart;
 
   /// Reads TROUPE_RANK / TROUPE_WORLD_SIZE, else SLURM_PROCID / SLURM_NTASKS,
-  /// else OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE, and TROUPE_COORDINATOR
-  /// and TROUPE_NODE_NAME. A set but malformed variable is an error naming it.
+  /// else OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE, and TROUPE_COORDINATOR,
+  /// TROUPE_NODE_NAME and TROUPE_RESTART. A set but malformed variable is an
+  /// error naming it.
   static troupe::expected<rendezvous> from(const environment& env);
 };
 
