@@ -270,6 +270,11 @@ std::uint32_t job::rank() const {
   return state_->node->rank();
 }
 
+std::uint32_t job::restart() const {
+  require(state_->node != nullptr, "job::restart: the job has not started");
+  return state_->node->options().restart;
+}
+
 std::uint32_t job::world_size() const {
   require(state_->node != nullptr, "job::world_size: the job has not started");
   return state_->node->options().world_size;

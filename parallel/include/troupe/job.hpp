@@ -133,6 +133,10 @@ public:
 
   std::uint32_t rank() const;
   std::uint32_t world_size() const;
+  /// Which run of the job this is: 0 the first, k after `troupe-launch
+  /// --restarts` started the job again k times (TROUPE_RESTART). A job
+  /// restarted after a failure resumes from its latest checkpoint.
+  std::uint32_t restart() const;
   bool is_driver() const { return rank() == 0; }
   /// Every rank's node name, by rank.
   const std::vector<std::string>& nodes() const;
