@@ -6,6 +6,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -70,6 +71,77 @@ caf::behavior job_actor(caf::event_based_actor* self, std::uint32_t rank, std::f
   };
 }
 
+/// The driver's end of the job, narrated: (1) every other rank is asked to
+/// say when it has reached its own finish() or serve() (wait_for); (2) once
+/// all have, all are released (delete). A rank whose process is lost is
+/// settled by its monitor's down message instead: CAF drops a message to a
+/// lost node's actor without an answer, so a request to it would wait out
+/// its whole timeout (a minute). A killed rank is seen at once, a stopped
+/// one after the heartbeat timeout. `done` is filled once both phases are
+/// settled.
+struct release_progress {
+  std::vector<caf::actor> ranks;
+  std::shared_ptr<std::promise<void>> done;
+  std::set<caf::actor_addr> pending; // the current phase's ranks not settled yet
+  std::set<caf::actor_addr> lost;
+  bool releasing = false; // phase (2)
+};
+
+void ask_every_rank(caf::event_based_actor* self, const std::shared_ptr<release_progress>& st);
+
+/// The current phase has nothing left to wait for: on to the next.
+void end_phase(caf::event_based_actor* self, const std::shared_ptr<release_progress>& st) {
+  if (st->releasing) {
+    st->done->set_value();
+    self->quit();
+    return;
+  }
+  st->releasing = true;
+  ask_every_rank(self, st);
+}
+
+void settle_rank(caf::event_based_actor* self, const std::shared_ptr<release_progress>& st,
+                 const caf::actor_addr& who) {
+  if (st->pending.erase(who) == 1 && st->pending.empty())
+    end_phase(self, st);
+}
+
+void ask_every_rank(caf::event_based_actor* self, const std::shared_ptr<release_progress>& st) {
+  for (const auto& r : st->ranks)
+    if (!st->lost.count(r.address()))
+      st->pending.insert(r.address());
+  if (st->pending.empty()) { // every rank lost
+    end_phase(self, st);
+    return;
+  }
+  for (const auto& r : st->ranks) {
+    if (st->lost.count(r.address()))
+      continue;
+    auto answered = [self, st, who = r.address()](caf::ok_atom) { settle_rank(self, st, who); };
+    auto failed = [self, st, who = r.address()](caf::error&) { settle_rank(self, st, who); }; // gone or late
+    if (st->releasing)
+      self->request(r, release_timeout, caf::delete_atom::value).then(answered, failed);
+    else
+      self->request(r, release_timeout, caf::wait_for_atom::value).then(answered, failed);
+  }
+}
+
+caf::behavior release_ranks(caf::event_based_actor* self, std::vector<caf::actor> ranks,
+                            std::shared_ptr<std::promise<void>> done) {
+  auto st = std::make_shared<release_progress>();
+  std::erase_if(ranks, [](const caf::actor& r) { return !r; });
+  st->ranks = std::move(ranks);
+  st->done = std::move(done);
+  self->set_down_handler([self, st](caf::down_msg& msg) {
+    st->lost.insert(msg.source);
+    settle_rank(self, st, msg.source);
+  });
+  for (const auto& r : st->ranks)
+    self->monitor(r);
+  ask_every_rank(self, st);
+  return {[](caf::ok_atom) {}};
+}
+
 } // namespace
 
 struct job::state {
@@ -87,6 +159,7 @@ struct job::state {
   std::vector<caf::actor> rank_actors; // by rank
   std::vector<std::string> node_names; // by rank
   std::promise<int> served;            // 0: released by the driver, 1: the driver is lost
+  std::string driver_lost;             // why, when served is 1
   std::shared_ptr<parallel::finish_hooks> at_finish = std::make_shared<parallel::finish_hooks>();
   std::atomic<bool> serve_decided{false};
   bool finished = false;
@@ -255,7 +328,8 @@ expected<void> job::join(const actors::node_options& options) {
     // connection breaking, or heartbeats missing, end it).
     st.driver_watch = n.system().spawn([raw, driver = st.rank_actors[0]](caf::event_based_actor* self) {
       self->monitor(driver);
-      self->set_down_handler([raw, self](caf::down_msg&) {
+      self->set_down_handler([raw, self](caf::down_msg& msg) {
+        raw->driver_lost = self->system().render(msg.reason); // read after served's future, so no race
         raw->decide(1);
         self->quit();
       });
@@ -376,20 +450,29 @@ int job::finish(int status) {
   std::fflush(stdout);
   if (!st.serving)
     st.at_finish->run_all();
+  if (is_driver() && status != 0) {
+    // A failing driver waits for nobody: a rank still working (in a
+    // collective with a lost peer, or with this driver) might need its
+    // collective's whole timeout to get here. Ranks that serve take the
+    // release now; the others learn of the driver's loss.
+    for (std::size_t r = 1; r < st.rank_actors.size(); ++r)
+      if (st.rank_actors[r])
+        caf::anon_send(st.rank_actors[r], caf::delete_atom::value);
+    st.stop_node();
+    return status;
+  }
   if (is_driver()) {
-    { // the scoped actor must be gone before the node stops
-      caf::scoped_actor self{st.node->system()};
-      // Every rank first reaches its finish() or serve(), then all are
-      // released: ranks that serve others (parameter servers) outlive
-      // every rank that still works.
-      for (std::size_t r = 1; r < st.rank_actors.size(); ++r)
-        if (st.rank_actors[r])
-          self->request(st.rank_actors[r], release_timeout, caf::wait_for_atom::value)
-            .receive([](caf::ok_atom) {}, [](caf::error&) {}); // a rank already gone needs no wait
-      for (std::size_t r = 1; r < st.rank_actors.size(); ++r)
-        if (st.rank_actors[r])
-          self->request(st.rank_actors[r], release_timeout, caf::delete_atom::value)
-            .receive([](caf::ok_atom) {}, [](caf::error&) {}); // a rank already gone needs no release
+    // Every rank first reaches its finish() or serve(), then all are
+    // released: ranks that serve others (parameter servers) outlive every
+    // rank that still works. Each request is bounded, so the wait is too.
+    auto done = std::make_shared<std::promise<void>>();
+    auto settled = done->get_future();
+    std::vector<caf::actor> others(st.rank_actors.begin() + std::min<std::size_t>(1, st.rank_actors.size()),
+                                   st.rank_actors.end());
+    { // no handle of ours may outlive the node
+      auto releaser = st.node->system().spawn(release_ranks, std::move(others), done);
+      if (settled.wait_for(2 * release_timeout + 5s) != std::future_status::ready)
+        caf::anon_send_exit(releaser, caf::exit_reason::user_shutdown);
     }
     st.stop_node();
     return status;
@@ -409,6 +492,7 @@ int job::finish(int status) {
   // (seen: forever). The process is about to end; let the operating
   // system reclaim the node.
   std::fflush(stdout);
+  fmt::print(stderr, "{}: the driver ({}) was lost: {}\n", st.program, st.node_names.at(0), st.driver_lost);
   static_cast<void>(st.node.release());
   return 1;
 }

@@ -159,8 +159,10 @@ public:
   int serve();
   /// Ends this rank's part: stops the distributed objects made from the job
   /// that are still alive, newest first. The driver then releases every other
-  /// rank, each once it has reached its own finish() (at most a minute
-  /// each), and stops its node; the other ranks wait for that release (so
+  /// rank, each once it has reached its own finish() (at most a minute; a
+  /// rank whose process is lost is not waited for, and a driver finishing
+  /// with a non-zero status waits for none), and stops its node; the other
+  /// ranks wait for that release (so
   /// the driver's node outlives their last collective) or the driver's
   /// loss. Returns `status`, or 1 when the driver was lost; in that case
   /// the node is left to the process's exit. Idempotent; the destructor
