@@ -143,7 +143,16 @@ expected<std::shared_ptr<reducer_member>> reducer_member::join(actors::node& nod
   // waits for them runs on its caller's thread.
   auto st = group->state_;
   group->reducer_ = std::make_unique<reducer_actor>();
-  group->reducer_->handle = node.system().spawn<caf::detached>([st](caf::event_based_actor*) -> caf::behavior {
+  group->reducer_->handle = node.system().spawn<caf::detached>([st](caf::event_based_actor* self) -> caf::behavior {
+    // Stopped with its node (node::stop stops every registered actor): a
+    // collective still waiting, say for a replica whose own pipeline lost a
+    // stage and never reaches this reduction, ends now instead of at the
+    // ring's timeout, and the node's stop, which waits for that thread,
+    // with it.
+    self->attach_functor([weak = std::weak_ptr<state>(st)] {
+      if (auto s = weak.lock())
+        s->fail("this rank's reducer stopped (its node is stopping)");
+    });
     return {[st](const actors::tensor_message& m) { st->put(m); }};
   });
   // Attach before the registry learns the place, so that a neighbour that
