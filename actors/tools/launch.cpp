@@ -213,8 +213,8 @@ void signal_rank(running_rank& r, int sig) {
 
 /// How one run of the job ended.
 struct run_outcome {
-  int exit_code = 0;     ///< 0: every rank exited 0
-  std::string failure;   ///< the first reason to stop; empty: none
+  int exit_code = 0;        ///< 0: every rank exited 0
+  std::string failure;      ///< the first reason to stop; empty: none
   bool restartable = false; ///< a rank failed by itself (not Ctrl-C, --timeout or a failed start)
 };
 

@@ -53,6 +53,24 @@ void expect_all_gone(const std::filesystem::path& dir, int ranks) {
   }
 }
 
+// A rank's program: `body` for /bin/sh, after it has recorded its pid in
+// `dir` for expect_all_gone.
+std::vector<std::string> rank_shell(const scratch_dir& dir, const std::string& body) {
+  return {"/bin/sh", "-c", "echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; " + body};
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// The launcher's exit status once it has exited (within `timeout`); -1 while
+// it still runs or when a signal ended it.
+int exit_status(child_process& run, std::chrono::milliseconds timeout = 30s) {
+  auto status = run.exited(timeout);
+  return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+}
+
 } // namespace
 
 TEST(LaunchPlan, LocalRanksGetTheRendezvousVariables) {
@@ -137,13 +155,10 @@ TEST(Launcher, EveryRankGetsItsVariablesAndPrefixedOutput) {
 TEST(Launcher, OneFailingRankStopsTheOthersAndIsNamed) {
   scratch_dir dir;
   auto start = std::chrono::steady_clock::now();
-  auto run = launch({"-n", "3", "--grace", "2", "--", "/bin/sh", "-c",
-                     "echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; "
-                     "if [ $TROUPE_RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30"});
-  auto status = run.exited(20s);
-  ASSERT_TRUE(status) << run.output();
+  auto run = launch(concat({"-n", "3", "--grace", "2", "--"},
+                           rank_shell(dir, "if [ $TROUPE_RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30")));
+  EXPECT_EQ(exit_status(run), 3) << run.output();
   EXPECT_LT(test::seconds_since(start), 10.0);
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
   EXPECT_NE(run.output().find("troupe-launch: failed: rank 1 (worker1) exited with status 3"), std::string::npos)
     << run.output();
   expect_all_gone(dir.path, 3);
@@ -164,40 +179,33 @@ TEST(Launcher, AStoppedRankDoesNotHoldTheJobForTheGracePeriod) {
   // takes SIGTERM only once continued, so without the launcher's SIGCONT it
   // would be killed only after the 10 s grace.
   auto start = std::chrono::steady_clock::now();
-  auto run = launch({"-n", "2", "--grace", "10", "--", "/bin/sh", "-c",
-                     "echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; "
-                     "if [ $TROUPE_RANK = 1 ]; then kill -STOP $$; exec sleep 30; fi; sleep 0.5; exit 3"});
-  auto status = run.exited(20s);
-  ASSERT_TRUE(status) << run.output();
+  auto run = launch(concat({"-n", "2", "--grace", "10", "--"},
+                           rank_shell(dir, "if [ $TROUPE_RANK = 1 ]; then kill -STOP $$; exec sleep 30; fi; "
+                                           "sleep 0.5; exit 3")));
+  EXPECT_EQ(exit_status(run), 3) << run.output();
   EXPECT_LT(test::seconds_since(start), 3.0) << run.output();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
   EXPECT_NE(run.output().find("rank 1 (worker1) stopped: was killed by signal 15"), std::string::npos)
     << run.output();
   expect_all_gone(dir.path, 2);
 }
 
+namespace {
+
 // A rank program for the restart tests: prints its run and coordinator,
 // records that it ran, and fails (rank 1 with status 3) in the runs before
 // `succeed_from`.
 std::vector<std::string> failing_until(const scratch_dir& dir, int succeed_from) {
-  return {"/bin/sh", "-c",
-          "echo \"run $TROUPE_RESTART at $TROUPE_COORDINATOR\"; touch " + dir.path.string() +
-            "/ran.$TROUPE_RESTART.$TROUPE_RANK; echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; " +
-            "if [ $TROUPE_RANK = 1 ] && [ $TROUPE_RESTART -lt " + std::to_string(succeed_from) +
-            " ]; then sleep 0.2; exit 3; fi; sleep 0.5"};
+  return rank_shell(dir, "echo \"run $TROUPE_RESTART at $TROUPE_COORDINATOR\"; touch " + dir.path.string() +
+                           "/ran.$TROUPE_RESTART.$TROUPE_RANK; if [ $TROUPE_RANK = 1 ] && [ $TROUPE_RESTART -lt " +
+                           std::to_string(succeed_from) + " ]; then sleep 0.2; exit 3; fi; sleep 0.5");
 }
 
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
+} // namespace
 
 TEST(Launcher, RestartsAFailedJobAndTellsEachRankItsRun) {
   scratch_dir dir;
   auto run = launch(concat({"-n", "2", "--restarts", "1", "--"}, failing_until(dir, 1)));
-  auto status = run.exited(30s);
-  ASSERT_TRUE(status) << run.output();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run.output();
+  ASSERT_EQ(exit_status(run), 0) << run.output();
   auto& out = run.output();
   EXPECT_NE(out.find("troupe-launch: restarting the job (restart 1 of 1) after: rank 1 (worker1) exited with "
                      "status 3"),
@@ -223,9 +231,7 @@ TEST(Launcher, RestartsAFailedJobAndTellsEachRankItsRun) {
 TEST(Launcher, WithoutRestartsAFailedJobFails) {
   scratch_dir dir;
   auto run = launch(concat({"-n", "2", "--restarts", "0", "--"}, failing_until(dir, 1)));
-  auto status = run.exited(30s);
-  ASSERT_TRUE(status) << run.output();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
+  EXPECT_EQ(exit_status(run), 3) << run.output();
   EXPECT_EQ(run.output().find("restarting"), std::string::npos) << run.output();
   EXPECT_FALSE(std::filesystem::exists(dir.path / "ran.1.0")) << run.output();
 }
@@ -233,9 +239,7 @@ TEST(Launcher, WithoutRestartsAFailedJobFails) {
 TEST(Launcher, AJobThatAlwaysFailsRunsOncePlusItsRestartsAndExitsWithItsStatus) {
   scratch_dir dir;
   auto run = launch(concat({"-n", "2", "--restarts", "2", "--"}, failing_until(dir, 1000)));
-  auto status = run.exited(30s);
-  ASSERT_TRUE(status) << run.output();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << run.output();
+  EXPECT_EQ(exit_status(run), 3) << run.output();
   auto& out = run.output();
   EXPECT_NE(out.find("(restart 1 of 2)"), std::string::npos) << out;
   EXPECT_NE(out.find("(restart 2 of 2)"), std::string::npos) << out;
@@ -248,17 +252,13 @@ TEST(Launcher, AJobThatAlwaysFailsRunsOncePlusItsRestartsAndExitsWithItsStatus) 
 
 TEST(Launcher, NeitherTimeoutNorSigintRestarts) {
   auto timed_out = launch({"-n", "2", "--restarts", "3", "--timeout", "0.5", "--", "sleep", "30"});
-  auto status = timed_out.exited(10s);
-  ASSERT_TRUE(status) << timed_out.output();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 124) << timed_out.output();
+  EXPECT_EQ(exit_status(timed_out, 10s), 124) << timed_out.output();
   EXPECT_EQ(timed_out.output().find("restarting"), std::string::npos) << timed_out.output();
 
   auto interrupted = launch({"-n", "2", "--restarts", "3", "--", "/bin/sh", "-c", "echo up; exec sleep 30"});
   ASSERT_TRUE(interrupted.wait_for("[1] up", 10s)) << interrupted.output();
   interrupted.signal(SIGINT);
-  status = interrupted.exited(10s);
-  ASSERT_TRUE(status) << interrupted.output();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGINT) << interrupted.output();
+  EXPECT_EQ(exit_status(interrupted, 10s), 128 + SIGINT) << interrupted.output();
   EXPECT_EQ(interrupted.output().find("restarting"), std::string::npos) << interrupted.output();
 }
 
