@@ -230,7 +230,7 @@ run_outcome run_job(const std::vector<rank_command>& plan, std::chrono::millisec
     ranks.push_back(std::move(r));
   }
   run_outcome outcome;
-  std::optional<clock_type::time_point> kill_at;
+  auto kill_at = clock_type::time_point::max(); // SIGKILL for what is left then; max: not stopping
   std::optional<clock_type::time_point> drain_until;
   auto stop_all = [&](std::string reason, int code, bool restartable) {
     if (!outcome.failure.empty())
@@ -282,10 +282,10 @@ run_outcome run_job(const std::vector<rank_command>& plan, std::chrono::millisec
       stop_all(fmt::format("interrupted by {}", strsignal(interrupted_by)), 128 + interrupted_by, false);
     if (deadline && clock_type::now() >= *deadline)
       stop_all(fmt::format("the job ran longer than --timeout={} s", *timeout_s), 124, false);
-    if (kill_at && clock_type::now() >= *kill_at) {
+    if (clock_type::now() >= kill_at) {
       for (auto& r : ranks)
         signal_rank(r, SIGKILL);
-      kill_at.reset();
+      kill_at = clock_type::time_point::max();
     }
     bool all_exited = std::all_of(ranks.begin(), ranks.end(), [](auto& r) { return r.pid < 0 || r.status; });
     if (all_exited) {
