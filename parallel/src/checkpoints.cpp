@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -10,6 +12,8 @@
 
 #include "pipeline_state.hpp"
 #include "training_state.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/peer_monitor.hpp"
 #include "troupe/job.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/hybrid.hpp"
@@ -64,7 +68,23 @@ struct checkpoints::impl {
     std::vector<std::vector<std::string>> state_holders;
   };
 
+  /// The first rank the job lost, if any: the coordinator stops waiting for
+  /// reports then (that rank's will never come).
+  struct loss_watch {
+    std::mutex mutex;
+    std::optional<std::string> lost;
+  };
+
+  ~impl() {
+    (void)thread.wait(); // while a lost rank still ends the coordinator's wait
+    if (node != nullptr)
+      node->remove_peer_lost_handler(peer_lost_handler);
+  }
+
   checkpoint_options options;
+  actors::node* node = nullptr;
+  std::uint64_t peer_lost_handler = 0;
+  std::shared_ptr<loss_watch> losses = std::make_shared<loss_watch>();
   /// The job's rank; without a job, 0 or the tracked replica's rank.
   std::uint32_t rank = 0;
   bool in_job = false;
@@ -100,8 +120,15 @@ struct checkpoints::impl {
 expected<checkpoints> checkpoints::create(troupe::job& job, checkpoint_options options) {
   auto made = create(std::move(options));
   if (made) {
-    made->impl_->rank = job.rank();
-    made->impl_->in_job = true;
+    auto& state = *made->impl_;
+    state.rank = job.rank();
+    state.in_job = true;
+    state.node = &job.node();
+    state.peer_lost_handler = state.node->on_peer_lost([watch = state.losses](const actors::peer_lost& lost) {
+      std::lock_guard lock(watch->mutex);
+      if (!watch->lost)
+        watch->lost = fmt::format("{} was lost ({})", lost.node, lost.reason);
+    });
   }
   return made;
 }
@@ -250,13 +277,16 @@ expected<void> checkpoints::impl::save(std::int64_t step) {
 
   auto write = [mine = std::move(mine), root = options.directory, at, coordinate = coordinator(),
                 all = writers, timeout = options.timeout, keep_last = options.keep_last,
-                metadata = std::move(metadata)]() -> expected<void> {
+                metadata = std::move(metadata), watch = losses]() -> expected<void> {
     for (const auto& [writer, shares] : mine)
       if (auto ok = write_shares(root, at, writer, shares); !ok)
         return ok;
     if (!coordinate)
       return {};
-    auto written = collect_reports(root, at, all, timeout);
+    auto written = collect_reports(root, at, all, timeout, [&watch]() {
+      std::lock_guard lock(watch->mutex);
+      return watch->lost;
+    });
     if (!written)
       return written.error();
     auto committed = commit_checkpoint(root, *written, {at, metadata, keep_last});

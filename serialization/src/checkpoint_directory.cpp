@@ -168,9 +168,9 @@ expected<fs::path> commit_checkpoint(const fs::path& root, std::span<const check
   return final_path;
 }
 
-expected<std::vector<checkpoint_tensor>> collect_reports(const fs::path& root, std::uint64_t step,
-                                                         std::span<const std::string> writers,
-                                                         std::chrono::milliseconds timeout) {
+expected<std::vector<checkpoint_tensor>> collect_reports(
+  const fs::path& root, std::uint64_t step, std::span<const std::string> writers, std::chrono::milliseconds timeout,
+  const std::function<std::optional<std::string>()>& abandon) {
   auto staging = staging_path(root, step);
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<checkpoint_tensor> out;
@@ -211,6 +211,9 @@ expected<std::vector<checkpoint_tensor>> collect_reports(const fs::path& root, s
     }
     if (waiting.empty())
       return out;
+    if (auto reason = abandon ? abandon() : std::nullopt)
+      return make_error(errc::io_error, "checkpoint of step {}: gave up waiting for {}: {}", step,
+                        fmt::join(waiting, ", "), *reason);
     if (std::chrono::steady_clock::now() >= deadline)
       return make_error(errc::io_error, "checkpoint of step {}: no report from {} within {} ms", step,
                         fmt::join(waiting, ", "), timeout.count());

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,9 +55,12 @@ expected<std::filesystem::path> commit_checkpoint(const std::filesystem::path& r
 /// shard file. Errors: a writer's failure (errc::io_error naming the writer
 /// and its message), a bad report (naming its file), errc::io_error naming
 /// the writers that did not report in time.
-expected<std::vector<checkpoint_tensor>> collect_reports(const std::filesystem::path& root, std::uint64_t step,
-                                                         std::span<const std::string> writers,
-                                                         std::chrono::milliseconds timeout);
+/// `abandon`, when given, is asked while waiting: a reason ends the wait at
+/// once with an error naming it (a writer's process was lost: its report
+/// will never come).
+expected<std::vector<checkpoint_tensor>> collect_reports(
+  const std::filesystem::path& root, std::uint64_t step, std::span<const std::string> writers,
+  std::chrono::milliseconds timeout, const std::function<std::optional<std::string>()>& abandon = {});
 
 /// The newest committed checkpoint under `root` (the highest N of a
 /// `step-<N>` directory whose manifest parses), or nullopt when there is

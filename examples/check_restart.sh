@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Restart after a failure (issue 21): a job under `troupe-launch --restarts 1`
+# whose rank is killed (SIGKILL) after a checkpoint exists is stopped and
+# started again by the launcher, resumes by itself from the latest complete
+# checkpoint, and prints the losses of an uninterrupted run. Then a save cut
+# short: a rank killed while the job saves every step leaves the previous
+# checkpoint loadable (troupe-checkpoint verify), and the restarted job
+# resumes from it. Prints the time from the kill to the first resumed step.
+#   examples/check_restart.sh BIN_DIR DEMO RANKS
+set -uo pipefail
+bin=$1 demo=$2 ranks=$3
+dir=$(mktemp -d)
+launcher=""
+cleanup() {
+  if [[ -n $launcher ]]; then
+    for p in $(pgrep -P "$launcher"); do kill -KILL "$p" 2>/dev/null; done
+    kill -KILL "$launcher" 2>/dev/null
+    wait "$launcher" 2>/dev/null
+  fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+now() { date +%s.%N; }
+rank_pid() { # launcher pid, rank -> that rank's pid
+  for p in $(pgrep -P "$1"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TROUPE_RANK=$2" && { echo "$p"; return; }
+  done
+}
+losses() { grep -E '^\[0\] step +[0-9]+  loss' "$1" | sed -E 's/^\[0\] step +([0-9]+)  loss ([0-9.]+).*/\1 \2/'; }
+
+steps=60
+export OPENBLAS_NUM_THREADS=1
+"$bin/troupe-launch" -n "$ranks" -- "$demo" --steps=$steps --print-every=1 >"$dir/plain" 2>&1 ||
+  { tail "$dir/plain"; echo "FAIL: the uninterrupted run failed"; exit 1; }
+
+# run_case NAME EVERY WAIT_FOR: kill rank 1 once WAIT_FOR exists under the
+# checkpoint directory, then require a restart that resumes with the
+# uninterrupted losses.
+run_case() {
+  local name=$1 every=$2 wait_for=$3 ck="$dir/ck-$1" out="$dir/out-$1"
+  "$bin/troupe-launch" -n "$ranks" --restarts 1 -- "$demo" --steps=$steps --print-every=1 \
+    --checkpoint-dir="$ck" --checkpoint-every="$every" --troupe.heartbeat-timeout=3s >"$out" 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 1200); do [[ -e $ck/$wait_for ]] && break; sleep 0.05; done
+  [[ -e $ck/$wait_for ]] || { tail "$out"; echo "FAIL ($name): no $wait_for"; exit 1; }
+  local target
+  target=$(rank_pid "$launcher" 1)
+  [[ -n $target ]] || { echo "FAIL ($name): no process for rank 1"; exit 1; }
+  local killed_at
+  killed_at=$(now)
+  kill -KILL "$target"
+  # The first step printed by the restarted job (after the launcher's line).
+  local resumed_at=""
+  for _ in $(seq 1 1200); do
+    if awk '/restarting the job/ {seen = 1} seen' "$out" | grep -qE '^\[0\] step '; then
+      resumed_at=$(now); break
+    fi
+    kill -0 "$launcher" 2>/dev/null || break
+    sleep 0.05
+  done
+  local status=0
+  wait "$launcher" || status=$?
+  launcher=""
+  [[ $status -eq 0 ]] || { tail -20 "$out"; echo "FAIL ($name): the restarted job exited $status"; exit 1; }
+  grep -q "restarting the job" "$out" || { tail "$out"; echo "FAIL ($name): no restart"; exit 1; }
+  [[ -n $resumed_at ]] || { tail "$out"; echo "FAIL ($name): no step after the restart"; exit 1; }
+  # After the restart the job printed steps from its checkpoint on: each must
+  # equal the uninterrupted run's loss at that step.
+  local after first
+  after=$(awk '/restarting the job/ {seen = 1} seen' "$out" | grep -E '^\[0\] step ' |
+          sed -E 's/^\[0\] step +([0-9]+)  loss ([0-9.]+).*/\1 \2/')
+  first=$(head -1 <<<"$after" | cut -d' ' -f1)
+  [[ $first -gt 1 ]] || { echo "FAIL ($name): the restarted job began at step $first, not after a checkpoint"; exit 1; }
+  diff <(losses "$dir/plain" | awk -v f="$first" '$1 >= f') <(sort -n -k1,1 -u <<<"$after") >"$dir/diff" ||
+    { cat "$dir/diff"; echo "FAIL ($name): losses after the resume differ from the uninterrupted run's"; exit 1; }
+  echo "$name: killed rank 1, restarted, resumed at step $first with the uninterrupted losses;" \
+       "kill to first resumed step $(echo "$resumed_at - $killed_at" | bc) s"
+}
+
+run_case after-a-checkpoint 10 step-20
+# Saving every step: the kill lands while a save may be in flight; whatever
+# it cut short, the latest complete checkpoint verifies and the job resumes.
+run_case during-saves 1 step-8
+latest=$(ls -d "$dir"/ck-during-saves/step-* | grep -v '\.tmp$' | sort -t- -k2 -n | tail -1)
+"$bin/troupe-checkpoint" verify "$latest" >/dev/null ||
+  { echo "FAIL: the latest checkpoint $latest does not verify"; exit 1; }
+echo "OK: both restarts resumed from the latest complete checkpoint with the uninterrupted losses"
