@@ -14,6 +14,7 @@
 // Reads hit the page cache on both sides (nothing drops it between the
 // write and the read); the writes are fsynced on both sides.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -119,6 +120,7 @@ std::uint64_t checkpoint_bytes(const fs::path& directory) {
 }
 
 int parent(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN); // a rank that died is reported by its missing answer, not by killing rank 0
   bench::check_flags("checkpoint", argc, argv, {"mib=", "width=", "stages=", "rounds=", "dir=", "no-peers"});
   bench::report out("checkpoint", argc, argv);
   const auto s = parse(argc, argv);
@@ -131,7 +133,8 @@ int parent(int argc, char** argv) {
   out.note("{} linear layers of width {} (float32) with Adam's state, over {} stage processes; checkpoints in {}",
            s.layers(), s.width, n, s.dir);
 
-  auto node = bench::start_rank_zero(n);
+  // Every stage process builds the whole model before keeping its slice.
+  auto node = bench::start_rank_zero(n, std::chrono::minutes(5));
   parallel::register_stage_factory(*node, recipe(s));
   auto children = bench::start_ranks(*node, n, "stage", {fmt::format("--width={}", s.width),
                                                          fmt::format("--mib={}", s.mib),

@@ -4,6 +4,7 @@
 // and the node flags of one local job (bench/data_parallel, bench/tensor_parallel).
 // A child prints one line ("DONE ..." or "FAILED ...") and stays until rank 0
 // writes 'q' on its stdin, so that rank 0's last collective still finds it.
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -22,9 +23,13 @@
 
 namespace troupe::bench {
 
-/// Rank 0's node of an `n`-rank job on 127.0.0.1 (throws when it cannot start).
-inline std::unique_ptr<actors::node> start_rank_zero(std::uint32_t n) {
+/// Rank 0's node of an `n`-rank job on 127.0.0.1 (throws when it cannot
+/// start); `request_timeout` bounds its requests (a remote spawn that builds
+/// a large model takes longer than the default).
+inline std::unique_ptr<actors::node> start_rank_zero(std::uint32_t n, std::chrono::milliseconds request_timeout =
+                                                                         actors::node_options{}.request_timeout) {
   actors::node_options options;
+  options.request_timeout = request_timeout;
   options.name = "worker0";
   options.world_size = n;
   options.listen_address = "127.0.0.1";

@@ -62,11 +62,11 @@ std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot) {
   return out;
 }
 
-std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer) {
+std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer, bool snapshot) {
   std::vector<tensor_piece> out;
-  for (const auto& [key, value] : optimizer.state_dict())
+  for (const auto& [key, value] : optimizer.state_views())
     if (key != "step")
-      out.push_back(whole(std::string(optimizer_prefix) + key, value, false));
+      out.push_back(whole(std::string(optimizer_prefix) + key, value, snapshot));
   return out;
 }
 
@@ -155,7 +155,7 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
   std::map<std::string, tensor, std::less<>> parameters;
   for (auto& [fqn, p] : model.named_parameters())
     parameters.emplace(fqn, p.data());
-  const auto state = optimizer.state_dict();
+  const auto state = optimizer.state_views();
   std::set<std::string, std::less<>> scalars;
   for (const auto& [fqn, shard] : parameter_shards(model)) {
     auto piece_of = [&, &shard = shard](const tensor& local) {
@@ -172,7 +172,7 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
         share.pieces.push_back(split_piece(std::string(optimizer_prefix) + key, piece_of(value), shard.global_shape,
                                            shard.dim, shard.offset));
       else if (scalars.insert(key).second) // a per-parameter count (Adam's step): the same on every member
-        shares[1].pieces.push_back(whole(std::string(optimizer_prefix) + key, value, false));
+        shares[1].pieces.push_back(whole(std::string(optimizer_prefix) + key, value, snapshot));
     }
   }
   for (const auto& [name, value] : model.state_dict()) // buffers: held whole by every member
@@ -263,7 +263,7 @@ std::vector<state_share> training_shares(const nn::module& model, const optim::o
                                          std::vector<std::string> step_holders, bool snapshot) {
   std::vector<state_share> shares(2);
   shares[0].pieces = model_pieces(model, snapshot);
-  auto state = optimizer_pieces(optimizer);
+  auto state = optimizer_pieces(optimizer, snapshot);
   shares[0].pieces.insert(shares[0].pieces.end(), std::make_move_iterator(state.begin()),
                           std::make_move_iterator(state.end()));
   shares[0].holders = std::move(state_holders);

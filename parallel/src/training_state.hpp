@@ -73,9 +73,9 @@ struct state_share {
 /// The model's state_dict as whole-tensor pieces; `snapshot` copies them
 /// (an asynchronous save writes while training changes the originals).
 std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot);
-/// The optimizer's state but its step count, as whole-tensor pieces
-/// (copies: optimizer::state_dict() makes them).
-std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer);
+/// The optimizer's state but its step count, as whole-tensor pieces;
+/// `snapshot` copies them.
+std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer, bool snapshot);
 /// `optimizer.step` alone (held alike by every stage and replica).
 tensor_piece optimizer_step_piece(const optim::optimizer& optimizer);
 

@@ -45,13 +45,20 @@ void optimizer::zero_grad() {
 }
 
 named_tensors optimizer::state_dict() const {
+  auto out = state_views();
+  for (auto& [name, value] : out)
+    value = value.clone();
+  return out;
+}
+
+named_tensors optimizer::state_views() const {
   named_tensors out;
   auto names = state_names();
   auto scalars = scalar_state_names();
   names.insert(names.end(), scalars.begin(), scalars.end());
   for (std::size_t i = 0; i < parameters_.size(); ++i)
     for (std::size_t s = 0; s < state_[i].size(); ++s)
-      out.emplace_back(parameters_[i].first + "." + names[s], state_[i][s].clone());
+      out.emplace_back(parameters_[i].first + "." + names[s], state_[i][s]);
   out.emplace_back("step", tensor::scalar(static_cast<double>(step_count_), dtype::int64));
   return out;
 }

@@ -44,6 +44,10 @@ public:
 
   /// Snapshot (copies) of the state.
   named_tensors state_dict() const;
+  /// The state itself, as state_dict() names it, without copies: valid
+  /// until the next step() changes it (a synchronous checkpoint writes it
+  /// straight from here).
+  named_tensors state_views() const;
   /// Restores state saved by state_dict() of an optimizer of the same kind
   /// over the same parameter names. Outside input: an unknown key, a missing
   /// `step`, a parameter whose state is incomplete, a shape or dtype that
