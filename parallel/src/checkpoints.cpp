@@ -61,6 +61,8 @@ struct checkpoints::impl {
     std::string writer;
     std::vector<std::string> holders; ///< empty: this writer alone
     bool sharded = false;             ///< tensor-parallel pieces
+    /// Tensor-parallel with replicas: the writers holding this member's pieces.
+    std::vector<std::string> split_holders{};
   };
   /// A pipeline's stages; stage s's state held alike by state_holders[s].
   struct stage_group {
@@ -187,6 +189,32 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_
   impl_->locals.push_back({&model, &optimizer, members[tensor_group.rank()], members, true});
 }
 
+void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group,
+                        data_parallel& replicas) {
+  auto& data_group = replicas.group();
+  const auto t = tensor_group.rank();
+  const auto r = data_group.rank();
+  if (!impl_->in_job) // ranks as threads of one program: member 0 of replica 0 coordinates
+    impl_->rank = t == 0 && r == 0 ? 0 : 1;
+  require(!impl_->coordinator() || (t == 0 && r == 0),
+          "checkpoints: the coordinator (rank 0) is tensor-parallel member {} of replica {}; it must be member 0 "
+          "of replica 0",
+          t, r);
+  const auto group = impl_->tensor_groups++;
+  auto name = [&](std::uint32_t member, std::uint32_t replica) {
+    return fmt::format("tensor-parallel-{}.rank-{}.replica-{}", group, member, replica);
+  };
+  std::vector<std::string> everyone, mine;
+  for (std::uint32_t member = 0; member < tensor_group.size(); ++member)
+    for (std::uint32_t replica = 0; replica < data_group.size(); ++replica)
+      everyone.push_back(name(member, replica));
+  for (std::uint32_t replica = 0; replica < data_group.size(); ++replica)
+    mine.push_back(name(t, replica));
+  if (impl_->coordinator())
+    impl_->add_writers(everyone);
+  impl_->locals.push_back({&model, &optimizer, name(t, r), everyone, true, mine});
+}
+
 void checkpoints::track(pipeline& stages) {
   require(impl_->coordinator(), "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does",
           impl_->rank);
@@ -262,7 +290,8 @@ expected<void> checkpoints::impl::save(std::int64_t step) {
   for (const auto& local : locals)
     mine.emplace_back(local.writer,
                       local.sharded
-                        ? sharded_training_shares(*local.model, *local.optimizer, local.holders, asynchronous)
+                        ? sharded_training_shares(*local.model, *local.optimizer, local.split_holders,
+                                                  local.holders, asynchronous)
                         : training_shares(*local.model, *local.optimizer, local.holders, local.holders, asynchronous));
   // The stages copy (or write) theirs before they answer.
   for (auto& group : pipelines)

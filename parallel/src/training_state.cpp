@@ -149,9 +149,11 @@ expected<void> apply_training_state(const training_state_values& values, nn::mod
 }
 
 std::vector<state_share> sharded_training_shares(nn::module& model, const optim::optimizer& optimizer,
-                                                 std::vector<std::string> members, bool snapshot) {
-  std::vector<state_share> shares(2); // [0] this writer alone, [1] every member alike
-  shares[1].holders = std::move(members);
+                                                 std::vector<std::string> split_holders,
+                                                 std::vector<std::string> whole_holders, bool snapshot) {
+  std::vector<state_share> shares(2); // [0] this member's pieces, [1] what every member holds whole
+  shares[0].holders = std::move(split_holders);
+  shares[1].holders = std::move(whole_holders);
   std::map<std::string, tensor, std::less<>> parameters;
   for (auto& [fqn, p] : model.named_parameters())
     parameters.emplace(fqn, p.data());

@@ -128,11 +128,13 @@ std::vector<state_share> training_shares(const nn::module& model, const optim::o
                                          std::vector<std::string> step_holders, bool snapshot);
 
 /// A tensor-parallel model's pieces (parameter_shards: tensor_parallel.hpp):
-/// a split parameter's piece and its optimizer state held by this writer
-/// alone, what every member of the group holds whole (replicated
-/// parameters, buffers, the step count) alike by `members`.
+/// a split parameter's piece and its optimizer state held alike by
+/// `split_holders` (this member's data-parallel replicas; empty: this writer
+/// alone), what every member holds whole (replicated parameters, buffers,
+/// the step count) alike by `whole_holders`.
 std::vector<state_share> sharded_training_shares(nn::module& model, const optim::optimizer& optimizer,
-                                                 std::vector<std::string> members, bool snapshot);
+                                                 std::vector<std::string> split_holders,
+                                                 std::vector<std::string> whole_holders, bool snapshot);
 /// Reads this rank's pieces of a tensor-parallel model and of its
 /// optimizer's state from a checkpoint of any layout (whole, or split at
 /// another degree): each piece is the region of the saved whole it covers.

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <thread>
+#include <tuple>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -23,6 +25,7 @@
 #include "troupe/job.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/hybrid.hpp"
+#include "troupe/parallel/mesh.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
 #include "troupe/parallel/tensor_parallel_transformer.hpp"
@@ -392,6 +395,86 @@ std::vector<double> run_gpt(std::uint32_t degree, const fs::path& directory, int
   for (std::uint32_t r = 1; r < degree; ++r)
     EXPECT_EQ(losses[r], losses[0]) << "the members' losses differ";
   return losses[0];
+}
+
+/// Steps (resumed) .. `until` of the GPT on a mesh {data: 2, tensor: 2}:
+/// each replica trains on its half of the batch; the mean loss.
+std::vector<double> run_gpt_mesh(const fs::path& directory, int until) {
+  auto node = test::start_local_node();
+  if (!node) {
+    ADD_FAILURE() << node.error().message();
+    return {};
+  }
+  auto grid = mesh::create({{"data", 2}, {"tensor", 2}}, std::vector<std::string>(4, "worker0/cpu")).value();
+  std::vector<std::vector<double>> losses(4);
+  std::vector<std::thread> ranks;
+  for (std::uint32_t rank = 0; rank < 4; ++rank)
+    ranks.emplace_back([&, rank] {
+      auto tensor_group = reducer_group::join(**node, grid.group_options(rank, "tensor"));
+      auto data_group = reducer_group::join(**node, grid.group_options(rank, "data"));
+      if (!tensor_group || !data_group) {
+        ADD_FAILURE() << "rank " << rank << " could not join its groups";
+        return;
+      }
+      parallel_gpt model(gpt_config, *tensor_group, {.sequence_parallel = true});
+      auto dp = data_parallel::create(model.named_parameters(), *data_group);
+      if (!dp) {
+        ADD_FAILURE() << dp.error().message();
+        return;
+      }
+      auto opt = adam()(model.named_parameters());
+      auto ckpt = checkpoints::create(options_in(directory)).value();
+      ckpt.track(model, *opt, *tensor_group, *dp);
+      const auto replica = static_cast<std::int64_t>(grid.coordinate(rank, "data"));
+      auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) -> expected<double> {
+        auto ids = gpt_ids(step, 0).narrow(0, replica, 1).contiguous();
+        auto next = gpt_ids(step, 1).narrow(0, replica, 1).contiguous();
+        auto logits = model(autograd::variable(ids));
+        auto classes = logits.data().shape()[2];
+        auto loss = vocab_parallel_cross_entropy(autograd::reshape(logits, {5, classes}), next.reshape({5}),
+                                                 *tensor_group, gpt_vocabulary);
+        if (auto ok = dp->backward(loss); !ok)
+          return ok.error();
+        opt->step();
+        opt->zero_grad();
+        return loss.item();
+      });
+      if (!trained)
+        ADD_FAILURE() << "rank " << rank << ": " << trained.error().message();
+      else
+        losses[rank] = *trained;
+    });
+  for (auto& t : ranks)
+    t.join();
+  (*node)->stop();
+  // Rank 0 and the other rank of its data group are tensor member 0 of the
+  // two replicas: their halves' mean is the batch's loss.
+  std::vector<double> out;
+  const auto other = grid.group(0, "data").at(1);
+  for (std::size_t i = 0; i < losses[0].size() && i < losses[other].size(); ++i)
+    out.push_back((losses[0][i] + losses[other][i]) / 2);
+  return out;
+}
+
+TEST_F(ScratchDirectory, TensorTimesDataMeshResumesInOneProcessAndBack) {
+  const auto want = run_gpt(1, directory_ / "uninterrupted", last_step);
+  ASSERT_EQ(want.size(), std::size_t(last_step));
+  for (const auto& [first_run, second_run, name] :
+       std::vector<std::tuple<int, int, std::string>>{{0, 1, "mesh to one process"}, {1, 0, "one process to mesh"}}) {
+    SCOPED_TRACE(name);
+    const auto dir = directory_ / name;
+    auto run_one = [&](int which, int until) {
+      return which == 0 ? run_gpt_mesh(dir, until) : run_gpt(1, dir, until);
+    };
+    const auto first = run_one(first_run, saved_at);
+    ASSERT_EQ(first.size(), std::size_t(saved_at));
+    const auto second = run_one(second_run, last_step);
+    ASSERT_EQ(second.size(), std::size_t(last_step - saved_at));
+    for (int i = 0; i < saved_at; ++i)
+      EXPECT_NEAR(first[i], want[i], 1e-10) << "step " << i + 1;
+    for (int i = 0; i < last_step - saved_at; ++i)
+      EXPECT_NEAR(second[i], want[saved_at + i], 1e-10) << "step " << saved_at + i + 1;
+  }
 }
 
 class TensorParallelResume : public ScratchDirectory,

@@ -108,6 +108,11 @@ public:
   /// each member's pieces from a checkpoint of any layout, one process or
   /// another degree. The coordinator must be the group's rank 0.
   void track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group);
+  /// A tensor-parallel model whose members each have data-parallel
+  /// `replicas` (a mesh {data, tensor}): each member's pieces are written
+  /// once, spread over its replicas. The coordinator must be member 0 of
+  /// replica 0.
+  void track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group, data_parallel& replicas);
   /// The pipeline's stages, each saving and loading its own layers and
   /// optimizer state in its process. The driver tracks it.
   void track(pipeline& stages);
