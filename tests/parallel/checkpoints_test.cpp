@@ -136,6 +136,16 @@ expected<std::vector<double>> resume_and_train(checkpoints& ckpt, int until,
   return losses;
 }
 
+/// A replica's step: backward with its replicas' gradients averaged, the
+/// optimizer's update; its own loss.
+expected<double> replica_step(data_parallel& dp, optim::optimizer& opt, const autograd::variable& loss) {
+  if (auto ok = dp.backward(loss); !ok)
+    return ok.error();
+  opt.step();
+  opt.zero_grad();
+  return loss.item();
+}
+
 /// Runs steps (resumed) .. `until` at layout `l` with checkpoints in
 /// `directory`, saving when due; the losses of the steps it ran.
 std::vector<double> run(const layout& l, const fs::path& directory, int until) {
@@ -199,12 +209,7 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
         auto b = make_batch(step);
         auto x = b.inputs.narrow(0, k * share, share).contiguous();
         auto y = b.targets.narrow(0, k * share, share).contiguous();
-        auto loss = autograd::mse_loss(model->forward(autograd::variable(x)), autograd::variable(y));
-        if (auto ok = dp->backward(loss); !ok)
-          return ok.error();
-        opt->step();
-        opt->zero_grad();
-        return loss.item();
+        return replica_step(*dp, *opt, autograd::mse_loss(model->forward(autograd::variable(x)), autograd::variable(y)));
       });
       if (!trained)
         return report(trained.error());
@@ -431,13 +436,9 @@ std::vector<double> run_gpt_mesh(const fs::path& directory, int until) {
         auto next = gpt_ids(step, 1).narrow(0, replica, 1).contiguous();
         auto logits = model(autograd::variable(ids));
         auto classes = logits.data().shape()[2];
-        auto loss = vocab_parallel_cross_entropy(autograd::reshape(logits, {5, classes}), next.reshape({5}),
-                                                 *tensor_group, gpt_vocabulary);
-        if (auto ok = dp->backward(loss); !ok)
-          return ok.error();
-        opt->step();
-        opt->zero_grad();
-        return loss.item();
+        return replica_step(*dp, *opt,
+                            vocab_parallel_cross_entropy(autograd::reshape(logits, {5, classes}), next.reshape({5}),
+                                                         *tensor_group, gpt_vocabulary));
       });
       if (!trained)
         ADD_FAILURE() << "rank " << rank << ": " << trained.error().message();
