@@ -18,6 +18,7 @@
 #include "troupe/tensor/ops.hpp"
 
 #include "reducer_member.hpp"
+#include "value_or_throw.hpp"
 
 namespace troupe::parallel {
 
@@ -29,13 +30,6 @@ shard_range tensor_parallel_split(std::int64_t total, std::uint32_t degree, std:
 }
 
 namespace {
-
-template <class T> T value_or_throw(expected<T> result, const char* what) {
-  if (!result)
-    throw std::runtime_error(fmt::format("{}: {}", what, result.error().message()));
-  if constexpr (!std::is_void_v<T>)
-    return std::move(*result);
-}
 
 std::int64_t normalized(const tensor& t, std::int64_t dim, const char* what) {
   const auto rank = t.rank();

@@ -22,10 +22,11 @@ using autograd::variable;
 
 sequence_parallel_layer_norm::sequence_parallel_layer_norm(const nn::layer_norm_options& options,
                                                            reducer_group& group)
-    : nn::layer_norm(options), group_(reducer_group_access::share(group)) {}
+    : nn::layer_norm(options), group_(reducer_group_access::share(group)) {
+  require(options.elementwise_affine, "sequence_parallel_layer_norm: without affine parameters use nn::layer_norm");
+}
 
 variable sequence_parallel_layer_norm::forward(const variable& input) {
-  require(options().elementwise_affine, "sequence_parallel_layer_norm: without affine parameters use nn::layer_norm");
   // copy_to_group: the parameters as they are forward, their gradients
   // (this piece of the sequence's) summed over the group backward.
   return autograd::layer_norm(input, copy_to_group(weight(), group_), copy_to_group(bias(), group_), options().eps);

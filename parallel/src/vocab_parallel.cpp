@@ -12,6 +12,7 @@
 #include "troupe/tensor/ops.hpp"
 
 #include "reducer_member.hpp"
+#include "value_or_throw.hpp"
 
 namespace troupe::parallel {
 
@@ -93,10 +94,8 @@ autograd::variable vocab_parallel_cross_entropy(const autograd::variable& logits
           targets.shape());
   // The rows' maximum over the whole vocabulary shifts the exponentials
   // into range; the loss does not depend on it, so autograd does not either.
-  auto maxima = all_gather(group, max(data, 1).values.contiguous());
-  if (!maxima)
-    throw std::runtime_error(fmt::format("{}: {}", what, maxima.error().message()));
-  auto row_max = max(maxima->view({static_cast<std::int64_t>(group.size()), n}), 0).values;
+  auto maxima = value_or_throw(all_gather(group, max(data, 1).values.contiguous()), what);
+  auto row_max = max(maxima.view({static_cast<std::int64_t>(group.size()), n}), 0).values;
   auto shifted = autograd::sub(logits, autograd::variable(row_max.unsqueeze(1)));
   auto sum_exp = reduce_from_group(autograd::sum(autograd::exp(shifted), {1}), group);
   auto local = in_range(targets, mine, vocabulary, data.type(), what);

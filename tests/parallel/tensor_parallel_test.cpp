@@ -394,6 +394,17 @@ TEST(TensorParallelSplit, FirstRanksHoldTheRemainder) {
   EXPECT_THROW(tensor_parallel_split(7, 3, 3), usage_error);
 }
 
+TEST(SequenceParallelLayerNorm, WithoutAffineParametersIsRefusedWhenMade) {
+  local_ring ring(1);
+  ASSERT_TRUE(ring.node);
+  try {
+    sequence_parallel_layer_norm norm({.normalized_size = 4, .elementwise_affine = false}, *ring.groups[0]);
+    ADD_FAILURE() << "a layer norm without affine parameters was made";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("without affine parameters use nn::layer_norm"));
+  }
+}
+
 // A column-parallel layer that gathers its output, and a row-parallel layer
 // given the whole input, each equal nn::linear: output and input gradient.
 TEST(TensorParallelLayers, GatheredColumnAndSplitRowEqualTheWholeLayer) {
