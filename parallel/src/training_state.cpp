@@ -27,19 +27,43 @@ error located(const checkpoint_reader& reader, const error& e) {
   return error(e.code(), fmt::format("checkpoint {}: {}", reader.directory().string(), e.message()));
 }
 
-/// Whether the checkpoint has tensor `name` with the type and shape
-/// `expected_like` has.
-expected<void> check_like(const checkpoint_reader& reader, const std::string& name, const tensor& expected_like,
-                          std::string_view owner) {
+/// Whether the checkpoint has tensor `name`, whole of `type` and `shape`.
+expected<void> check_saved(const checkpoint_reader& reader, const std::string& name, dtype type, const dims& shape,
+                           std::string_view owner) {
   const auto* saved = reader.find(name);
   if (saved == nullptr)
     return make_error(errc::state_mismatch, "checkpoint {} has no tensor '{}' (of the {})",
                       reader.directory().string(), name, owner);
-  if (saved->type != expected_like.type() || saved->global_shape != expected_like.shape())
+  if (saved->type != type || saved->global_shape != shape)
     return make_error(errc::state_mismatch, "checkpoint {}: '{}' is {} {} there but {} {} in the {}",
-                      reader.directory().string(), name, saved->type, saved->global_shape, expected_like.type(),
-                      expected_like.shape(), owner);
+                      reader.directory().string(), name, saved->type, saved->global_shape, type, shape, owner);
   return {};
+}
+
+/// Whether the checkpoint has tensor `name` with the type and shape
+/// `expected_like` has.
+expected<void> check_like(const checkpoint_reader& reader, const std::string& name, const tensor& expected_like,
+                          std::string_view owner) {
+  return check_saved(reader, name, expected_like.type(), expected_like.shape(), owner);
+}
+
+/// `optimizer.step`, the optimizer's step count; its absence means the
+/// checkpoint holds no optimizer state.
+expected<tensor> read_step_count(const checkpoint_reader& reader) {
+  if (reader.find(step_name) == nullptr)
+    return make_error(errc::state_mismatch, "checkpoint {} has no optimizer state ('{}')",
+                      reader.directory().string(), step_name);
+  auto count = reader.read(step_name);
+  if (!count)
+    return located(reader, count.error());
+  return count;
+}
+
+/// The parameter an optimizer state key `<parameter>.<state>` belongs to:
+/// parameter names have dots, state names none. Empty without a dot.
+std::string_view parameter_of(std::string_view key) {
+  auto dot = key.rfind('.');
+  return dot == std::string_view::npos ? std::string_view{} : key.substr(0, dot);
 }
 
 /// The saved tensor `name` whole, after check_like.
@@ -115,28 +139,23 @@ expected<training_state_values> read_training_state(const checkpoint_reader& rea
       return saved.error();
     out.model.emplace_back(name, std::move(*saved));
   }
-  if (reader.find(step_name) == nullptr)
-    return make_error(errc::state_mismatch, "checkpoint {} has no optimizer state ('{}')",
-                      reader.directory().string(), step_name);
+  auto count = read_step_count(reader);
+  if (!count)
+    return count.error();
   std::set<std::string, std::less<>> parameters;
   for (const auto& [name, variable] : optimizer.parameters())
     parameters.insert(name);
   for (const auto& t : reader.manifest().tensors) {
     if (!t.name.starts_with(optimizer_prefix) || t.name == step_name)
       continue;
-    // `<parameter>.<state>`: parameter names have dots, state names none.
     std::string_view key = std::string_view(t.name).substr(optimizer_prefix.size());
-    auto dot = key.rfind('.');
-    if (dot == std::string_view::npos || !parameters.contains(key.substr(0, dot)))
+    if (!parameters.contains(parameter_of(key)))
       continue;
     auto value = reader.read(t.name);
     if (!value)
       return located(reader, value.error());
     out.optimizer.emplace_back(std::string(key), std::move(*value));
   }
-  auto count = reader.read(step_name);
-  if (!count)
-    return located(reader, count.error());
   out.optimizer.emplace_back("step", std::move(*count));
   return out;
 }
@@ -157,7 +176,12 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
   std::map<std::string, tensor, std::less<>> parameters;
   for (auto& [fqn, p] : model.named_parameters())
     parameters.emplace(fqn, p.data());
-  const auto state = optimizer.state_views();
+  // Each parameter's state entries, found once (a parameter of several
+  // pieces is visited once per piece).
+  std::map<std::string, named_tensors, std::less<>> state_of;
+  for (auto& [key, value] : optimizer.state_views())
+    if (key != "step")
+      state_of[std::string(parameter_of(key))].emplace_back(key, value);
   std::set<std::string, std::less<>> scalars;
   for (const auto& [fqn, shard] : parameter_shards(model)) {
     auto piece_of = [&, &shard = shard](const tensor& local) {
@@ -167,9 +191,7 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
     auto& share = shares[shard.dim < 0 ? 1 : 0];
     share.pieces.push_back(split_piece(std::string(model_prefix) + fqn, piece_of(parameters.at(fqn)),
                                        shard.global_shape, shard.dim, shard.offset));
-    for (const auto& [key, value] : state) {
-      if (!key.starts_with(fqn + ".") || key.find('.', fqn.size() + 1) != std::string::npos)
-        continue;
+    for (const auto& [key, value] : state_of[fqn]) {
       if (value.shape() == parameters.at(fqn).shape())
         share.pieces.push_back(split_piece(std::string(optimizer_prefix) + key, piece_of(value), shard.global_shape,
                                            shard.dim, shard.offset));
@@ -185,9 +207,9 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
 }
 
 expected<training_state_values> read_sharded_training_state(const checkpoint_reader& reader, nn::module& model) {
-  if (reader.find(step_name) == nullptr)
-    return make_error(errc::state_mismatch, "checkpoint {} has no optimizer state ('{}')",
-                      reader.directory().string(), step_name);
+  auto count = read_step_count(reader);
+  if (!count)
+    return count.error();
   std::map<std::string, tensor, std::less<>> parameters;
   for (auto& [fqn, p] : model.named_parameters())
     parameters.emplace(fqn, p.data());
@@ -195,14 +217,8 @@ expected<training_state_values> read_sharded_training_state(const checkpoint_rea
   std::map<std::string, tensor, std::less<>> model_values, optimizer_values;
   auto place = [&](std::map<std::string, tensor, std::less<>>& into, const std::string& key, const tensor& like,
                    const std::string& saved_name, const parameter_shard& shard) -> expected<void> {
-    const auto* saved = reader.find(saved_name);
-    if (saved == nullptr)
-      return make_error(errc::state_mismatch, "checkpoint {} has no tensor '{}'", reader.directory().string(),
-                        saved_name);
-    if (saved->type != like.type() || saved->global_shape != shard.global_shape)
-      return make_error(errc::state_mismatch, "checkpoint {}: '{}' is {} {} there but {} {} in the model",
-                        reader.directory().string(), saved_name, saved->type, saved->global_shape, like.type(),
-                        shard.global_shape);
+    if (auto ok = check_saved(reader, saved_name, like.type(), shard.global_shape, "model"); !ok)
+      return ok;
     tensor_region region{dims(shard.global_shape.size(), 0), shard.global_shape};
     if (shard.dim >= 0) {
       region.offset[static_cast<std::size_t>(shard.dim)] = shard.offset;
@@ -218,24 +234,23 @@ expected<training_state_values> read_sharded_training_state(const checkpoint_rea
     target.copy_from(*piece);
     return {};
   };
-  std::set<std::string, std::less<>> state_names;
+  // The saved optimizer state by parameter.
+  std::map<std::string, std::vector<const checkpoint_tensor*>, std::less<>> state_of;
   for (const auto& t : reader.manifest().tensors)
     if (t.name.starts_with(optimizer_prefix) && t.name != step_name)
-      state_names.insert(t.name.substr(optimizer_prefix.size()));
+      state_of[std::string(parameter_of(std::string_view(t.name).substr(optimizer_prefix.size())))].push_back(&t);
   for (const auto& [fqn, shard] : parameter_shards(model)) {
     const auto& local = parameters.at(fqn);
     if (auto ok = place(model_values, fqn, local, std::string(model_prefix) + fqn, shard); !ok)
       return ok.error();
-    for (auto it = state_names.lower_bound(fqn + "."); it != state_names.end() && it->starts_with(fqn + "."); ++it) {
-      if (it->find('.', fqn.size() + 1) != std::string::npos)
-        continue;
-      const auto saved_name = std::string(optimizer_prefix) + *it;
-      if (reader.find(saved_name)->global_shape.empty()) { // a per-parameter count, saved whole
-        auto count = reader.read(saved_name);
-        if (!count)
-          return located(reader, count.error());
-        optimizer_values[*it] = std::move(*count);
-      } else if (auto ok = place(optimizer_values, *it, local, saved_name, shard); !ok) {
+    for (const auto* saved : state_of[fqn]) {
+      const auto key = saved->name.substr(optimizer_prefix.size());
+      if (saved->global_shape.empty()) { // a per-parameter count, saved whole
+        auto value = reader.read(saved->name);
+        if (!value)
+          return located(reader, value.error());
+        optimizer_values[key] = std::move(*value);
+      } else if (auto ok = place(optimizer_values, key, local, saved->name, shard); !ok) {
         return ok.error();
       }
     }
@@ -253,9 +268,6 @@ expected<training_state_values> read_sharded_training_state(const checkpoint_rea
   }
   for (auto& [key, value] : optimizer_values)
     out.optimizer.emplace_back(key, std::move(value));
-  auto count = reader.read(step_name);
-  if (!count)
-    return located(reader, count.error());
   out.optimizer.emplace_back("step", std::move(*count));
   return out;
 }

@@ -182,10 +182,11 @@ expected<std::vector<checkpoint_tensor>> collect_reports(
       const auto& writer = *it;
       std::error_code failure;
       if (auto failed = staging / (writer + detail::failure_suffix); fs::exists(failed, failure)) {
-        std::string why(512, '\0');
-        if (auto* file = std::fopen(failed.c_str(), "rb")) {
-          why.resize(std::fread(why.data(), 1, why.size(), file));
-          std::fclose(file);
+        std::string why;
+        if (auto file = detail::read_only_file::open(failed)) {
+          why.resize(std::min<std::uint64_t>(file->size(), 512));
+          if (!file->read(reinterpret_cast<std::byte*>(why.data()), why.size(), 0))
+            why = "(its report could not be read)";
         }
         return make_error(errc::io_error, "checkpoint of step {}: writer '{}' failed: {}", step, writer, why);
       }

@@ -125,6 +125,23 @@ TEST_F(CheckpointCommit, AStepIsCommittedOnce) {
   EXPECT_TRUE(checkpoint_reader::open(checkpoint_path(root_, 1)));
 }
 
+TEST_F(CheckpointCommit, CollectedReportsCommitAndAFailedWriterIsNamedWithItsMessage) {
+  auto writers = halves(root_, 7);
+  ASSERT_TRUE(writers[0].write());
+  ASSERT_TRUE(writers[1].write());
+  const std::vector<std::string> names{"rank-0", "rank-1"};
+  auto written = collect_reports(root_, 7, names, std::chrono::seconds(5));
+  ASSERT_TRUE(written) << written.error().message();
+  ASSERT_TRUE(commit_checkpoint(root_, *written, at_step(7, 0)));
+
+  auto later = halves(root_, 8);
+  ASSERT_TRUE(later[0].write());
+  later[1].report_failure(error(errc::io_error, "disk full"));
+  auto failed = collect_reports(root_, 8, names, std::chrono::seconds(5));
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().message(), "checkpoint of step 8: writer 'rank-1' failed: disk full");
+}
+
 TEST(ShardWriter, RejectsWriterNamesThatLeaveTheDirectory) {
   for (const char* bad : {"../x", "a/b", ".hidden", "", "manifest"})
     EXPECT_THROW(shard_writer("/tmp", 1, bad), usage_error) << bad;
