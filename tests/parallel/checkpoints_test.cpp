@@ -114,6 +114,26 @@ checkpoint_options options_in(const fs::path& directory) {
   return {.directory = directory, .every = saved_at, .keep_last = 2, .asynchronous = true, .timeout = 20s};
 }
 
+/// make_mlp(width) and Adam, tracked by checkpoints made with `options`.
+struct tracked_mlp {
+  explicit tracked_mlp(checkpoint_options options, std::int64_t width = 16)
+      : model(make_mlp(width)), opt(adam()(model->named_parameters())),
+        ckpt(checkpoints::create(std::move(options)).value()) {
+    ckpt.track(*model, *opt);
+  }
+  std::shared_ptr<nn::sequential> model;
+  std::unique_ptr<optim::optimizer> opt;
+  checkpoints ckpt;
+};
+
+/// Every state_dict tensor's values, copied (state_dict() aliases them).
+std::vector<std::vector<double>> values_of(const nn::module& model) {
+  std::vector<std::vector<double>> out;
+  for (const auto& [name, value] : model.state_dict())
+    out.push_back(value.to_vector<double>());
+  return out;
+}
+
 /// Resumes `ckpt`, trains the steps after its checkpoint up to `until`
 /// (`train(step)`: the step's loss), saving when due, and waits for the
 /// last save; the losses.
@@ -156,12 +176,9 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
   };
   switch (l.kind) {
   case layout_kind::one_process: {
-    auto model = make_mlp();
-    auto opt = adam()(model->named_parameters());
-    auto ckpt = checkpoints::create(options_in(directory)).value();
-    ckpt.track(*model, *opt);
-    auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) -> expected<double> {
-      return train_step(*model, *opt, make_batch(step));
+    tracked_mlp one(options_in(directory));
+    auto trained = resume_and_train(one.ckpt, until, [&](std::int64_t step) -> expected<double> {
+      return train_step(*one.model, *one.opt, make_batch(step));
     });
     return trained ? *trained : fail(trained.error());
   }
@@ -517,20 +534,15 @@ INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallelResume,
 using CheckpointsTest = ScratchDirectory;
 
 TEST_F(CheckpointsTest, AFreshDirectoryResumesAtStepZero) {
-  auto model = make_mlp();
-  auto opt = adam()(model->named_parameters());
-  auto ckpt = checkpoints::create(options_in(directory_)).value();
-  ckpt.track(*model, *opt);
-  auto done = ckpt.resume();
+  tracked_mlp fresh(options_in(directory_));
+  auto done = fresh.ckpt.resume();
   ASSERT_TRUE(done) << done.error().message();
   EXPECT_EQ(*done, 0);
 }
 
 TEST(CheckpointsOff, WithoutADirectoryNothingIsSavedAndResumeStartsAfresh) {
-  auto model = make_mlp();
-  auto opt = adam()(model->named_parameters());
-  auto ckpt = checkpoints::create({.every = 1}).value();
-  ckpt.track(*model, *opt);
+  tracked_mlp off({.every = 1});
+  auto& ckpt = off.ckpt;
   ASSERT_TRUE(ckpt.save_if_due(1));
   ASSERT_TRUE(ckpt.save(2));
   ASSERT_TRUE(ckpt.wait());
@@ -540,19 +552,16 @@ TEST(CheckpointsOff, WithoutADirectoryNothingIsSavedAndResumeStartsAfresh) {
 }
 
 TEST_F(CheckpointsTest, AsynchronousSaveWritesTheValuesOfTheCallNotLaterOnes) {
-  auto model = make_mlp();
-  auto opt = adam()(model->named_parameters());
-  train_step(*model, *opt, make_batch(1));
-  auto at_save = model->state_dict();
+  tracked_mlp one(options_in(directory_));
+  train_step(*one.model, *one.opt, make_batch(1));
+  auto at_save = one.model->state_dict();
   for (auto& [name, value] : at_save)
     value = value.clone();
-  auto ckpt = checkpoints::create(options_in(directory_)).value();
-  ckpt.track(*model, *opt);
-  ASSERT_TRUE(ckpt.save(1));
+  ASSERT_TRUE(one.ckpt.save(1));
   // Right after the call returns: the parameters change under the writer.
-  for (auto& p : model->parameters())
+  for (auto& p : one.model->parameters())
     p.set_data(tensor::full(p.data().shape(), 123.0, dtype::float64));
-  ASSERT_TRUE(ckpt.wait());
+  ASSERT_TRUE(one.ckpt.wait());
   auto reader = checkpoint_reader::open(checkpoint_path(directory_, 1));
   ASSERT_TRUE(reader) << reader.error().message();
   for (const auto& [name, value] : at_save) {
@@ -586,24 +595,18 @@ TEST_F(CheckpointsTest, APipelinesAsynchronousSaveHoldsItsStepWhileTheNextStepsR
 }
 
 TEST_F(CheckpointsTest, RandomStreamsAreSavedAndRestored) {
-  auto model = make_mlp();
-  auto opt = adam()(model->named_parameters());
+  tracked_mlp first(options_in(directory_));
   generator data{42};
-  auto ckpt = checkpoints::create(options_in(directory_)).value();
-  ckpt.track(*model, *opt);
-  ckpt.track("data", data);
+  first.ckpt.track("data", data);
   (void)randn({5}, data);
   const auto position = data;
-  ASSERT_TRUE(ckpt.save(1));
-  ASSERT_TRUE(ckpt.wait());
+  ASSERT_TRUE(first.ckpt.save(1));
+  ASSERT_TRUE(first.ckpt.wait());
 
   generator other{7};
-  auto model2 = make_mlp();
-  auto opt2 = adam()(model2->named_parameters());
-  auto again = checkpoints::create(options_in(directory_)).value();
-  again.track(*model2, *opt2);
-  again.track("data", other);
-  auto done = again.resume();
+  tracked_mlp again(options_in(directory_));
+  again.ckpt.track("data", other);
+  auto done = again.ckpt.resume();
   ASSERT_TRUE(done) << done.error().message();
   EXPECT_EQ(*done, 1);
   EXPECT_EQ(other.seed, position.seed);
@@ -612,26 +615,20 @@ TEST_F(CheckpointsTest, RandomStreamsAreSavedAndRestored) {
 
 /// Saves one process's model after step 1 into `directory`.
 void save_one_step(const fs::path& directory) {
-  auto model = make_mlp();
-  auto opt = adam()(model->named_parameters());
-  train_step(*model, *opt, make_batch(1));
-  auto ckpt = checkpoints::create(options_in(directory)).value();
-  ckpt.track(*model, *opt);
-  ASSERT_TRUE(ckpt.save(1));
-  ASSERT_TRUE(ckpt.wait());
+  tracked_mlp one(options_in(directory));
+  train_step(*one.model, *one.opt, make_batch(1));
+  ASSERT_TRUE(one.ckpt.save(1));
+  ASSERT_TRUE(one.ckpt.wait());
 }
 
 TEST_F(CheckpointsTest, AnotherModelIsRefusedNamingTheFirstShapeThatDiffers) {
   save_one_step(directory_);
-  auto model = make_mlp(8);
-  auto before = model->state_dict();
-  auto opt = adam()(model->named_parameters());
-  auto ckpt = checkpoints::create(options_in(directory_)).value();
-  ckpt.track(*model, *opt);
-  auto done = ckpt.resume();
+  tracked_mlp other(options_in(directory_), 8);
+  const auto before = values_of(*other.model);
+  auto done = other.ckpt.resume();
   ASSERT_FALSE(done);
   EXPECT_THAT(done.error().message(), HasSubstr("'model.0.weight' is float64 [16, 16] there but float64 [8, 8]"));
-  EXPECT_EQ(model->state_dict()[0].second.to_vector<double>(), before[0].second.to_vector<double>());
+  EXPECT_EQ(values_of(*other.model), before);
 }
 
 TEST_F(CheckpointsTest, APipelineOfAnotherModelIsRefusedBeforeAnyStageLoads) {
@@ -673,20 +670,15 @@ TEST_F(CheckpointsTest, ADamagedShardIsAnErrorNamingFileAndTensorAndLoadsNothing
     c = static_cast<char>(c ^ 0x5a);
     file.write(&c, 1);
   }
-  auto model = make_mlp();
-  auto before = model->state_dict();
-  auto opt = adam()(model->named_parameters());
-  auto ckpt = checkpoints::create(options_in(directory_)).value();
-  ckpt.track(*model, *opt);
-  auto done = ckpt.resume();
+  tracked_mlp fresh(options_in(directory_));
+  const auto before = values_of(*fresh.model); // differs from the saved step 1's
+  auto done = fresh.ckpt.resume();
   ASSERT_FALSE(done);
   EXPECT_THAT(done.error().message(), HasSubstr("in file '" + shard.filename().string() + "'"));
   EXPECT_THAT(done.error().message(), HasSubstr("CRC32C"));
   EXPECT_THAT(done.error().message(), ::testing::MatchesRegex(".*tensor '(model|optimizer)\\..*"));
-  auto after = model->state_dict();
-  for (std::size_t i = 0; i < before.size(); ++i)
-    EXPECT_EQ(after[i].second.to_vector<double>(), before[i].second.to_vector<double>()) << before[i].first;
-  EXPECT_EQ(opt->step_count(), 0);
+  EXPECT_EQ(values_of(*fresh.model), before) << "a damaged checkpoint changed the model";
+  EXPECT_EQ(fresh.opt->step_count(), 0);
 }
 
 TEST_F(CheckpointsTest, ASaveCutShortLeavesThePreviousCheckpointToResumeFrom) {
@@ -695,14 +687,11 @@ TEST_F(CheckpointsTest, ASaveCutShortLeavesThePreviousCheckpointToResumeFrom) {
   // a partial shard and no manifest.
   fs::create_directories(staging_path(directory_, 2));
   std::ofstream(staging_path(directory_, 2) / "rank-0.shard") << "partial";
-  auto model = make_mlp();
-  auto opt = adam()(model->named_parameters());
-  auto ckpt = checkpoints::create(options_in(directory_)).value();
-  ckpt.track(*model, *opt);
-  auto done = ckpt.resume();
+  tracked_mlp resumed(options_in(directory_));
+  auto done = resumed.ckpt.resume();
   ASSERT_TRUE(done) << done.error().message();
   EXPECT_EQ(*done, 1);
-  EXPECT_EQ(opt->step_count(), 1);
+  EXPECT_EQ(resumed.opt->step_count(), 1);
 }
 
 TEST_F(CheckpointsTest, AWriterThatNeverReportsIsNamedWhenTheCoordinatorGivesUp) {
@@ -734,10 +723,8 @@ TEST_F(CheckpointsTest, AWriterThatNeverReportsIsNamedWhenTheCoordinatorGivesUp)
 TEST_F(CheckpointsTest, AnUnwritableDirectoryIsReportedByTheNextCall) {
   fs::create_directories(directory_.parent_path());
   std::ofstream(directory_) << "a file where the directory should be";
-  auto model = make_mlp();
-  auto opt = adam()(model->named_parameters());
-  auto ckpt = checkpoints::create(options_in(directory_)).value();
-  ckpt.track(*model, *opt);
+  tracked_mlp one(options_in(directory_));
+  auto& ckpt = one.ckpt;
   auto saved = ckpt.save(1); // asynchronous: the copy succeeds
   ASSERT_TRUE(saved) << saved.error().message();
   auto waited = ckpt.wait();
