@@ -142,6 +142,31 @@ TEST_F(CheckpointCommit, CollectedReportsCommitAndAFailedWriterIsNamedWithItsMes
   EXPECT_EQ(failed.error().message(), "checkpoint of step 8: writer 'rank-1' failed: disk full");
 }
 
+TEST_F(CheckpointCommit, AForgedReportIsRefusedNamingItsFile) {
+  auto writers = halves(root_, 9);
+  auto written = writers[0].write();
+  ASSERT_TRUE(written);
+  ASSERT_TRUE(writers[1].write());
+  const std::vector<std::string> names{"rank-0", "rank-1"};
+  auto forge = [&](checkpoint_manifest report) {
+    auto image = encode_manifest(report);
+    std::ofstream(staging_path(root_, 9) / "rank-1.pieces", std::ios::binary)
+      .write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size()));
+  };
+  forge({9, *written, {}}); // rank-1 claiming rank-0's shard
+  auto claimed = collect_reports(root_, 9, names, std::chrono::seconds(5));
+  ASSERT_FALSE(claimed);
+  EXPECT_NE(claimed.error().message().find("rank-1.pieces' names file 'rank-0.shard'"), std::string::npos) << claimed.error().message();
+  forge({8, {}, {}}); // another step's
+  auto stale = collect_reports(root_, 9, names, std::chrono::seconds(5));
+  ASSERT_FALSE(stale);
+  EXPECT_NE(stale.error().message().find("rank-1.pieces' reports step 8, not 9"), std::string::npos) << stale.error().message();
+  std::ofstream(staging_path(root_, 9) / "rank-1.pieces") << "garbage";
+  auto garbled = collect_reports(root_, 9, names, std::chrono::seconds(5));
+  ASSERT_FALSE(garbled);
+  EXPECT_NE(garbled.error().message().find("rank-1.pieces"), std::string::npos) << garbled.error().message();
+}
+
 TEST(ShardWriter, RejectsWriterNamesThatLeaveTheDirectory) {
   for (const char* bad : {"../x", "a/b", ".hidden", "", "manifest"})
     EXPECT_THROW(shard_writer("/tmp", 1, bad), usage_error) << bad;
