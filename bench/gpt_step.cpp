@@ -4,7 +4,7 @@
 // thread each) in interleaved rounds of the same run.
 //
 //   build/bench/gpt_step [--json] [--device=cpu|cuda:0] [--models=char_lm,gpt] [--rounds=3]
-//                        [--steps=3] [--drift-steps=2000] [--python=/usr/bin/python3]
+//                        [--steps=3] [--drift-steps=2000] [--threads=1] [--python=/usr/bin/python3]
 //                        [--peer=bench/peers/gpt_step_torch.py] [--no-peers]
 //
 // Models: char_lm (examples/char_lm.cpp: vocabulary 86, width 64, 4 heads,
@@ -12,6 +12,10 @@
 // sequence 128, batch 16) and gpt_wide (the same, ten times wider: width
 // 2560; meant for a GPU). With --device=cuda:0 and no device it says so and
 // exits 0 (nothing to measure).
+//
+// --threads=N gives both sides N intra-op threads (troupe's
+// set_intra_op_threads, PyTorch's set_num_threads); the default is one, the
+// setting of every distributed figure.
 //
 // --drift-steps=N (char_lm only, N >= 200) then trains char_lm on to step N
 // and compares troupe's step time around step 100 with its last 20 steps:
@@ -27,6 +31,7 @@
 #include "troupe/autograd/nn/gpt.hpp"
 #include "troupe/autograd/optim/adam.hpp"
 #include "troupe/tensor/cuda.hpp"
+#include "troupe/tensor/intra_op_threads.hpp"
 
 using namespace troupe;
 
@@ -48,11 +53,13 @@ constexpr std::int64_t vocabulary = 86;
 } // namespace
 
 int main(int argc, char** argv) {
-  bench::check_flags("gpt_step", argc, argv, {"device=", "models=", "rounds=", "steps=", "drift-steps=", "python=", "peer=", "no-peers"});
+  bench::check_flags("gpt_step", argc, argv, {"device=", "models=", "rounds=", "steps=", "drift-steps=", "threads=", "python=", "peer=", "no-peers"});
   bench::report out("gpt_step", argc, argv);
   const auto rounds = static_cast<int>(bench::int_option(argc, argv, "rounds", 3, 1, 100));
   const auto steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
   const auto drift_steps = static_cast<int>(bench::int_option(argc, argv, "drift-steps", 0, 0, 100000));
+  const auto threads = static_cast<int>(bench::int_option(argc, argv, "threads", 1, 1, 256));
+  set_intra_op_threads(threads);
   if (drift_steps != 0 && drift_steps < 200) {
     std::fprintf(stderr, "gpt_step: --drift-steps: '%d' must be 0 (off) or at least 200\n", drift_steps);
     return 2;
@@ -116,7 +123,7 @@ int main(int argc, char** argv) {
                                              std::to_string(vocabulary), std::to_string(size.width),
                                              std::to_string(size.heads), std::to_string(size.blocks),
                                              std::to_string(size.sequence), std::to_string(size.batch), device_name,
-                                             fmt::format("{}", size.lr)});
+                                             fmt::format("{}", size.lr), std::to_string(threads)});
     bool have_peer =
       torch && torch->started() && torch->read_line(300'000).value_or("").find("ready") != std::string::npos;
     if (peers && !have_peer)
@@ -144,7 +151,9 @@ int main(int argc, char** argv) {
                              std::isfinite(last_loss) && last_loss < first_loss ? "" : " WRONG");
     bench::row r{case_name, "samples/s", samples / bench::median(ours), "samples/s", "", {}, check};
     if (!theirs.empty()) {
-      r.baseline = where.kind == device_kind::cpu ? "PyTorch 1 thread" : "PyTorch CUDA";
+      r.baseline = where.kind != device_kind::cpu ? "PyTorch CUDA"
+                   : threads == 1                  ? "PyTorch 1 thread"
+                                                   : fmt::format("PyTorch {} threads", threads);
       r.baseline_value = samples / bench::median(theirs);
       r.note += fmt::format("; torch loss {:.4f} -> {:.4f}", torch_first, torch_last);
     }

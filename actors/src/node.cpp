@@ -21,6 +21,7 @@
 #include "registry.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace.hpp"
+#include "troupe/tensor/intra_op_threads.hpp"
 
 #include "control_plane_connect.hpp"
 #include "control_plane_listener.hpp"
@@ -335,6 +336,10 @@ troupe::expected<std::unique_ptr<node>> node::start(node_options options) {
   // from, or reaches, the machine's other addresses.
   if (options.listen_address.empty() && is_loopback_address(options.coordinator.host))
     options.listen_address = options.coordinator.host == "localhost" ? "127.0.0.1" : options.coordinator.host;
+  // Process-wide, like the OpenBLAS count it sets; a node only changes it
+  // when asked to.
+  if (options.intra_op_threads != 0)
+    set_intra_op_threads(static_cast<int>(options.intra_op_threads));
   std::unique_ptr<node> self(new node(std::move(options)));
   auto& opts = self->options_;
   // Tracing first, so that joining and the clock measurement are recorded.

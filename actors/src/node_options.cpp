@@ -225,6 +225,15 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
     data_plane_spin = *parsed;
     return {};
   }
+  if (key == "intra-op-threads") {
+    std::uint32_t threads = 0;
+    if (auto ok = count(threads); !ok)
+      return ok;
+    if (threads < 1 || threads > 1024)
+      return make_error(errc::invalid_argument, "{}=\"{}\" must be between 1 and 1024", source, value);
+    intra_op_threads = threads;
+    return {};
+  }
   if (key.starts_with("device-map.")) {
     auto destination = key.substr(11);
     if (auto ok = validate_node_name(destination); !ok)
@@ -239,7 +248,7 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
                     "{}: unknown option \"{}\" (known: name, rank, world-size, coordinator, port, listen-address, "
                     "heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout, tls.certificate, "
                     "tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy, scheduler.max-threads, middleman.workers, "
-                    "arena-bytes, arena-copy-min-bytes, data-plane-spin, device-map.<node>, config)",
+                    "arena-bytes, arena-copy-min-bytes, data-plane-spin, intra-op-threads, device-map.<node>, config)",
                     source, key);
 }
 

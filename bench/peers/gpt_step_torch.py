@@ -3,10 +3,10 @@
 token and position embeddings, pre-norm blocks of causal self-attention and
 a 4x exact-GELU MLP, final LayerNorm, a bias-free head), trained with AdamW
 (weight decay 0.01, the learning rate it is given) in float32, as troupe's side: on cuda:0 with
-TF32 off, or on the CPU with one thread.
+TF32 off, or on the CPU with the threads troupe's side has (one by default).
 
 Arguments: vocabulary width heads blocks sequence batch device (cpu or
-cuda:0) [learning rate, default 3e-3]. It runs as a server so the C++ benchmark can interleave rounds with
+cuda:0) [learning rate, default 3e-3] [threads, default 1]. It runs as a server so the C++ benchmark can interleave rounds with
 its own: step_server.py's protocol.
 """
 import json
@@ -14,8 +14,9 @@ import math
 import os
 import sys
 
+THREADS = int(sys.argv[9]) if len(sys.argv) > 9 else 1
 for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[key] = "1"
+    os.environ[key] = str(THREADS)
 
 import torch
 import torch.nn as nn
@@ -77,7 +78,7 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     lr = float(sys.argv[8]) if len(sys.argv) > 8 else 3e-3
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     torch.manual_seed(1)
     model = Gpt(vocabulary, width, heads, blocks, sequence).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)

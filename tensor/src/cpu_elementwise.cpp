@@ -14,6 +14,7 @@
 #include "cpu_backend.hpp"
 #include "cpu_vector_math.hpp"
 #include "dispatch.hpp"
+#include "troupe/tensor/parallel_for.hpp"
 
 namespace troupe::detail {
 
@@ -31,15 +32,28 @@ bool vector_math::available() noexcept {
 
 namespace {
 
+// Elements per intra-op range: a thread's wake-up costs about what 32K
+// additions do, and about what 4K transcendental functions do. Ranges start
+// on multiples of 64 elements (whole cache lines and vectors).
+constexpr std::int64_t cheap_grain = 32768;
+constexpr std::int64_t vector_math_grain = 4096;
+constexpr std::int64_t range_align = 64;
+
 template <class T, class F> void map1(const tensor& a, tensor& out, F f) {
   const T* x = base_of<T>(a);
   T* y = base_of<T>(out);
   if (a.is_contiguous() && out.is_contiguous()) {
     x += a.offset();
     y += out.offset();
-    const auto n = out.numel();
-    for (std::int64_t i = 0; i < n; ++i)
-      y[i] = f(x[i]);
+    // The pointers by value: through a reference the stores could alias
+    // them, which kept the loop scalar.
+    parallel_for(
+        out.numel(), cheap_grain,
+        [x, y, f](std::int64_t begin, std::int64_t end) {
+          for (std::int64_t i = begin; i < end; ++i)
+            y[i] = f(x[i]);
+        },
+        range_align);
     return;
   }
   for_each_row<2>(out.shape(), {&out.strides(), &a.strides()}, {out.offset(), a.offset()},
@@ -59,9 +73,13 @@ template <class T, class F> void map2(const tensor& a, const tensor& b, tensor& 
     x += a.offset();
     z += b.offset();
     y += out.offset();
-    const auto n = out.numel();
-    for (std::int64_t i = 0; i < n; ++i)
-      y[i] = f(x[i], z[i]);
+    parallel_for(
+        out.numel(), cheap_grain,
+        [x, z, y, f](std::int64_t begin, std::int64_t end) {
+          for (std::int64_t i = begin; i < end; ++i)
+            y[i] = f(x[i], z[i]);
+        },
+        range_align);
     return;
   }
   for_each_row<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
@@ -95,7 +113,11 @@ template <class T, class F> bool vectorized1(const tensor& a, tensor& out, F f) 
   const T* x = base_of<T>(a);
   T* y = base_of<T>(out);
   if (a.is_contiguous() && out.is_contiguous()) {
-    f(x + a.offset(), y + out.offset(), out.numel());
+    x += a.offset();
+    y += out.offset();
+    parallel_for(
+        out.numel(), vector_math_grain,
+        [&](std::int64_t begin, std::int64_t end) { f(x + begin, y + begin, end - begin); }, range_align);
     return true;
   }
   constexpr std::int64_t chunk = 256;
@@ -123,7 +145,12 @@ template <class T, class F> bool vectorized2(const tensor& a, const tensor& b, t
   const T* z = base_of<T>(b);
   T* y = base_of<T>(out);
   if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous()) {
-    f(x + a.offset(), z + b.offset(), y + out.offset(), out.numel());
+    x += a.offset();
+    z += b.offset();
+    y += out.offset();
+    parallel_for(
+        out.numel(), vector_math_grain,
+        [&](std::int64_t begin, std::int64_t end) { f(x + begin, z + begin, y + begin, end - begin); }, range_align);
     return true;
   }
   constexpr std::int64_t chunk = 256;

@@ -8,6 +8,7 @@
 #include "cpu_backend.hpp"
 #include "cpu_vector_math.hpp"
 #include "dispatch.hpp"
+#include "troupe/tensor/parallel_for.hpp"
 
 namespace troupe::detail {
 
@@ -129,43 +130,55 @@ void cpu_backend::layer_norm(const tensor& input, const tensor& weight, const te
     T* y = output.data<T>();
     T* mu = mean.data<T>();
     T* rs = rstd.data<T>();
-    if (vector_math::available()) {
-      vector_math::layer_norm({.x = x, .weight = w, .bias = b, .eps = static_cast<T>(eps), .y = y, .mean = mu,
-                               .rstd = rs, .rows = rows, .d = d});
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * d;
-      T* yr = y + r * d;
-      // Two passes (mean, then squared deviations) rather than E[x^2] -
-      // E[x]^2, which cancels catastrophically for large means; both
-      // relative to x[0], so a large mean's sum does not lose the spread
-      // (as the vector path's Welford pass).
-      const T shift = xr[0];
-      for (std::int64_t j = 0; j < d; ++j)
-        yr[j] = xr[j] - shift;
-      const T shifted_mean = row_sum(yr, d, 1) / static_cast<T>(d);
-      for (std::int64_t j = 0; j < d; ++j)
-        yr[j] = (yr[j] - shifted_mean) * (yr[j] - shifted_mean);
-      const T var = row_sum(yr, d, 1) / static_cast<T>(d);
-      const T m = shift + shifted_mean;
-      const T inv = T(1) / std::sqrt(var + static_cast<T>(eps));
-      mu[r] = m;
-      rs[r] = inv;
-      // One loop per affine case: a branch inside kept GCC from vectorising.
-      if (w != nullptr && b != nullptr)
-        for (std::int64_t j = 0; j < d; ++j)
-          yr[j] = (xr[j] - m) * inv * w[j] + b[j];
-      else if (w != nullptr)
-        for (std::int64_t j = 0; j < d; ++j)
-          yr[j] = (xr[j] - m) * inv * w[j];
-      else if (b != nullptr)
-        for (std::int64_t j = 0; j < d; ++j)
-          yr[j] = (xr[j] - m) * inv + b[j];
-      else
-        for (std::int64_t j = 0; j < d; ++j)
-          yr[j] = (xr[j] - m) * inv;
-    }
+    // Rows are independent; the backward sums the weight's gradient over
+    // rows in row order and stays on one thread.
+    parallel_for(rows, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(d, 1)),
+                 [&](std::int64_t first, std::int64_t last) {
+                   if (vector_math::available()) {
+                     vector_math::layer_norm({.x = x + first * d,
+                                              .weight = w,
+                                              .bias = b,
+                                              .eps = static_cast<T>(eps),
+                                              .y = y + first * d,
+                                              .mean = mu + first,
+                                              .rstd = rs + first,
+                                              .rows = last - first,
+                                              .d = d});
+                     return;
+                   }
+                   for (std::int64_t r = first; r < last; ++r) {
+                     const T* xr = x + r * d;
+                     T* yr = y + r * d;
+                     // Two passes (mean, then squared deviations) rather than E[x^2] -
+                     // E[x]^2, which cancels catastrophically for large means; both
+                     // relative to x[0], so a large mean's sum does not lose the spread
+                     // (as the vector path's Welford pass).
+                     const T shift = xr[0];
+                     for (std::int64_t j = 0; j < d; ++j)
+                       yr[j] = xr[j] - shift;
+                     const T shifted_mean = row_sum(yr, d, 1) / static_cast<T>(d);
+                     for (std::int64_t j = 0; j < d; ++j)
+                       yr[j] = (yr[j] - shifted_mean) * (yr[j] - shifted_mean);
+                     const T var = row_sum(yr, d, 1) / static_cast<T>(d);
+                     const T m = shift + shifted_mean;
+                     const T inv = T(1) / std::sqrt(var + static_cast<T>(eps));
+                     mu[r] = m;
+                     rs[r] = inv;
+                     // One loop per affine case: a branch inside kept GCC from vectorising.
+                     if (w != nullptr && b != nullptr)
+                       for (std::int64_t j = 0; j < d; ++j)
+                         yr[j] = (xr[j] - m) * inv * w[j] + b[j];
+                     else if (w != nullptr)
+                       for (std::int64_t j = 0; j < d; ++j)
+                         yr[j] = (xr[j] - m) * inv * w[j];
+                     else if (b != nullptr)
+                       for (std::int64_t j = 0; j < d; ++j)
+                         yr[j] = (xr[j] - m) * inv + b[j];
+                     else
+                       for (std::int64_t j = 0; j < d; ++j)
+                         yr[j] = (xr[j] - m) * inv;
+                   }
+                 });
   });
 }
 

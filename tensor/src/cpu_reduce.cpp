@@ -8,10 +8,16 @@
 #include "cpu_backend.hpp"
 #include "cpu_vector_math.hpp"
 #include "dispatch.hpp"
+#include "troupe/tensor/parallel_for.hpp"
 
 namespace troupe::detail {
 
 namespace {
+
+/// Rows per intra-op range for rows of `cols` exponentials: about 4K.
+std::int64_t rows_grain(std::int64_t cols) {
+  return std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(cols, 1));
+}
 
 template <class T> bool is_nan(T x) {
   return x != x; // NOLINT: true only for floating NaN
@@ -69,30 +75,32 @@ void cpu_backend::softmax(const tensor& a, bool log, tensor& out) {
     using T = typename decltype(tag)::type;
     const T* x = a.data<T>();
     T* y = out.data<T>();
-    if (vector_math::available()) {
-      vector_math::softmax_rows(x, y, rows, cols, log);
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * cols;
-      T* yr = y + r * cols;
-      T top = xr[0];
-      for (std::int64_t j = 1; j < cols; ++j)
-        top = std::max(top, xr[j]);
-      for (std::int64_t j = 0; j < cols; ++j)
-        yr[j] = xr[j] - top;
-      exp_in_place(yr, cols);
-      const T total = row_sum(yr, cols, 1);
-      if (log) {
-        const T shift = top + std::log(total);
-        for (std::int64_t j = 0; j < cols; ++j)
-          yr[j] = xr[j] - shift;
-      } else {
-        const T inv = T(1) / total;
-        for (std::int64_t j = 0; j < cols; ++j)
-          yr[j] *= inv;
+    parallel_for(rows, rows_grain(cols), [&](std::int64_t first, std::int64_t last) {
+      if (vector_math::available()) {
+        vector_math::softmax_rows(x + first * cols, y + first * cols, last - first, cols, log);
+        return;
       }
-    }
+      for (std::int64_t r = first; r < last; ++r) {
+        const T* xr = x + r * cols;
+        T* yr = y + r * cols;
+        T top = xr[0];
+        for (std::int64_t j = 1; j < cols; ++j)
+          top = std::max(top, xr[j]);
+        for (std::int64_t j = 0; j < cols; ++j)
+          yr[j] = xr[j] - top;
+        exp_in_place(yr, cols);
+        const T total = row_sum(yr, cols, 1);
+        if (log) {
+          const T shift = top + std::log(total);
+          for (std::int64_t j = 0; j < cols; ++j)
+            yr[j] = xr[j] - shift;
+        } else {
+          const T inv = T(1) / total;
+          for (std::int64_t j = 0; j < cols; ++j)
+            yr[j] *= inv;
+        }
+      }
+    });
   });
 }
 
@@ -105,30 +113,33 @@ void cpu_backend::softmax_backward(const tensor& grad, const tensor& output, boo
     const T* g = grad.data<T>();
     const T* y = output.data<T>();
     T* dx = out.data<T>();
-    if (vector_math::available()) {
-      vector_math::softmax_backward_rows(g, y, dx, rows, cols, log);
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* gr = g + r * cols;
-      const T* yr = y + r * cols;
-      T* dr = dx + r * cols;
-      if (log) {
-        // y = log softmax(x): dx = g - softmax(x) * sum(g).
-        const T total = row_sum(gr, cols, 1);
-        std::copy(yr, yr + cols, dr);
-        exp_in_place(dr, cols);
-        for (std::int64_t j = 0; j < cols; ++j)
-          dr[j] = gr[j] - dr[j] * total;
-      } else {
-        // y = softmax(x): dx = y * (g - <g, y>).
-        for (std::int64_t j = 0; j < cols; ++j)
-          dr[j] = gr[j] * yr[j];
-        const T dot = row_sum(dr, cols, 1);
-        for (std::int64_t j = 0; j < cols; ++j)
-          dr[j] = yr[j] * (gr[j] - dot);
+    parallel_for(rows, rows_grain(cols), [&](std::int64_t first, std::int64_t last) {
+      if (vector_math::available()) {
+        const auto at = first * cols;
+        vector_math::softmax_backward_rows(g + at, y + at, dx + at, last - first, cols, log);
+        return;
       }
-    }
+      for (std::int64_t r = first; r < last; ++r) {
+        const T* gr = g + r * cols;
+        const T* yr = y + r * cols;
+        T* dr = dx + r * cols;
+        if (log) {
+          // y = log softmax(x): dx = g - softmax(x) * sum(g).
+          const T total = row_sum(gr, cols, 1);
+          std::copy(yr, yr + cols, dr);
+          exp_in_place(dr, cols);
+          for (std::int64_t j = 0; j < cols; ++j)
+            dr[j] = gr[j] - dr[j] * total;
+        } else {
+          // y = softmax(x): dx = y * (g - <g, y>).
+          for (std::int64_t j = 0; j < cols; ++j)
+            dr[j] = gr[j] * yr[j];
+          const T dot = row_sum(dr, cols, 1);
+          for (std::int64_t j = 0; j < cols; ++j)
+            dr[j] = yr[j] * (gr[j] - dot);
+        }
+      }
+    });
   });
 }
 
@@ -140,23 +151,30 @@ void cpu_backend::causal_softmax(const tensor& a, std::int64_t queries, double s
     const T* x = a.data<T>();
     T* y = out.data<T>();
     const auto s = static_cast<T>(scale);
-    if (vector_math::available()) {
-      vector_math::causal_softmax_rows(x, y, rows, queries, cols, s);
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * cols;
-      T* yr = y + r * cols;
-      const auto kept = std::min(r % queries + 1, cols);
-      const T top = *std::max_element(xr, xr + kept); // scale > 0: max of scale x is scale top
-      for (std::int64_t j = 0; j < kept; ++j)
-        yr[j] = (xr[j] - top) * s;
-      exp_in_place(yr, kept);
-      const T inv = T(1) / row_sum(yr, kept, 1);
-      for (std::int64_t j = 0; j < kept; ++j)
-        yr[j] *= inv;
-      std::fill(yr + kept, yr + cols, T(0));
-    }
+    // Ranges of whole [queries, keys] matrices: a row's mask is its index
+    // modulo `queries`.
+    parallel_for(
+        rows, std::max(queries, rows_grain(cols)),
+        [&](std::int64_t first, std::int64_t last) {
+          if (vector_math::available()) {
+            vector_math::causal_softmax_rows(x + first * cols, y + first * cols, last - first, queries, cols, s);
+            return;
+          }
+          for (std::int64_t r = first; r < last; ++r) {
+            const T* xr = x + r * cols;
+            T* yr = y + r * cols;
+            const auto kept = std::min(r % queries + 1, cols);
+            const T top = *std::max_element(xr, xr + kept); // scale > 0: max of scale x is scale top
+            for (std::int64_t j = 0; j < kept; ++j)
+              yr[j] = (xr[j] - top) * s;
+            exp_in_place(yr, kept);
+            const T inv = T(1) / row_sum(yr, kept, 1);
+            for (std::int64_t j = 0; j < kept; ++j)
+              yr[j] *= inv;
+            std::fill(yr + kept, yr + cols, T(0));
+          }
+        },
+        queries);
   });
 }
 
@@ -170,22 +188,28 @@ void cpu_backend::causal_softmax_backward(const tensor& grad, const tensor& outp
     const T* y = output.data<T>();
     T* dx = out.data<T>();
     const auto s = static_cast<T>(scale);
-    if (vector_math::available()) {
-      vector_math::causal_softmax_backward_rows(g, y, dx, rows, queries, cols, s);
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* gr = g + r * cols;
-      const T* yr = y + r * cols;
-      T* dr = dx + r * cols;
-      const auto kept = std::min(r % queries + 1, cols);
-      for (std::int64_t j = 0; j < kept; ++j)
-        dr[j] = gr[j] * yr[j];
-      const T dot = row_sum(dr, kept, 1);
-      for (std::int64_t j = 0; j < kept; ++j)
-        dr[j] = yr[j] * (gr[j] - dot) * s;
-      std::fill(dr + kept, dr + cols, T(0));
-    }
+    parallel_for(
+        rows, std::max(queries, rows_grain(cols)),
+        [&](std::int64_t first, std::int64_t last) {
+          if (vector_math::available()) {
+            const auto at = first * cols;
+            vector_math::causal_softmax_backward_rows(g + at, y + at, dx + at, last - first, queries, cols, s);
+            return;
+          }
+          for (std::int64_t r = first; r < last; ++r) {
+            const T* gr = g + r * cols;
+            const T* yr = y + r * cols;
+            T* dr = dx + r * cols;
+            const auto kept = std::min(r % queries + 1, cols);
+            for (std::int64_t j = 0; j < kept; ++j)
+              dr[j] = gr[j] * yr[j];
+            const T dot = row_sum(dr, kept, 1);
+            for (std::int64_t j = 0; j < kept; ++j)
+              dr[j] = yr[j] * (gr[j] - dot) * s;
+            std::fill(dr + kept, dr + cols, T(0));
+          }
+        },
+        queries);
   });
 }
 
@@ -199,18 +223,21 @@ void cpu_backend::cross_entropy(const tensor& logits, const tensor& targets, ten
     using T = typename decltype(tag)::type;
     const T* x = logits.data<T>();
     T* lse = log_sum_exp.data<T>();
-    if (vector_math::available()) {
-      vector_math::log_sum_exp_rows(x, lse, rows, cols);
-    } else {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * cols;
-        const T top = *std::max_element(xr, xr + cols);
-        T lane[8] = {};
-        for (std::int64_t j = 0; j < cols; ++j)
-          lane[j % 8] += std::exp(xr[j] - top);
-        lse[r] = top + std::log(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
+    parallel_for(rows, rows_grain(cols), [&](std::int64_t first, std::int64_t last) {
+      if (vector_math::available()) {
+        vector_math::log_sum_exp_rows(x + first * cols, lse + first, last - first, cols);
+      } else {
+        for (std::int64_t r = first; r < last; ++r) {
+          const T* xr = x + r * cols;
+          const T top = *std::max_element(xr, xr + cols);
+          T lane[8] = {};
+          for (std::int64_t j = 0; j < cols; ++j)
+            lane[j % 8] += std::exp(xr[j] - top);
+          lse[r] =
+              top + std::log(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
+        }
       }
-    }
+    });
     // The rows' losses summed in double, eight lanes by row: their order
     // depends only on the row count.
     double lane[8] = {};
@@ -235,17 +262,19 @@ void cpu_backend::cross_entropy_backward(const tensor& grad, const tensor& logit
     T* dx = out.data<T>();
     // dL/dx = grad (softmax(x) - onehot) / n, softmax(x) = exp(x - lse).
     const T scale = static_cast<T>(grad.item() / static_cast<double>(rows));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + r * cols;
-      T* dr = dx + r * cols;
-      const T shift = lse[r * lse_step];
-      if (vector_math::available())
-        vector_math::exp_scaled(xr, shift, scale, dr, cols);
-      else
-        for (std::int64_t j = 0; j < cols; ++j)
-          dr[j] = std::exp(xr[j] - shift) * scale;
-      dr[at[r * step]] -= scale;
-    }
+    parallel_for(rows, rows_grain(cols), [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t r = first; r < last; ++r) {
+        const T* xr = x + r * cols;
+        T* dr = dx + r * cols;
+        const T shift = lse[r * lse_step];
+        if (vector_math::available())
+          vector_math::exp_scaled(xr, shift, scale, dr, cols);
+        else
+          for (std::int64_t j = 0; j < cols; ++j)
+            dr[j] = std::exp(xr[j] - shift) * scale;
+        dr[at[r * step]] -= scale;
+      }
+    });
   });
 }
 

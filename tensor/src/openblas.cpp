@@ -69,6 +69,7 @@ openblas_library load() {
   openblas_library lib;
   lib.sgemm = reinterpret_cast<decltype(lib.sgemm)>(symbol("cblas_sgemm"));
   lib.dgemm = reinterpret_cast<decltype(lib.dgemm)>(symbol("cblas_dgemm"));
+  lib.set_num_threads = reinterpret_cast<decltype(lib.set_num_threads)>(symbol("openblas_set_num_threads"));
   using corename_fn = char* (*)();
   lib.core = reinterpret_cast<corename_fn>(symbol("openblas_get_corename"))();
   return lib;

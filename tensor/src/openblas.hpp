@@ -28,6 +28,8 @@ namespace troupe::detail {
 struct openblas_library {
   decltype(&cblas_sgemm) sgemm = nullptr;
   decltype(&cblas_dgemm) dgemm = nullptr;
+  /// openblas_set_num_threads: the process-wide thread count of GEMM.
+  void (*set_num_threads)(int) = nullptr;
   /// The kernel OpenBLAS runs ("Cooperlake", "Haswell", ...).
   const char* core = "";
 };

@@ -153,6 +153,17 @@ TEST(NodeOptions, DataPlaneSpinTakesMicrosecondsAndIsBounded) {
   EXPECT_EQ(*interval, 2ms);
 }
 
+TEST(NodeOptions, IntraOpThreadsAreACountFromOneTo1024) {
+  EXPECT_EQ(node_options{}.intra_op_threads, 0u) << "0: the node leaves the process's setting";
+  auto options = from({"--troupe.intra-op-threads=2"}, {});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->intra_op_threads, 2u);
+  EXPECT_EQ(error_of({"--troupe.intra-op-threads=0"}), "--troupe.intra-op-threads=\"0\" must be between 1 and 1024");
+  EXPECT_EQ(error_of({"--troupe.intra-op-threads=5000"}),
+            "--troupe.intra-op-threads=\"5000\" must be between 1 and 1024");
+  EXPECT_NE(error_of({"--troupe.intra-op-threads=two"}).find("intra-op-threads"), std::string::npos);
+}
+
 TEST(NodeOptions, ConfigFileHasTheLowestPrecedence) {
   auto path = std::string(::testing::TempDir()) + "troupe_node_options_test.conf";
   {

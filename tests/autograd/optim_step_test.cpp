@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "troupe/autograd/optim/all.hpp"
+#include "troupe/tensor/intra_op_threads.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::optim {
@@ -113,6 +114,27 @@ TEST(OptimAdam, MatchesTheBiasCorrectedUpdateWithL2) {
   adam opt({{"w", p}}, o);
   run(opt, p, 1, 6);
   expect_values(p, reference_adam(o, false, 6));
+}
+
+TEST(OptimAdamW, AnUpdateSplitOverTwoIntraOpThreadsGivesTheSameBits) {
+  // 100K elements: several ranges of the element loop (kernels.hpp).
+  generator gen{5, 0};
+  const auto start = randn({100'000}, gen, 0.0, 1.0, dtype::float32);
+  const auto grad = randn({100'000}, gen, 0.0, 1.0, dtype::float32);
+  auto run_with = [&](int threads) {
+    set_intra_op_threads(threads);
+    variable p(start.clone(), true);
+    adamw opt({{"w", p}}, adam_options{.lr = 0.01, .weight_decay = 0.1});
+    for (int step = 0; step < 3; ++step) {
+      p.set_grad(mul(grad, 1.0 + step));
+      opt.step();
+    }
+    set_intra_op_threads(1);
+    return p.data().to_vector<double>();
+  };
+  const auto one = run_with(1);
+  EXPECT_EQ(run_with(2), one);
+  EXPECT_NE(one, start.template to_vector<double>()) << "the steps changed the parameter";
 }
 
 TEST(OptimAdamW, DecaysWeightsDecoupledFromTheGradient) {
