@@ -291,6 +291,15 @@ variable softmax(const variable& a, std::int64_t dim) {
   });
 }
 
+variable causal_attention(const variable& qkv, std::int64_t heads, double scale) {
+  auto x = data_of(qkv, "causal_attention", "qkv");
+  auto result = troupe::causal_attention(x, heads, scale);
+  return record("causal_attention", result.output, {qkv},
+                [x, weights = result.weights, heads, scale](const tensor& g, const needs_mask&) {
+                  return std::vector<tensor>{causal_attention_backward(g, x, weights, heads, scale)};
+                });
+}
+
 variable causal_softmax(const variable& scores, double scale) {
   auto out = troupe::causal_softmax(data_of(scores, "causal_softmax", "scores"), scale);
   return record("causal_softmax", out, {scores}, [out, scale](const tensor& g, const needs_mask&) {

@@ -56,6 +56,46 @@ void backend::causal_softmax_backward(const tensor& grad, const tensor& output, 
   out.copy_from(dx.view({-1, cols}));
 }
 
+namespace {
+
+/// Part `part` (0 q, 1 k, 2 v) of qkv [batch, seq, 3 width] as [batch *
+/// heads, seq, head size], contiguous.
+tensor heads_of(const tensor& qkv, std::int64_t part, std::int64_t heads) {
+  const auto batch = qkv.size(0), seq = qkv.size(1), width = qkv.size(2) / 3;
+  return qkv.narrow(2, part * width, width)
+      .reshape({batch, seq, heads, width / heads})
+      .permute({0, 2, 1, 3})
+      .contiguous()
+      .view({batch * heads, seq, width / heads});
+}
+
+/// [batch * heads, seq, head size] back to [batch, seq, width] (heads side by side).
+tensor side_by_side(const tensor& per_head, std::int64_t batch) {
+  const auto heads = per_head.size(0) / batch, seq = per_head.size(1), head_size = per_head.size(2);
+  return per_head.view({batch, heads, seq, head_size}).permute({0, 2, 1, 3}).reshape({batch, seq, heads * head_size});
+}
+
+} // namespace
+
+void backend::causal_attention(const tensor& qkv, std::int64_t heads, double scale, tensor& output, tensor& weights) {
+  auto q = heads_of(qkv, 0, heads), k = heads_of(qkv, 1, heads), v = heads_of(qkv, 2, heads);
+  weights.copy_from(troupe::causal_softmax(troupe::bmm(q, k.transpose(1, 2)), scale));
+  output.copy_from(side_by_side(troupe::bmm(weights, v), qkv.size(0)));
+}
+
+void backend::causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights,
+                                        std::int64_t heads, double scale, tensor& grad_qkv) {
+  const auto batch = qkv.size(0), seq = qkv.size(1), width = qkv.size(2) / 3;
+  auto q = heads_of(qkv, 0, heads), k = heads_of(qkv, 1, heads), v = heads_of(qkv, 2, heads);
+  auto dy = grad.reshape({batch, seq, heads, width / heads}).permute({0, 2, 1, 3}).contiguous().view(
+      {batch * heads, seq, width / heads});
+  auto dv = troupe::bmm(weights.transpose(1, 2), dy);
+  auto dscores = troupe::causal_softmax_backward(troupe::bmm(dy, v.transpose(1, 2)), weights, scale);
+  auto dq = troupe::bmm(dscores, k);
+  auto dk = troupe::bmm(dscores.transpose(1, 2), q);
+  grad_qkv.copy_from(troupe::cat({side_by_side(dq, batch), side_by_side(dk, batch), side_by_side(dv, batch)}, 2));
+}
+
 void backend::cross_entropy(const tensor& logits, const tensor& targets, tensor& loss, tensor& log_sum_exp) {
   const auto n = logits.size(0);
   const auto at = targets.reshape({n, 1});

@@ -27,6 +27,10 @@ public:
   void causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) override;
   void causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
                                tensor& out) override;
+  void causal_attention(const tensor& qkv, std::int64_t heads, double scale, tensor& output,
+                        tensor& weights) override;
+  void causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights, std::int64_t heads,
+                                 double scale, tensor& grad_qkv) override;
   void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss,
                      tensor& log_sum_exp) override;
   void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
@@ -60,6 +64,16 @@ public:
   void fill_random(random_distribution what, const generator& gen, double a, double b,
                    tensor& out) override;
 };
+
+/// Causal softmax over `rows` contiguous rows of `cols` (cpu_reduce.cpp):
+/// row r keeps its first min(r % queries + 1, cols) elements, y =
+/// softmax(scale x) over them and 0 after; y may be x.
+template <class T>
+void causal_softmax_range(const T* x, T* y, std::int64_t rows, std::int64_t queries, std::int64_t cols, T scale);
+/// Its gradient, scale y (g - <g, y>) on the kept elements; dx may be g.
+template <class T>
+void causal_softmax_backward_range(const T* g, const T* y, T* dx, std::int64_t rows, std::int64_t queries,
+                                   std::int64_t cols, T scale);
 
 /// Typed pointer to a tensor's storage base (element 0 of the storage, not
 /// of the view): for_each_row offsets are relative to it.

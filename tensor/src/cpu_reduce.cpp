@@ -143,6 +143,59 @@ void cpu_backend::softmax_backward(const tensor& grad, const tensor& output, boo
   });
 }
 
+template <class T>
+void causal_softmax_range(const T* x, T* y, std::int64_t rows, std::int64_t queries, std::int64_t cols, T scale) {
+  if (vector_math::available()) {
+    vector_math::causal_softmax_rows(x, y, rows, queries, cols, scale);
+    return;
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    const auto kept = std::min(r % queries + 1, cols);
+    const T top = *std::max_element(xr, xr + kept); // scale > 0: max of scale x is scale top
+    for (std::int64_t j = 0; j < kept; ++j)
+      yr[j] = (xr[j] - top) * scale;
+    exp_in_place(yr, kept);
+    const T inv = T(1) / row_sum(yr, kept, 1);
+    for (std::int64_t j = 0; j < kept; ++j)
+      yr[j] *= inv;
+    std::fill(yr + kept, yr + cols, T(0));
+  }
+}
+
+template <class T>
+void causal_softmax_backward_range(const T* g, const T* y, T* dx, std::int64_t rows, std::int64_t queries,
+                                   std::int64_t cols, T scale) {
+  if (vector_math::available()) {
+    vector_math::causal_softmax_backward_rows(g, y, dx, rows, queries, cols, scale);
+    return;
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* gr = g + r * cols;
+    const T* yr = y + r * cols;
+    T* dr = dx + r * cols;
+    const auto kept = std::min(r % queries + 1, cols);
+    // dr may be gr (the attention's backward works in place), so the
+    // products are summed from a buffer of their own.
+    thread_local std::vector<T> products;
+    products.resize(static_cast<std::size_t>(kept));
+    for (std::int64_t j = 0; j < kept; ++j)
+      products[static_cast<std::size_t>(j)] = gr[j] * yr[j];
+    const T dot = row_sum(products.data(), kept, 1);
+    for (std::int64_t j = 0; j < kept; ++j)
+      dr[j] = yr[j] * (gr[j] - dot) * scale;
+    std::fill(dr + kept, dr + cols, T(0));
+  }
+}
+
+template void causal_softmax_range(const float*, float*, std::int64_t, std::int64_t, std::int64_t, float);
+template void causal_softmax_range(const double*, double*, std::int64_t, std::int64_t, std::int64_t, double);
+template void causal_softmax_backward_range(const float*, const float*, float*, std::int64_t, std::int64_t,
+                                            std::int64_t, float);
+template void causal_softmax_backward_range(const double*, const double*, double*, std::int64_t, std::int64_t,
+                                            std::int64_t, double);
+
 void cpu_backend::causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) {
   const auto rows = a.size(0);
   const auto cols = a.size(1);
@@ -150,29 +203,12 @@ void cpu_backend::causal_softmax(const tensor& a, std::int64_t queries, double s
     using T = typename decltype(tag)::type;
     const T* x = a.data<T>();
     T* y = out.data<T>();
-    const auto s = static_cast<T>(scale);
     // Ranges of whole [queries, keys] matrices: a row's mask is its index
     // modulo `queries`.
     parallel_for(
         rows, std::max(queries, rows_grain(cols)),
         [&](std::int64_t first, std::int64_t last) {
-          if (vector_math::available()) {
-            vector_math::causal_softmax_rows(x + first * cols, y + first * cols, last - first, queries, cols, s);
-            return;
-          }
-          for (std::int64_t r = first; r < last; ++r) {
-            const T* xr = x + r * cols;
-            T* yr = y + r * cols;
-            const auto kept = std::min(r % queries + 1, cols);
-            const T top = *std::max_element(xr, xr + kept); // scale > 0: max of scale x is scale top
-            for (std::int64_t j = 0; j < kept; ++j)
-              yr[j] = (xr[j] - top) * s;
-            exp_in_place(yr, kept);
-            const T inv = T(1) / row_sum(yr, kept, 1);
-            for (std::int64_t j = 0; j < kept; ++j)
-              yr[j] *= inv;
-            std::fill(yr + kept, yr + cols, T(0));
-          }
+          causal_softmax_range(x + first * cols, y + first * cols, last - first, queries, cols, static_cast<T>(scale));
         },
         queries);
   });
@@ -187,27 +223,11 @@ void cpu_backend::causal_softmax_backward(const tensor& grad, const tensor& outp
     const T* g = grad.data<T>();
     const T* y = output.data<T>();
     T* dx = out.data<T>();
-    const auto s = static_cast<T>(scale);
     parallel_for(
         rows, std::max(queries, rows_grain(cols)),
         [&](std::int64_t first, std::int64_t last) {
-          if (vector_math::available()) {
-            const auto at = first * cols;
-            vector_math::causal_softmax_backward_rows(g + at, y + at, dx + at, last - first, queries, cols, s);
-            return;
-          }
-          for (std::int64_t r = first; r < last; ++r) {
-            const T* gr = g + r * cols;
-            const T* yr = y + r * cols;
-            T* dr = dx + r * cols;
-            const auto kept = std::min(r % queries + 1, cols);
-            for (std::int64_t j = 0; j < kept; ++j)
-              dr[j] = gr[j] * yr[j];
-            const T dot = row_sum(dr, kept, 1);
-            for (std::int64_t j = 0; j < kept; ++j)
-              dr[j] = yr[j] * (gr[j] - dot) * s;
-            std::fill(dr + kept, dr + cols, T(0));
-          }
+          const auto at = first * cols;
+          causal_softmax_backward_range(g + at, y + at, dx + at, last - first, queries, cols, static_cast<T>(scale));
         },
         queries);
   });

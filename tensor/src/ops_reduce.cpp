@@ -212,6 +212,55 @@ tensor causal_softmax_backward(const tensor& grad, const tensor& output, double 
 
 namespace {
 
+/// Checks qkv [batch, seq, 3 heads head_size] and the scale; returns the width.
+std::int64_t check_attention(const char* op, const tensor& qkv, std::int64_t heads, double scale) {
+  require_defined(op, qkv, "qkv");
+  require_floating(op, qkv);
+  require(qkv.rank() == 3, "{}: qkv must be [batch, seq, 3 width], got shape {}", op, qkv.shape());
+  require(heads > 0 && qkv.size(2) % (3 * heads) == 0,
+          "{}: qkv's last dimension {} is not 3 x width for {} heads of equal size", op, qkv.size(2), heads);
+  require(scale > 0.0 && std::isfinite(scale), "{}: scale must be positive and finite, got {}", op, scale);
+  return qkv.size(2) / 3;
+}
+
+} // namespace
+
+causal_attention_result causal_attention(const tensor& qkv, std::int64_t heads, double scale) {
+  const char* op = "causal_attention";
+  const auto width = check_attention(op, qkv, heads, scale);
+  auto x = qkv.contiguous();
+  const auto batch = x.size(0), seq = x.size(1);
+  causal_attention_result result{tensor::empty({batch, seq, width}, x.type(), x.where()),
+                                 tensor::empty({batch * heads, seq, seq}, x.type(), x.where())};
+  if (x.numel() > 0)
+    backend_for(x.where(), op).causal_attention(x, heads, scale, result.output, result.weights);
+  return result;
+}
+
+tensor causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights, std::int64_t heads,
+                                 double scale) {
+  const char* op = "causal_attention_backward";
+  const auto width = check_attention(op, qkv, heads, scale);
+  require_defined(op, grad, "grad");
+  require_defined(op, weights, "weights");
+  require_same_device(op, grad, qkv);
+  require_same_device(op, weights, qkv);
+  require_same_dtype(op, grad, qkv);
+  require_same_dtype(op, weights, qkv);
+  const auto batch = qkv.size(0), seq = qkv.size(1);
+  require(grad.shape() == dims{batch, seq, width}, "{}: grad must be [{}, {}, {}], got shape {}", op, batch, seq,
+          width, grad.shape());
+  require(weights.shape() == dims{batch * heads, seq, seq}, "{}: weights must be [{}, {}, {}], got shape {}", op,
+          batch * heads, seq, seq, weights.shape());
+  auto x = qkv.contiguous();
+  auto out = tensor::empty(x.shape(), x.type(), x.where());
+  if (x.numel() > 0)
+    backend_for(x.where(), op).causal_attention_backward(grad.contiguous(), x, weights.contiguous(), heads, scale, out);
+  return out;
+}
+
+namespace {
+
 /// Checks logits [n, classes] (n > 0) and targets [n] in [0, classes).
 void check_cross_entropy(const char* op, const tensor& logits, const tensor& targets) {
   require_defined(op, logits, "logits");

@@ -299,6 +299,18 @@ TEST(FunctionsGradcheck, CausalSoftmaxOfOddLengthsAndATransposedInput) {
   }
 }
 
+TEST(FunctionsGradcheck, CausalAttention) {
+  // Sequences within one block of query rows and across blocks (32 rows),
+  // and qkv reaching the op as a strided view.
+  for (std::int64_t seq : {1, 6, 35}) {
+    SCOPED_TRACE(seq);
+    EXPECT_TRUE(gradcheck([](const inputs& v) { return causal_attention(v[0], 2, 0.8); },
+                          {random_tensor({2, seq, 3 * 2 * 2}, 53, 0.0, 2.0)}));
+    EXPECT_TRUE(gradcheck([](const inputs& v) { return causal_attention(narrow(v[0], 2, 1, 9), 3, 1.1); },
+                          {random_tensor({1, seq, 10}, 54)}));
+  }
+}
+
 TEST(Functions, CrossEntropyMatchesReferenceAndNamesBadTarget) {
   auto logits = tensor::from<double>({1.0, 2.0, 3.0, 0.5, 0.5, 0.5}, {2, 3});
   variable x(logits, true);

@@ -27,6 +27,13 @@ variable causal_attention(const variable& qkv, std::int64_t heads, std::int64_t 
   require(qkv.data().rank() == 3 && qkv.size(2) == 3 * width,
           "causal_attention: qkv must be [batch, seq, {}] for {} heads of {}, got {}", 3 * width, heads, head_size,
           qkv.shape());
+  const auto scale = 1.0 / std::sqrt(static_cast<double>(head_size));
+  // Dropout on the weights needs them as a tensor of their own; without it
+  // the whole core is one op (no copies of the heads, no masked products).
+  const auto* dropout = dynamic_cast<const nn::dropout*>(&weights_dropout);
+  if (dropout != nullptr && (dropout->p() == 0.0 || !dropout->is_training()))
+    return autograd::causal_attention(qkv, heads, scale);
+
   const auto batch = qkv.size(0), seq = qkv.size(1);
   // q, k, v as [batch * heads, seq, head_size].
   auto parts = autograd::split(qkv, width, 2);
@@ -38,7 +45,7 @@ variable causal_attention(const variable& qkv, std::int64_t heads, std::int64_t 
 
   // Scaled, masked softmax in one op: future positions get weight 0.
   auto scores = autograd::bmm(q, autograd::transpose(k, 1, 2));
-  auto weights = weights_dropout(autograd::causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(head_size))));
+  auto weights = weights_dropout(autograd::causal_softmax(scores, scale));
   auto y = autograd::bmm(weights, v); // [batch * heads, seq, head_size]
 
   // Back to [batch, seq, width], heads side by side.

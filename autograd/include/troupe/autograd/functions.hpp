@@ -51,6 +51,9 @@ variable log_softmax(const variable& a, std::int64_t dim);
 /// Softmax of `scale * scores` over the last dimension with the causal mask
 /// of attention (troupe::causal_softmax): scores [..., queries, keys].
 variable causal_softmax(const variable& scores, double scale);
+/// The core of causal self-attention as one op (troupe::causal_attention):
+/// qkv [batch, seq, 3 width] → [batch, seq, width], `heads` heads.
+variable causal_attention(const variable& qkv, std::int64_t heads, double scale);
 
 // -- shape (views; gradients flow back through them) -----------------------------------
 

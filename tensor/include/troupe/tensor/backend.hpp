@@ -154,6 +154,18 @@ public:
   /// is never read). The default composes where, softmax_backward and mul.
   virtual void causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
                                        tensor& out);
+  /// Causal self-attention of contiguous qkv [batch, seq, 3 width] (q, k
+  /// and v side by side, each `heads` heads of width / heads): for every
+  /// batch and head, weights = causal_softmax(q k^T, scale) [seq, seq] and
+  /// y = weights v, written into `weights` [batch * heads, seq, seq] (0
+  /// above the diagonal) and `output` [batch, seq, width] (heads side by
+  /// side). The default composes permutes, bmm and causal_softmax.
+  virtual void causal_attention(const tensor& qkv, std::int64_t heads, double scale, tensor& output,
+                                tensor& weights);
+  /// dL/dqkv of causal_attention from dL/dy `grad` [batch, seq, width],
+  /// qkv and the forward's weights, all contiguous, into `grad_qkv`.
+  virtual void causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights,
+                                         std::int64_t heads, double scale, tensor& grad_qkv);
   /// Mean cross entropy of contiguous logits [n, classes] against int64
   /// targets [n] (checked to lie in [0, classes)): `loss` (rank 0) and each
   /// row's log Σ exp in `log_sum_exp` [n]. The default composes

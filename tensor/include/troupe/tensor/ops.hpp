@@ -101,6 +101,21 @@ tensor causal_softmax(const tensor& scores, double scale);
 /// dL/dscores given dL/dy and y = causal_softmax(scores, scale).
 tensor causal_softmax_backward(const tensor& grad, const tensor& output, double scale);
 
+struct causal_attention_result {
+  tensor output;  ///< [batch, seq, width]: each head's weights v, heads side by side
+  tensor weights; ///< [batch * heads, seq, seq]: causal_softmax(q k^T, scale), for the backward
+};
+/// The core of causal self-attention as one op, from the fused projection
+/// qkv [batch, seq, 3 width] (q, k, v side by side, each of `heads` heads
+/// of width / heads): per batch and head, softmax(scale q k^T) with keys
+/// after the query masked, times v. The same as splitting qkv into heads,
+/// bmm, causal_softmax and bmm, without the heads' copies and without the
+/// products under the mask.
+causal_attention_result causal_attention(const tensor& qkv, std::int64_t heads, double scale);
+/// dL/dqkv given dL/dy `grad` [batch, seq, width], qkv and the forward's weights.
+tensor causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights, std::int64_t heads,
+                                 double scale);
+
 struct cross_entropy_result {
   tensor loss;        ///< rank 0: mean over rows of log Σ exp(logits) - logits[target]
   tensor log_sum_exp; ///< [n]: each row's log Σ exp(logits), for the backward
