@@ -97,10 +97,35 @@ void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n) 
   run_backward(dnnl::algorithm::eltwise_gelu_erf, grad, x, y, n);
 }
 
-void gelu_tanh(const float* x, float* y, std::int64_t n) { run_forward(dnnl::algorithm::eltwise_gelu_tanh, x, y, n); }
+namespace {
+
+/// Whether oneDNN's gelu_tanh beats the exp form here (cpu_vector_math.hpp
+/// says by how much): only with its AVX-512 kernels.
+bool onednn_gelu_tanh() {
+  // The ISA values are sets of bits; AVX2 with VNNI is numerically larger
+  // than AVX-512 without containing it.
+  static const bool avx512 = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    return (isa & core) == core;
+  }();
+  return avx512;
+}
+
+} // namespace
+
+void gelu_tanh(const float* x, float* y, std::int64_t n) {
+  if (onednn_gelu_tanh())
+    run_forward(dnnl::algorithm::eltwise_gelu_tanh, x, y, n);
+  else
+    gelu_tanh_with_exp(x, y, n);
+}
 
 void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n) {
-  run_backward(dnnl::algorithm::eltwise_gelu_tanh, grad, x, y, n);
+  if (onednn_gelu_tanh())
+    run_backward(dnnl::algorithm::eltwise_gelu_tanh, grad, x, y, n);
+  else
+    gelu_tanh_backward_with_exp(grad, x, y, n);
 }
 
 } // namespace troupe::detail::vector_math

@@ -108,6 +108,10 @@ void gelu(const double* x, double* y, std::int64_t n) { gelu_of<double_lanes>(x,
 void gelu_backward(const double* grad, const double* x, double* y, std::int64_t n) {
   gelu_backward_of<double_lanes>(grad, x, y, n);
 }
+void gelu_tanh_with_exp(const float* x, float* y, std::int64_t n) { gelu_tanh_of<float_lanes>(x, y, n); }
+void gelu_tanh_backward_with_exp(const float* grad, const float* x, float* y, std::int64_t n) {
+  gelu_tanh_backward_of<float_lanes>(grad, x, y, n);
+}
 void gelu_tanh(const double* x, double* y, std::int64_t n) { gelu_tanh_of<double_lanes>(x, y, n); }
 void gelu_tanh_backward(const double* grad, const double* x, double* y, std::int64_t n) {
   gelu_tanh_backward_of<double_lanes>(grad, x, y, n);

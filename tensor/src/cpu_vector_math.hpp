@@ -38,10 +38,15 @@ void gelu(const double* x, double* y, std::int64_t n);
 void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
 void gelu_backward(const double* grad, const double* x, double* y, std::int64_t n);
 /// The tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x +
-/// 0.044715 x^3): float32 with oneDNN's gelu_tanh (half the time of the
-/// SLEEF form in bench/ops), float64 as x sigmoid(2 u) (the same function)
-/// with the vector exp.
+/// 0.044715 x^3), as x sigmoid(2 u) (the same function) with the vector
+/// exp. float32 goes to oneDNN's gelu_tanh where oneDNN runs AVX-512 (half
+/// the time of the exp form in bench/ops there); its AVX2 kernel took
+/// three times the exp form's time on an AMD EPYC, so elsewhere float32
+/// takes the exp form too (cpu_onednn_gelu.cpp chooses, by the CPU alone,
+/// so every process of a job computes the same bits).
 void gelu_tanh(const float* x, float* y, std::int64_t n);
+void gelu_tanh_with_exp(const float* x, float* y, std::int64_t n);
+void gelu_tanh_backward_with_exp(const float* grad, const float* x, float* y, std::int64_t n);
 void gelu_tanh(const double* x, double* y, std::int64_t n);
 /// grad * d/dx of gelu_tanh.
 void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n);
