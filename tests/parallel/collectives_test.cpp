@@ -131,10 +131,9 @@ TEST_P(Collectives, AllreduceAverageFloat64) {
   }
 }
 
-TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
-  const auto n = GetParam();
-  local_ring ring(n);
-  ASSERT_TRUE(ring.node);
+/// Every rank's reduce-scatter, all-gather and broadcast of `ring`, for
+/// every size, against the reference.
+void check_reduce_scatter_all_gather_broadcast(local_ring& ring, std::uint32_t n) {
   for (auto count : sizes_for(n)) {
     std::vector<tensor> scattered(n), gathered(n), broadcasted(n);
     ring.each([&](std::uint32_t k) {
@@ -162,6 +161,20 @@ TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
           ASSERT_EQ(ag[static_cast<std::size_t>(r * count + i)], value(r, i));
       EXPECT_TRUE(bitwise_equal(broadcasted[k], input(n - 1, count))) << "rank " << k << " count " << count;
     }
+  }
+}
+
+TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
+  const auto n = GetParam();
+  // Reduce-scatter and all-gather take the shared-memory allreduce on one
+  // host (4 KiB passes: many of them), broadcast the ring either way.
+  for (auto path : {ring_path, shared_path}) {
+    SCOPED_TRACE(path == ring_path ? "ring" : "shared memory");
+    local_ring ring(n, 1024, 5000ms, 1, path, 4096);
+    ASSERT_TRUE(ring.node);
+    for (auto& g : ring.groups)
+      ASSERT_EQ(g->shares_memory(), path == shared_path);
+    check_reduce_scatter_all_gather_broadcast(ring, n);
   }
 }
 

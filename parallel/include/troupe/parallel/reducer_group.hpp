@@ -43,8 +43,10 @@
 // arena and is read by the peers where it lies. Such allreduces run one at
 // a time per group, in call order, so
 // replicas must issue them in the same order (as with NCCL or MPI; a
-// mismatch is an error naming the replica, never a wrong sum). The other
-// collectives always use the ring.
+// mismatch is an error naming the replica, never a wrong sum).
+// Reduce-scatter and all-gather take the same path (an allreduce of which
+// a rank keeps its segment; each rank's piece among zeros, summed), in the
+// same order as the allreduces; broadcast always uses the ring.
 //
 // Failure. A member's node lost (node::on_peer_lost), a refused send, or no
 // chunk from the left neighbour within `timeout` fails the collective with
