@@ -28,7 +28,51 @@ std::string node_name_of(std::string_view host) {
   return name;
 }
 
+// What a remote rank runs under ssh (`sh -c REMOTE_RANK remote-rank GRACE
+// command...`). ssh alone cannot stop a remote program: when the client
+// dies, sshd closes the session but sends the command no signal, so a rank
+// would run on, orphaned. The launcher therefore holds ssh's standard input
+// open for as long as the rank should run, and this script:
+//  1. reads the job token's line from standard input (a token on the
+//     command line would be readable by anyone on the host through `ps`);
+//  2. starts the rank in a session and process group of its own (setsid
+//     execs in place in a background child, so the child's pid is the
+//     group's id);
+//  3. watches standard input in the background: at its end (the launcher
+//     closed it, or ssh or the launcher died) the rank's group gets SIGTERM,
+//     then SIGKILL once GRACE tenths of a second have passed, polling so the
+//     watcher ends as soon as the rank has. The watcher ignores SIGTERM,
+//     SIGHUP and SIGINT: a signal that ends the script (a hang-up, a kill of
+//     the session's group) must not end the one process that can still
+//     stop the rank;
+//  4. waits for the rank, kills whatever it left in its group, and exits
+//     with the rank's status, which ssh hands back to the launcher.
+constexpr const char* remote_rank_script =
+  "IFS= read -r token || exit 125; export TROUPE_JOB_TOKEN=\"$token\"; tenths=$1; shift; "
+  "exec 3<&0; setsid \"$@\" 3<&- & rank=$!; "
+  "{ trap \"\" TERM HUP INT; while IFS= read -r _ <&3; do :; done; "
+  "kill -TERM -$rank 2>/dev/null || kill -TERM $rank 2>/dev/null; "
+  "i=0; while kill -0 $rank 2>/dev/null && [ $i -lt $tenths ]; do sleep 0.1; i=$((i+1)); done; "
+  "kill -KILL -$rank 2>/dev/null; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; "
+  "wait $rank; status=$?; kill -KILL $watcher 2>/dev/null; kill -KILL -$rank 2>/dev/null; exit $status";
+
+bool is_launcher_variable(std::string_view name) {
+  return name == env_coordinator || name == env_rank || name == env_world_size || name == env_node_name ||
+         name == env_restart || name == "TROUPE_JOB_TOKEN";
+}
+
 } // namespace
+
+std::vector<std::string> forwarded_variables(const environment& env) {
+  std::vector<std::string> forwarded;
+  for (auto& [name, value] : env) {
+    bool wanted = name.starts_with("TROUPE_") || name.starts_with("UCX_") || name.starts_with("OPENBLAS_") ||
+                  name.starts_with("OMP_");
+    if (wanted && !is_launcher_variable(name))
+      forwarded.push_back(name + "=" + value);
+  }
+  return forwarded;
+}
 
 troupe::expected<std::vector<host_slots>> parse_hosts(std::string_view text, std::string_view file) {
   std::vector<host_slots> hosts;
@@ -145,20 +189,25 @@ troupe::expected<std::vector<rank_command>> plan_launch(const launch_request& re
                    std::string(env_world_size) + "=" + std::to_string(request.ranks),
                    std::string(env_node_name) + "=" + command.node_name,
                    std::string(env_restart) + "=" + std::to_string(request.restart)};
-    if (!request.job_token.empty())
-      command.env.push_back("TROUPE_JOB_TOKEN=" + request.job_token);
     if (!command.remote) {
+      if (!request.job_token.empty())
+        command.env.push_back("TROUPE_JOB_TOKEN=" + request.job_token);
       command.argv = request.program;
     } else {
       // ssh joins its arguments into one line for the remote shell, so the
       // remote command is built and quoted here, once.
-      std::vector<std::string> remote{"env"};
+      const auto tenths = static_cast<long>(request.remote_grace_s * 10 + 0.5);
+      std::vector<std::string> remote{"exec", "sh", "-c", remote_rank_script, "remote-rank", std::to_string(tenths),
+                                      "env"};
+      remote.insert(remote.end(), request.forwarded_env.begin(), request.forwarded_env.end());
       remote.insert(remote.end(), command.env.begin(), command.env.end());
       remote.insert(remote.end(), request.program.begin(), request.program.end());
       auto line = shell_line(remote);
       if (!request.working_directory.empty())
         line = "cd " + shell_quote(request.working_directory) + " && " + line;
-      command.argv = {"ssh", "-o", "BatchMode=yes", command.host, "--", line};
+      command.argv = request.ssh;
+      command.argv.insert(command.argv.end(), {"-o", "BatchMode=yes", command.host, "--", line});
+      command.stdin_text = request.job_token + "\n";
     }
     commands.push_back(std::move(command));
   }

@@ -10,6 +10,12 @@
 //   [1] joined as worker1
 //   ...
 //
+// Ranks on other hosts (--hosts) start over ssh (--ssh chooses the client and
+// its options) and get the launcher's TROUPE_*, UCX_*, OPENBLAS_* and OMP_*
+// variables; their ssh's standard input is a pipe this process holds, so a
+// remote rank is stopped (SIGTERM, SIGKILL after --grace) when the launcher
+// stops it, is interrupted, or dies (launcher.hpp).
+//
 // Exit status: 0 when every rank exited 0; otherwise the failing rank's exit
 // status (128 + signal when it was killed), 124 on --timeout, 128 + signal
 // when the launcher itself was interrupted, 2 for bad arguments. With
@@ -46,10 +52,13 @@ using clock_type = std::chrono::steady_clock;
 namespace {
 
 constexpr const char* usage =
-  "usage: troupe-launch -n N [--hosts FILE] [--port P] [--timeout S] [--grace S] [--restarts N] [--dry-run]\n"
+  "usage: troupe-launch -n N [--hosts FILE] [--ssh CMD] [--port P] [--timeout S] [--grace S] [--restarts N]\n"
+  "                     [--dry-run]\n"
   "                     -- program args...\n"
   "  -n N          number of ranks\n"
   "  --hosts FILE  lines of `host [slots=N]`; ranks on other hosts start over ssh\n"
+  "  --ssh CMD     the ssh client and its options, split at spaces (default \"ssh\"),\n"
+  "                e.g. --ssh \"ssh -F cluster/ssh_config\"\n"
   "  --port P      the coordinator's port (default: a free one, a new one for each restart)\n"
   "  --timeout S   stop everything after S seconds, restarts included (exit 124)\n"
   "  --grace S     time between SIGTERM and SIGKILL when stopping (default 1.5)\n"
@@ -100,6 +109,7 @@ struct running_rank {
   pid_t pid = -1;
   int out = -1;
   int err = -1;
+  int lifeline = -1; ///< a remote rank's ssh stdin: closing it stops the rank
   std::string out_partial;
   std::string err_partial;
   std::optional<int> status;
@@ -161,7 +171,10 @@ void pump(int& fd, std::FILE* stream, std::uint32_t rank, std::string& partial) 
 pid_t start_rank(running_rank& r) {
   int out[2];
   int err[2];
+  int in[2] = {-1, -1};
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+    return -1;
+  if (r.command.remote && pipe2(in, O_CLOEXEC) != 0)
     return -1;
   auto pid = fork();
   if (pid == 0) {
@@ -175,6 +188,8 @@ pid_t start_rank(running_rank& r) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (in[0] >= 0)
+      dup2(in[0], 0);
     dup2(out[1], 1);
     dup2(err[1], 2);
     for (auto& var : r.command.env)
@@ -191,6 +206,13 @@ pid_t start_rank(running_rank& r) {
     setpgid(pid, pid); // also here: no race with the first kill()
   close(out[1]);
   close(err[1]);
+  if (in[0] >= 0) {
+    // The token's line fits the pipe's buffer; the write end stays open (and
+    // close-on-exec, so no other rank inherits it) until the rank is stopped.
+    close(in[0]);
+    [[maybe_unused]] auto n = write(in[1], r.command.stdin_text.data(), r.command.stdin_text.size());
+    r.lifeline = in[1];
+  }
   r.out = out[0];
   r.err = err[0];
   fcntl(r.out, F_SETFL, O_NONBLOCK);
@@ -198,7 +220,19 @@ pid_t start_rank(running_rank& r) {
   return pid;
 }
 
+void close_lifeline(running_rank& r) {
+  if (r.lifeline >= 0) {
+    close(r.lifeline);
+    r.lifeline = -1;
+  }
+}
+
 void signal_rank(running_rank& r, int sig) {
+  // The end of its ssh's input is what stops a remote rank (launcher.cpp):
+  // signalling ssh only ends the session, and the remote side learns of that
+  // from the same end of input.
+  if (!r.status)
+    close_lifeline(r);
   if (r.pid > 0 && !r.status) {
     r.stopped_by_us = true;
     if (kill(-r.pid, sig) != 0)
@@ -271,6 +305,7 @@ run_outcome run_job(const std::vector<rank_command>& plan, std::chrono::millisec
       int status = 0;
       if (r.pid > 0 && !r.status && waitpid(r.pid, &status, WNOHANG) == r.pid) {
         r.status = status;
+        close_lifeline(r);
         // A rank that was killed could not unlink its shared arena.
         troupe::actors::shared_arena::remove_left_by(r.pid);
         if (failed(status) && !r.stopped_by_us)
@@ -299,6 +334,7 @@ run_outcome run_job(const std::vector<rank_command>& plan, std::chrono::millisec
     }
   }
   for (auto& r : ranks) {
+    close_lifeline(r);
     if (r.out >= 0) {
       emit(stdout, r.command.rank, r.out_partial, true);
       close(r.out);
@@ -382,6 +418,14 @@ int main(int argc, char** argv) {
       if (!value)
         return bad_arguments("--hosts needs a file");
       hosts_file = *value;
+    } else if (arg == "--ssh" || arg.starts_with("--ssh=")) {
+      auto value = value_of("--ssh");
+      std::istringstream words(value.value_or(""));
+      request.ssh.clear();
+      for (std::string word; words >> word;)
+        request.ssh.push_back(word);
+      if (request.ssh.empty())
+        return bad_arguments("--ssh needs a command, e.g. --ssh \"ssh -F FILE\"");
     } else if (arg == "--port" || arg.starts_with("--port=")) {
       auto value = value_of("--port");
       auto port = value ? parse_count(*value, "--port") : troupe::expected<std::uint32_t>(troupe::make_error(troupe::errc::invalid_argument, "--port needs a value"));
@@ -429,13 +473,16 @@ int main(int argc, char** argv) {
     request.job_token = given;
   else
     request.job_token = dry_run ? "<random per job>" : random_token();
+  request.forwarded_env = forwarded_variables(current_environment());
+  request.remote_grace_s = grace_s;
   auto plan = plan_launch(request);
   if (!plan)
     return bad_arguments(plan.error().message());
   if (dry_run) {
     for (auto& command : *plan) {
       if (command.remote)
-        fmt::print("rank {} on {}: {}\n", command.rank, command.host, shell_line(command.argv));
+        fmt::print("rank {} on {}: {} (the job token on its standard input)\n", command.rank, command.host,
+                   shell_line(command.argv));
       else
         fmt::print("rank {} on {}: env {} {}\n", command.rank, command.host, shell_line(command.env),
                    shell_line(command.argv));

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -104,20 +105,43 @@ TEST(LaunchPlan, RemoteRanksRunOverSshWithQuotedCommands) {
   request.hosts = *hosts;
   request.working_directory = "/home/me/my job";
   request.program = {"./train", "a b", "it's"};
+  request.job_token = "s3cret";
+  request.ssh = {"ssh", "-F", "cluster/ssh_config"};
+  request.forwarded_env = {"UCX_TLS=tcp"};
+  request.remote_grace_s = 0.5;
   auto plan = plan_launch(request);
   ASSERT_TRUE(plan) << plan.error().message();
   auto& rank1 = (*plan)[1];
   EXPECT_TRUE(rank1.remote);
   EXPECT_EQ(rank1.node_name, "gpu-a-1");
-  EXPECT_EQ(rank1.argv,
-            (std::vector<std::string>{"ssh", "-o", "BatchMode=yes", "gpu-a", "--",
-                                      "cd '/home/me/my job' && env TROUPE_COORDINATOR=gpu-a:7000 TROUPE_RANK=1 "
-                                      "TROUPE_WORLD_SIZE=4 TROUPE_NODE_NAME=gpu-a-1 TROUPE_RESTART=0 ./train 'a b' 'it'\\''s'"}));
+  ASSERT_EQ(rank1.argv.size(), 8u);
+  EXPECT_EQ(std::vector<std::string>(rank1.argv.begin(), rank1.argv.end() - 1),
+            (std::vector<std::string>{"ssh", "-F", "cluster/ssh_config", "-o", "BatchMode=yes", "gpu-a", "--"}));
+  // The remote shell runs the rank under the script that stops it when ssh's
+  // input ends, with 5 tenths of a second of grace; the forwarded variables
+  // come first so that the rendezvous variables win.
+  const auto& line = rank1.argv.back();
+  EXPECT_TRUE(line.starts_with("cd '/home/me/my job' && exec sh -c 'IFS= read -r token")) << line;
+  EXPECT_TRUE(line.ends_with("' remote-rank 5 env UCX_TLS=tcp TROUPE_COORDINATOR=gpu-a:7000 TROUPE_RANK=1 "
+                             "TROUPE_WORLD_SIZE=4 TROUPE_NODE_NAME=gpu-a-1 TROUPE_RESTART=0 ./train 'a b' 'it'\\''s'"))
+    << line;
+  // The token travels on ssh's input, never on a command line.
+  EXPECT_EQ(line.find("s3cret"), std::string::npos) << line;
+  EXPECT_EQ(rank1.stdin_text, "s3cret\n");
   EXPECT_EQ((*plan)[2].node_name, "gpu-b");
   // A localhost slot runs directly, without ssh.
   EXPECT_FALSE((*plan)[3].remote);
   EXPECT_EQ((*plan)[3].argv, request.program);
   EXPECT_EQ((*plan)[3].node_name, "localhost");
+  EXPECT_EQ((*plan)[3].env.back(), "TROUPE_JOB_TOKEN=s3cret");
+}
+
+TEST(LaunchPlan, RemoteRanksGetTheLaunchersTroupeAndUcxVariablesButNotItsRendezvous) {
+  const environment env{{"UCX_TLS", "tcp"},        {"TROUPE_TRACE_DIR", "/tmp/t"}, {"TROUPE_RANK", "3"},
+                        {"TROUPE_JOB_TOKEN", "x"}, {"OPENBLAS_NUM_THREADS", "1"}, {"HOME", "/root"},
+                        {"OMP_NUM_THREADS", "1"},  {"TROUPE_COORDINATOR", "a:1"}};
+  EXPECT_EQ(forwarded_variables(env), (std::vector<std::string>{"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1",
+                                                                "TROUPE_TRACE_DIR=/tmp/t", "UCX_TLS=tcp"}));
 }
 
 TEST(LaunchPlan, BadRequestsAndHostsFilesAreClearErrors) {
@@ -316,11 +340,64 @@ TEST(Launcher, DryRunPrintsSshCommandsWithoutRunningThem) {
   auto& out = run.output();
   EXPECT_NE(out.find("rank 0 on 127.0.0.1: env TROUPE_COORDINATOR="), std::string::npos) << out;
   EXPECT_NE(out.find("rank 2 on far-away-host: ssh -o BatchMode=yes far-away-host -- "), std::string::npos) << out;
-  // The secret is not made up for a dry run; the line says where it goes.
-  EXPECT_NE(out.find("TROUPE_RANK=2 TROUPE_WORLD_SIZE=3 TROUPE_NODE_NAME=far-away-host-1 TROUPE_RESTART=0 "
-                     "'\\''TROUPE_JOB_TOKEN=<random per job>'\\'' ./train"),
+  EXPECT_NE(out.find("TROUPE_RANK=2 TROUPE_WORLD_SIZE=3 TROUPE_NODE_NAME=far-away-host-1 TROUPE_RESTART=0 ./train "
+                     "'\\''x y'\\''' (the job token on its standard input)"),
             std::string::npos)
     << out;
+}
+
+// An "ssh" that runs the remote line on this host, as sshd would (the
+// remote-host test with a real sshd is tests/actors/ssh_cluster.sh).
+std::string fake_ssh(const scratch_dir& dir) {
+  auto path = dir.path / "fake-ssh";
+  std::ofstream(path) << "#!/bin/sh\n"
+                         "while [ \"$1\" != -- ]; do shift; done\n"
+                         "exec /bin/sh -c \"$2\"\n";
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path.string();
+}
+
+TEST(Launcher, ARemoteRankGetsTheTokenOnItsInputAndStopsWhenTheLauncherIsKilled) {
+  scratch_dir dir;
+  auto hosts = dir.path / "hosts";
+  std::ofstream(hosts) << "far-away-host\n";
+  setenv("TROUPE_JOB_TOKEN", "t0ken", 1);
+  auto run = launch({"-n", "1", "--hosts", hosts.string(), "--ssh", fake_ssh(dir) + " -q", "--", "/bin/sh", "-c",
+                     "echo $$ > " + dir.path.string() + "/pid.0; echo token=$TROUPE_JOB_TOKEN. rank=$TROUPE_RANK.; "
+                     "exec sleep 60"});
+  unsetenv("TROUPE_JOB_TOKEN");
+  ASSERT_TRUE(run.wait_for("[0] token=t0ken. rank=0.", 10s)) << run.output();
+  // SIGKILL: the launcher can stop nothing itself; the end of the remote
+  // side's input must.
+  run.signal(SIGKILL);
+  ASSERT_TRUE(run.exited(5s));
+  std::ifstream in(dir.path / "pid.0");
+  pid_t pid = 0;
+  ASSERT_TRUE(in >> pid);
+  bool gone = false;
+  for (int i = 0; i < 50 && !gone; ++i) {
+    gone = kill(pid, 0) != 0 && errno == ESRCH;
+    if (!gone)
+      std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(gone) << "the remote rank (pid " << pid << ") outlived its launcher";
+  if (!gone)
+    kill(pid, SIGKILL);
+}
+
+TEST(Launcher, ARemoteRankThatIgnoresSigtermIsKilledAfterTheGrace) {
+  scratch_dir dir;
+  auto hosts = dir.path / "hosts";
+  std::ofstream(hosts) << "far-away-host\nother-host\n";
+  // Rank 1 fails; rank 0 ignores SIGTERM and must be killed remotely.
+  auto run = launch({"-n", "2", "--grace", "0.5", "--hosts", hosts.string(), "--ssh", fake_ssh(dir), "--",
+                     "/bin/sh", "-c",
+                     "echo $$ > " + dir.path.string() + "/pid.$TROUPE_RANK; trap '' TERM; echo up; "
+                     "if [ $TROUPE_RANK = 1 ]; then sleep 0.5; exit 3; fi; while true; do sleep 0.1; done"});
+  EXPECT_EQ(exit_status(run, 10s), 3) << run.output();
+  EXPECT_NE(run.output().find("rank 1 (other-host) exited with status 3"), std::string::npos) << run.output();
+  std::this_thread::sleep_for(1500ms); // the remote grace
+  expect_all_gone(dir.path, 2);
 }
 
 TEST(Launcher, EveryRankOfAJobGetsTheSameRandomJobTokenAndEachJobADifferentOne) {

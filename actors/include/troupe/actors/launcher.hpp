@@ -3,7 +3,13 @@
 // program, one command per rank with the rendezvous variables set
 // (rendezvous.hpp). Local ranks run the program directly with the variables
 // in their environment; ranks on other hosts run
-// `ssh -o BatchMode=yes HOST -- 'cd DIR && env VARS program args'`.
+// `ssh -o BatchMode=yes HOST -- 'cd DIR && exec sh -c REMOTE_RANK ... env VARS program args'`,
+// where REMOTE_RANK (launcher.cpp) ties the remote process group's life to
+// ssh's standard input: the launcher holds that pipe open while the rank
+// should run, writes the job token into it (never onto a command line that
+// `ps` shows on the remote host), and when the pipe ends (the launcher
+// stopped the rank, was interrupted or died) the remote rank is sent SIGTERM,
+// then SIGKILL after the grace period.
 // Kept apart from the process handling (actors/tools/launch.cpp) so tests
 // can check the command lines without starting anything.
 #include <cstdint>
@@ -44,7 +50,23 @@ struct launch_request {
   /// reads it as job::restart() to know it should resume from its latest
   /// checkpoint.
   std::uint32_t restart = 0;
+  /// The ssh client and its options, as words (troupe-launch --ssh): e.g.
+  /// {"ssh", "-F", "cluster/ssh_config"}.
+  std::vector<std::string> ssh{"ssh"};
+  /// `NAME=value` pairs that remote ranks get in their environment before
+  /// the rendezvous variables (local ranks inherit the launcher's
+  /// environment instead): troupe-launch passes its TROUPE_*, UCX_*,
+  /// OPENBLAS_* and OMP_* variables.
+  std::vector<std::string> forwarded_env;
+  /// How long a remote rank gets between SIGTERM and SIGKILL once its ssh
+  /// session ends (troupe-launch --grace).
+  double remote_grace_s = 1.5;
 };
+
+/// The variables troupe-launch passes on to remote ranks from `env`: those
+/// named TROUPE_*, UCX_*, OPENBLAS_* or OMP_*, except the ones the launcher
+/// sets itself (rendezvous variables and the job token).
+std::vector<std::string> forwarded_variables(const environment& env);
 
 /// How to start one rank.
 struct rank_command {
@@ -54,6 +76,9 @@ struct rank_command {
   bool remote = false;
   std::vector<std::string> env;  ///< VAR=value, added to the launcher's environment
   std::vector<std::string> argv; ///< what to exec
+  /// For a remote rank: what the launcher writes into ssh's standard input
+  /// (the job token's line), then holds open while the rank should run.
+  std::string stdin_text;
 };
 
 /// One command per rank; rank 0 is the coordinator. Ranks fill the hosts'
