@@ -26,12 +26,15 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcaf-dev libucx-dev ucx-utils
   libssl-dev openssl          # TLS between nodes (CAF OpenSSL module)
-  iproute2                    # network namespaces for the two-host test
+  iproute2                    # network namespaces for the multi-host tests
+  openssh-server              # each namespace host's sshd (examples/check_ssh_cluster.sh)
+  openmpi-bin                 # mpirun -n 4 starting a job (examples/check_mpirun.sh)
   clang libclang-rt-14-dev   # libFuzzer for the decoder fuzz test
 )
 # The peers the benchmarks run beside troupe in the same run.
 if [[ "$action" == bench ]]; then
-  packages+=(python3-torch python3-numpy openmpi-bin libopenmpi-dev python3-mpi4py python3-venv python3-pip)
+  packages+=(python3-torch python3-numpy openmpi-bin libopenmpi-dev python3-mpi4py python3-venv python3-pip
+             iperf3)  # beside troupe on emulated links (bench/links.sh)
 fi
 
 missing=()
