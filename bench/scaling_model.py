@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The scaling model of docs/scaling.md, checked against bench/links.sh.
+
+    python3 bench/scaling_model.py LINKS_OUTPUT            # measured vs predicted, with errors
+    python3 bench/scaling_model.py --extrapolate           # 64 and 256 hosts
+
+Reads the "hosts=N rate=R what=W value=V unit=U" lines of bench/links.sh,
+calibrates the machine's three constants from the unshaped 2-host run (so
+those rows are fits, not predictions, and are left out of the errors), and
+predicts every other row from the link's iperf3 rate measured in the same
+cluster run.
+"""
+import re
+import sys
+
+ALPHA_S = 100e-6  # per ring step beyond this machine: data-plane one-way latency plus a handoff (docs/scaling.md)
+CORES = 2  # this machine: every rank of every host shares them
+DP_BATCH = 16  # data_parallel_demo: samples per rank per step
+DP_GRAD_BYTES = 215168 * 4  # its GPT's gradients, float32
+DP_HIDDEN = 0.5  # share of the allreduce hidden behind backward (the demo prints 22-100%)
+PP_BATCH, PP_MICRO = 32, 4  # pipeline_demo: samples per step, micro-batches (1F1B)
+PP_ACT_BYTES = (PP_BATCH // PP_MICRO) * 64 * 64 * 4  # one micro-batch's activations: 8 x 64 tokens x width 64
+
+
+def ring_time(size, n, rate_bps, alpha=ALPHA_S):
+    """Ring allreduce of `size` bytes over n ranks, each sending at rate_bps."""
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size * 8 / rate_bps
+
+
+def busbw(size, n, rate_bps, alpha=ALPHA_S):
+    return 2 * (n - 1) / n * size * 8 / ring_time(size, n, rate_bps, alpha)
+
+
+def per_rank_rate(link_bps, n, machine_bps):
+    """A rank sends at the link's rate unless the machine's cores, shared by
+    all n ranks, cannot move n such streams."""
+    return min(link_bps, machine_bps / n)
+
+
+def dp_samples(n, rank_rate, t_fb, alpha):
+    share = max(1.0, n / CORES)
+    return DP_BATCH * n / (t_fb * share + (1 - DP_HIDDEN) * ring_time(DP_GRAD_BYTES, n, rank_rate, alpha))
+
+
+def pp_samples(p, rank_rate, w, alpha):
+    compute = max((PP_MICRO + p - 1) * w / p, PP_MICRO * w / min(p, CORES))
+    comm = 2 * (p - 1) * (PP_ACT_BYTES * 8 / rank_rate + alpha)
+    return PP_BATCH / (compute + comm)
+
+
+def read(path):
+    rows = {}
+    for line in open(path):
+        m = re.match(r"hosts=(\d+) rate=(\S+) what=(\S+) value=([0-9.]+)", line)
+        if m:
+            rows[(int(m[1]), m[2], m[3])] = float(m[4])
+    return rows
+
+
+def check(path):
+    rows = read(path)
+    # Calibration, from the unshaped 2-host run: the machine's aggregate
+    # data-plane rate (two ranks streaming at once), the data-parallel
+    # demo's forward+backward per rank, the pipeline's work per micro-batch.
+    machine_bps = 2 * rows[(2, "none", "allreduce_16777216B_busbw")] * 1e6
+    dp2 = rows[(2, "none", "data_parallel_samples")]
+    t_fb = DP_BATCH * 2 / dp2  # two ranks, a core each, the allreduce nearly free
+    pp2 = rows[(2, "none", "pipeline_samples")]
+    w = PP_BATCH / pp2 / ((PP_MICRO + 1) / 2)
+    # The time of one ring step on this machine, per host count, from the
+    # unshaped run's 64 KiB allreduce (its bandwidth term taken off): with
+    # more ranks than cores a step waits for its rank to be scheduled.
+    alpha = {}
+    for n in sorted({k[0] for k in rows}):
+        t = rows.get((n, "none", "allreduce_65536B_time"))
+        if t:
+            bw = 2 * (n - 1) / n * 65536 * 8 / per_rank_rate(1e12, n, machine_bps)
+            alpha[n] = max(ALPHA_S, (t * 1e-6 - bw) / (2 * (n - 1)))
+    print(f"# calibrated (hosts=2 rate=none): machine {machine_bps / 1e9:.2f} Gbit/s, "
+          f"data-parallel forward+backward {t_fb * 1e3:.1f} ms/rank, pipeline work {w * 1e3:.1f} ms/micro-batch; "
+          f"ring step (rate=none, 64 KiB) " + ", ".join(f"{n} hosts {a * 1e3:.2f} ms" for n, a in alpha.items()))
+    print(f"{'hosts':>5} {'rate':>7} {'what':<30} {'measured':>10} {'predicted':>10} {'error':>7}  bound")
+    errors = []
+    for (n, rate, what), value in sorted(rows.items()):
+        link = rows.get((n, rate, "iperf3"), rows.get((2, rate, "iperf3"), 0)) * 1e6
+        if what == "iperf3" or what.endswith("_time") or not link:
+            continue
+        r = per_rank_rate(link, n, machine_bps)
+        a = alpha.get(n, ALPHA_S)
+        bound = "link" if r == link else "cores"
+        if what == "ping_pong_4MiB":
+            print(f"{n:>5} {rate:>7} {what:<30} {value:>10.1f} {'':>10} {value / (link / 1e6):>6.2f}x of iperf3 (target 0.9)")
+            continue
+        elif what.startswith("allreduce_"):
+            size = int(what.split("_")[1][:-1])
+            pred = busbw(size, n, r, a) / 1e6
+            if size < 1 << 20:
+                bound = "latency"
+        elif what == "data_parallel_samples":
+            pred = dp_samples(n, r, t_fb, a)
+            bound = "cores" if n > CORES else "compute"
+        elif what == "pipeline_samples":
+            pred = pp_samples(n, r, w, a)
+            bound = "cores" if n > CORES else "bubble"
+        else:
+            continue
+        err = (value - pred) / pred
+        fit = ((n, rate) == (2, "none") and what in ("allreduce_16777216B_busbw", "data_parallel_samples",
+                                                      "pipeline_samples")) or (rate == "none" and
+                                                                               what == "allreduce_65536B_busbw")
+        if not fit:
+            errors.append((abs(err), n, rate, what))
+        print(f"{n:>5} {rate:>7} {what:<30} {value:>10.1f} {pred:>10.1f} {err:>+7.0%}  {bound}{' (fit)' if fit else ''}")
+    within = sum(1 for e in errors if e[0] <= 0.2)
+    print(f"# {within} of {len(errors)} predictions within 20%; median |error| "
+          f"{sorted(e[0] for e in errors)[len(errors) // 2]:.0%}")
+
+
+def extrapolate():
+    """Step time and scaling efficiency at 64 and 256 hosts (docs/scaling.md,
+    "Beyond this machine"): one rank per host, a GPU's compute per step, the
+    ring over each host's link."""
+    print(f"{'model':<26} {'link':>7} {'hosts':>5} {'allreduce ms':>12} {'step ms':>8} {'efficiency':>10}")
+    models = [("ResNet-50 (25.6M, 64/GPU)", 25.6e6 * 4, 0.110, 0.7), ("BERT-large (340M)", 340e6 * 4, 0.450, 0.7)]
+    for name, grad_bytes, compute_s, hidden in models:
+        for link_gbit in (10, 25, 100):
+            rate = link_gbit * 1e9 * 0.94  # TCP's goodput at MTU 1500, as iperf3 measured here
+            for n in (8, 64, 256):
+                t_ar = ring_time(grad_bytes, n, rate, alpha=25e-6)
+                exposed = max(0.0, t_ar - hidden * compute_s)
+                step = compute_s + exposed
+                print(f"{name:<26} {link_gbit:>5}G {n:>5} {t_ar * 1e3:>12.1f} {step * 1e3:>8.1f} {compute_s / step:>10.0%}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] == "--extrapolate":
+        extrapolate()
+    elif len(sys.argv) == 2:
+        check(sys.argv[1])
+    else:
+        print(__doc__)
+        sys.exit(2)
