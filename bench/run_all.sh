@@ -10,3 +10,7 @@ for b in gemm codec elementwise ops mlp_step gpt_step transport pipeline allredu
   build/bench/$b "$@"
   echo
 done
+# Across namespace hosts on shaped links beside iperf3 (root only: it makes
+# network namespaces; skipped with a line elsewhere). Its own output format
+# (docs/scaling.md reads it with bench/scaling_model.py).
+bash bench/links.sh --hosts "2 4 8" --rates "1gbit 10gbit 25gbit none" || echo "bench/links.sh: skipped or failed (exit $?)"
