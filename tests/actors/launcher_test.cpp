@@ -41,6 +41,17 @@ struct scratch_dir {
   ~scratch_dir() { std::filesystem::remove_all(path); }
 };
 
+// Whether `pid` has exited within `timeout` (a remote rank is stopped by
+// its own watcher, a moment after the launcher has exited).
+bool gone_within(pid_t pid, std::chrono::milliseconds timeout) {
+  for (auto end = std::chrono::steady_clock::now() + timeout;; std::this_thread::sleep_for(50ms)) {
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+      return true;
+    if (std::chrono::steady_clock::now() >= end)
+      return false;
+  }
+}
+
 // The pids the ranks wrote, all of which must have exited.
 void expect_all_gone(const std::filesystem::path& dir, int ranks) {
   for (int rank = 0; rank < ranks; ++rank) {
@@ -374,12 +385,7 @@ TEST(Launcher, ARemoteRankGetsTheTokenOnItsInputAndStopsWhenTheLauncherIsKilled)
   std::ifstream in(dir.path / "pid.0");
   pid_t pid = 0;
   ASSERT_TRUE(in >> pid);
-  bool gone = false;
-  for (int i = 0; i < 50 && !gone; ++i) {
-    gone = kill(pid, 0) != 0 && errno == ESRCH;
-    if (!gone)
-      std::this_thread::sleep_for(100ms);
-  }
+  const bool gone = gone_within(pid, 10s);
   EXPECT_TRUE(gone) << "the remote rank (pid " << pid << ") outlived its launcher";
   if (!gone)
     kill(pid, SIGKILL);
@@ -396,7 +402,13 @@ TEST(Launcher, ARemoteRankThatIgnoresSigtermIsKilledAfterTheGrace) {
                      "if [ $TROUPE_RANK = 1 ]; then sleep 0.5; exit 3; fi; while true; do sleep 0.1; done"});
   EXPECT_EQ(exit_status(run, 10s), 3) << run.output();
   EXPECT_NE(run.output().find("rank 1 (other-host) exited with status 3"), std::string::npos) << run.output();
-  std::this_thread::sleep_for(1500ms); // the remote grace
+  // The remote grace (0.5 s, counted in 0.1 s sleeps, longer on a busy machine).
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream pid_file(dir.path / ("pid." + std::to_string(rank)));
+    pid_t pid = 0;
+    if (pid_file >> pid)
+      gone_within(pid, 10s);
+  }
   expect_all_gone(dir.path, 2);
 }
 
