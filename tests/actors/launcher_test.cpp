@@ -330,6 +330,7 @@ TEST(Launcher, BadArgumentsExitWithStatusTwo) {
     {{"-n", "2", "--hosts", "/nonexistent", "--", "true"}, "hosts file \"/nonexistent\" cannot be read"},
     {{"-n", "2", "--frobnicate", "--", "true"}, "unknown argument \"--frobnicate\""},
     {{"-n", "2", "--restarts", "-1", "--", "true"}, "--restarts=\"-1\" is not a non-negative integer"},
+    {{"-n", "2", "--ssh", " ", "--", "true"}, "--ssh needs a command"},
   };
   for (auto& [args, says] : cases) {
     auto run = launch(args);
