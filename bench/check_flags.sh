@@ -22,8 +22,10 @@ done
 for b in "$@"; do
   case $(basename "$b") in
     gemm|codec|mlp_step|elementwise|ops) expect 2 "\-\-rounds is 'x' but must be an integer" -- "$b" --rounds=x ;;
-    pipeline) expect 2 "\-\-processes is '3' but must be an integer in \[1, 2\]" -- "$b" --processes=3 ;;
-    data_parallel) expect 2 "\-\-replicas: '0' is not a positive integer" -- "$b" --replicas=2,0 ;;
+    pipeline) expect 2 "\-\-processes is '3' but must be an integer in \[1, 2\]" -- "$b" --processes=3
+              expect 2 "\-\-model is 'gpt2' but must be one of mlp, gpt" -- "$b" --model=gpt2 ;;
+    data_parallel) expect 2 "\-\-replicas: '0' is not a positive integer" -- "$b" --replicas=2,0
+                   expect 2 "\-\-model is 'gpt2' but must be one of mlp, gpt" -- "$b" --model=gpt2 ;;
     allreduce) expect 2 "\-\-chunk-kib is '-1' but must be an integer" -- "$b" --chunk-kib=-1
                expect 2 "\-\-pass-kib is '1' but must be an integer in \[4," -- "$b" --pass-kib=1
                expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest ;;

@@ -9,8 +9,13 @@
 // step then still waited for it ("exposed"), and #wrong = replicas whose
 // parameters are not bitwise equal to rank 0's at the end.
 //
-//   build/bench/data_parallel [--json] [--steps=6] [--replicas=1,2,4] [--bucket-mib=25]
+//   build/bench/data_parallel [--json] [--model=mlp|gpt] [--steps=6] [--replicas=1,2,4] [--bucket-mib=25]
 //                             [--min-buckets=4] [--no-peers]
+//
+// --model=gpt trains bench/gpt_step's `gpt` instead (bench/models.hpp: 6
+// blocks of width 256, sequence 128, AdamW, cross entropy), batch 16 per
+// replica (so the global batch grows with the replicas, as the MLP's),
+// beside DDP of gpt_step_torch.py's model; its default replicas are 1,2.
 //
 // Both sides get --bucket-mib as their cap. troupe's default also splits a
 // model smaller than min_buckets caps into about min_buckets buckets
@@ -30,13 +35,9 @@
 #include <fmt/format.h>
 
 #include "baselines.hpp"
+#include "models.hpp"
 #include "rank_processes.hpp"
 #include "report.hpp"
-#include "troupe/autograd/functions.hpp"
-#include "troupe/autograd/nn/linear.hpp"
-#include "troupe/autograd/nn/relu.hpp"
-#include "troupe/autograd/nn/sequential.hpp"
-#include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 
 using namespace troupe;
@@ -44,10 +45,10 @@ using namespace troupe::parallel;
 
 namespace {
 
-constexpr std::int64_t dim = 1024, layers = 8, batch = 256;
 constexpr int warmup = 2;
 
 struct settings {
+  std::string model = "mlp"; ///< bench/models.hpp's
   int steps = 6;
   double bucket_mib = 25;
   std::size_t min_buckets = bucket_options{}.min_buckets;
@@ -58,6 +59,7 @@ struct replica_result {
   std::vector<double> hidden;   ///< per step, fraction
   std::vector<double> exposed_ms, backward_ms, reduce_ms;
   std::uint64_t digest = 0;     ///< FNV-1a of every parameter's bytes
+  double first_loss = 0, last_loss = 0; ///< this replica's, on its own batch
   std::size_t buckets = 0;
 };
 
@@ -83,31 +85,27 @@ expected<replica_result> train(actors::node& node, std::uint32_t replicas, const
   auto group = reducer_group::join(node, {.rank = node.rank(), .places = places_for(replicas)});
   if (!group)
     return group.error();
-  auto model = std::make_shared<nn::sequential>();
-  for (std::int64_t i = 0; i < layers; ++i) {
-    model->append(nn::make<nn::linear>(dim, dim, /*seed=*/0));
-    model->append(nn::make<nn::relu>());
-  }
-  model->reset_parameters(0);
+  // Every replica its own shard: the data from a seed of its own.
+  const auto work = bench::workload_named(s.model, 1234 + node.rank());
+  auto model = work.recipe.model();
   data_parallel_options options;
   options.buckets.bucket_bytes = static_cast<std::size_t>(s.bucket_mib * (1 << 20));
   options.buckets.min_buckets = s.min_buckets;
   auto dp = data_parallel::create(model->named_parameters(), *group, options);
   if (!dp)
     return dp.error();
-  optim::sgd sgd(model->named_parameters(), {.lr = 0.05});
-  generator gen{1234 + node.rank()}; // every replica its own shard
-  autograd::variable x(randn({batch, dim}, gen));
-  autograd::variable y(randn({batch, dim}, gen));
+  auto optimizer = work.recipe.optimizer(model->named_parameters());
+  autograd::variable x(work.x);
   replica_result out;
   out.buckets = dp->buckets().size();
   for (int step = 0; step < warmup + s.steps; ++step) {
     const auto start = bench::now_seconds();
-    sgd.zero_grad();
-    auto loss = autograd::mse_loss((*model)(x), y);
+    optimizer->zero_grad();
+    auto loss = work.recipe.loss((*model)(x), work.y);
     if (auto ok = dp->backward(loss); !ok)
       return ok.error();
-    sgd.step();
+    optimizer->step();
+    (step == 0 ? out.first_loss : out.last_loss) = loss.item();
     if (step < warmup)
       continue;
     out.step_seconds.push_back(bench::now_seconds() - start);
@@ -123,6 +121,7 @@ expected<replica_result> train(actors::node& node, std::uint32_t replicas, const
 
 settings parse(int argc, char** argv) {
   settings s;
+  s.model = bench::model_option(argc, argv);
   s.steps = static_cast<int>(bench::int_option(argc, argv, "steps", 6, 1, 1000));
   s.bucket_mib = bench::number_option(argc, argv, "bucket-mib", 25, 0.001, 4096);
   s.min_buckets = bench::list_option(argc, argv, "min-buckets", {s.min_buckets}).front();
@@ -136,11 +135,16 @@ int child(int argc, char** argv) {
   });
 }
 
-/// PyTorch DDP's samples/s for `replicas`, or nullopt.
-std::optional<double> torch_ddp(std::uint32_t replicas, const settings& s, bench::report& out) {
+/// PyTorch DDP's samples/s for `replicas` and rank 0's last loss, or nullopt.
+struct ddp_figures {
+  std::optional<double> samples_per_s;
+  std::optional<double> loss;
+};
+
+ddp_figures torch_ddp(std::uint32_t replicas, const settings& s, bench::report& out) {
   auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/ddp_torch.py";
-  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --replicas {} --steps {} --bucket-mib {}", script,
-                                               replicas, s.steps, s.bucket_mib),
+  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --model {} --replicas {} --steps {} --bucket-mib {}",
+                                               script, s.model, replicas, s.steps, s.bucket_mib),
                                    300);
   bench::settle_after_peer();
   auto rate = bench::json_number(output, "samples_per_s");
@@ -148,19 +152,22 @@ std::optional<double> torch_ddp(std::uint32_t replicas, const settings& s, bench
     out.note("PyTorch DDP peer gave no figure for {} replicas (python3-torch missing?)", replicas);
   else if (output.find("\"identical\": true") == std::string::npos)
     out.note("PyTorch DDP's replicas ended with different parameters ({} replicas)", replicas);
-  return rate;
+  return {rate, bench::json_number(output, "loss")};
 }
 
 int parent(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
-  bench::check_flags("data_parallel", argc, argv, {"steps=", "bucket-mib=", "min-buckets=", "replicas=", "no-peers"});
+  bench::check_flags("data_parallel", argc, argv, {"model=", "steps=", "bucket-mib=", "min-buckets=", "replicas=", "no-peers"});
   bench::report out("data_parallel", argc, argv);
   const auto s = parse(argc, argv);
   bool no_peers = false;
   for (int i = 1; i < argc; ++i)
     no_peers |= std::string_view(argv[i]) == "--no-peers";
   std::vector<std::uint32_t> counts;
-  for (auto n : bench::list_option(argc, argv, "replicas", {1, 2, 4}))
+  const auto work = bench::workload_named(s.model, 1234);
+  const std::int64_t batch = work.batch;
+  for (auto n : bench::list_option(argc, argv, "replicas", s.model == "gpt" ? std::vector<std::size_t>{1, 2}
+                                                                              : std::vector<std::size_t>{1, 2, 4}))
     counts.push_back(static_cast<std::uint32_t>(n));
   bool any_wrong = false;
   std::vector<std::string> table;
@@ -170,7 +177,7 @@ int parent(int argc, char** argv) {
   for (auto n : counts) {
     auto node = bench::start_rank_zero(n);
     auto children = bench::start_ranks(*node, n, "replica",
-                                       {fmt::format("--steps={}", s.steps), fmt::format("--bucket-mib={}", s.bucket_mib),
+                                       {"--model=" + s.model, fmt::format("--steps={}", s.steps), fmt::format("--bucket-mib={}", s.bucket_mib),
                                         fmt::format("--min-buckets={}", s.min_buckets)});
     auto mine = train(*node, n, s);
     if (!mine)
@@ -188,7 +195,8 @@ int parent(int argc, char** argv) {
     const double step = bench::median(mine->step_seconds);
     const double rate = n * batch / step;
     const double hidden = bench::median(mine->hidden);
-    auto peer = no_peers ? std::nullopt : torch_ddp(n, s, out);
+    const auto torch = no_peers ? ddp_figures{} : torch_ddp(n, s, out);
+    const auto& peer = torch.samples_per_s;
     any_wrong |= wrong != 0;
     const auto wrong_text = wrong ? fmt::format("{} WRONG", wrong) : std::string("0");
     table.push_back(fmt::format("{:>8} {:>7} {:>10.1f} {:>9.1f} {:>11.1f} {:>9.1f} {:>7.0f}% {:>10.1f} {:>7} {:>10} {:>6}",
@@ -197,16 +205,20 @@ int parent(int argc, char** argv) {
                                 wrong_text, peer ? fmt::format("{:.1f}", *peer) : "-",
                                 peer ? fmt::format("{:.2f}x", rate / *peer) : "-"));
     const auto name = fmt::format("troupe data_parallel, {} replicas", n);
-    const auto note = wrong ? wrong_text + " (replicas differ)" : std::string("replicas bitwise equal");
+    auto note = wrong ? wrong_text + " (replicas differ)" : std::string("replicas bitwise equal");
+    if (s.model == "gpt") // rank 0's loss on its own batch: it must fall
+      note += fmt::format("; loss {:.4f} -> {:.4f}{}{}", mine->first_loss, mine->last_loss,
+                          mine->last_loss < mine->first_loss ? "" : " WRONG",
+                          torch.loss ? fmt::format("; torch's last {:.4f}", *torch.loss) : "");
     out.add({name, "samples/s", rate, "samples/s", peer ? "torch DDP (gloo)" : "", peer, note});
     if (n > 1)
       out.add({name, "reduction hidden behind backward", hidden * 100, "%", "", std::nullopt,
                fmt::format("exposed {:.1f} ms per step", bench::median(mine->exposed_ms))});
   }
   if (!out.json()) {
-    fmt::print("# data-parallel MLP 8x1024, batch {} per replica, {} timed steps, buckets of {} MiB (troupe: at least "
+    fmt::print("# data-parallel {}, batch {} per replica, {} timed steps, buckets of {} MiB (troupe: at least "
                "{} buckets while they fit; DDP: its own rule)\n",
-               batch, s.steps, s.bucket_mib, s.min_buckets);
+               work.name, batch, s.steps, s.bucket_mib, s.min_buckets);
     for (const auto& l : table)
       fmt::print("{}\n", l);
   }

@@ -26,6 +26,7 @@
 #include <cstdio>
 
 #include "interleaved_rounds.hpp"
+#include "models.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/gpt.hpp"
@@ -37,18 +38,9 @@ using namespace troupe;
 
 namespace {
 
-struct model_size {
-  const char* name;
-  std::int64_t width, heads, blocks, sequence, batch;
-  double lr; ///< AdamW's; the wide model diverges at the small ones' 3e-3
-};
-
-constexpr model_size sizes[] = {
-  {"char_lm", 64, 4, 2, 64, 16, 3e-3},
-  {"gpt", 256, 8, 6, 128, 16, 3e-3},
-  {"gpt_wide", 2560, 8, 6, 128, 16, 3e-4},
-};
-constexpr std::int64_t vocabulary = 86;
+using bench::gpt_size;
+constexpr const auto& sizes = bench::gpt_sizes;
+constexpr std::int64_t vocabulary = bench::gpt_vocabulary;
 
 } // namespace
 
@@ -81,7 +73,7 @@ int main(int argc, char** argv) {
   for (std::size_t begin = 0; begin <= models.size();) {
     auto end = std::min(models.find(',', begin), models.size());
     auto name = models.substr(begin, end - begin);
-    if (std::none_of(std::begin(sizes), std::end(sizes), [&](const model_size& s) { return name == s.name; })) {
+    if (std::none_of(std::begin(sizes), std::end(sizes), [&](const gpt_size& s) { return name == s.name; })) {
       std::fprintf(stderr, "gpt_step: --models: '%s' is not one of char_lm, gpt, gpt_wide\n", name.c_str());
       return 2;
     }
@@ -96,14 +88,9 @@ int main(int argc, char** argv) {
   for (const auto& size : sizes) {
     if (("," + models + ",").find(std::string(",") + size.name + ",") == std::string::npos)
       continue;
-    nn::gpt model(nn::gpt_config{.vocab_size = vocabulary,
-                                 .block_size = size.sequence,
-                                 .n_layer = size.blocks,
-                                 .n_head = size.heads,
-                                 .n_embd = size.width,
-                                 .seed = 1});
+    nn::gpt model(bench::gpt_config_of(size));
     model.to(where);
-    optim::adamw opt(model.named_parameters(), optim::adam_options{.lr = size.lr, .weight_decay = 0.01});
+    optim::adamw opt(model.named_parameters(), optim::adam_options{.lr = size.lr, .weight_decay = bench::gpt_weight_decay});
     generator data{7};
     // One fixed batch: the loss must fall on it (the correctness column).
     auto ids = randint({size.batch, size.sequence}, data, 0, vocabulary, where);

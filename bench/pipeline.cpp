@@ -10,7 +10,7 @@
 // stage's compute time / step time, from the stages' own counters) next to
 // GPipe's (p−1)/(m+p−1).
 //
-//   build/bench/pipeline [--json] [--steps=3] [--no-peers] [--processes=2] [--chunks=1,2]
+//   build/bench/pipeline [--json] [--model=mlp|gpt] [--steps=3] [--no-peers] [--processes=2] [--chunks=1,2]
 //                        [--micro-batches=1,2,4,8] [--unequal-rows=48,104,104]
 //                        [--immediate-weight-gradients] [--no-idle-fill]
 //
@@ -34,6 +34,15 @@
 // same two cores. With --processes=2 the bench also re-executes itself as a
 // second node (worker1, on 127.0.0.1) and adds the same configurations with
 // stage 0 here and stage 1 there ("2 processes" rows).
+//
+// --model=gpt trains bench/gpt_step's `gpt` instead (bench/models.hpp: 6
+// blocks of width 256, 8 heads, sequence 128, batch 16, vocabulary 86,
+// AdamW lr 3e-3 and weight decay 0.01, cross entropy from the logits), its
+// 8 layers split 4 + 4 (embedding and 3 blocks, 3 blocks and the head),
+// beside the same split of gpt_step_torch.py's model over PyTorch's RPC
+// pipeline. Its rows are the equal micro-batch splits only (unequal ones
+// with --unequal-rows, which must then add up to 16; no overlapped rows),
+// so that a run at the default --steps stays within about 3 minutes.
 #include <filesystem>
 #include <iostream>
 #include <numeric>
@@ -42,14 +51,11 @@
 #include <optional>
 
 #include "baselines.hpp"
+#include "models.hpp"
 #include "peer_process.hpp"
 #include "report.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/autograd/backward.hpp"
-#include "troupe/autograd/functions.hpp"
-#include "troupe/autograd/nn/linear.hpp"
-#include "troupe/autograd/nn/relu.hpp"
-#include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/job.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
@@ -58,21 +64,8 @@ using namespace troupe;
 
 namespace {
 
-constexpr std::int64_t dim = 1024, batch = 256;
-
-std::shared_ptr<nn::sequential> make_model() {
-  auto model = std::make_shared<nn::sequential>();
-  for (int i = 0; i < 8; ++i) {
-    model->append(nn::make<nn::linear>(dim, dim, 0));
-    model->append(nn::make<nn::relu>());
-  }
-  model->reset_parameters(0);
-  return model;
-}
-
-parallel::stage_recipe recipe() {
-  return {make_model, parallel::sgd_factory({.lr = 0.05}), parallel::mse_loss_function()};
-}
+/// The data's seed: the MLP's x and y as they always were.
+constexpr std::uint64_t data_seed = 1234;
 
 /// --processes=2: the second node (worker1), hosting stage 1 until its stdin
 /// says quit or closes.
@@ -87,7 +80,7 @@ int run_stage_process(int argc, char** argv) {
     std::printf("ERROR %s\n", started.error().message().c_str());
     return 1;
   }
-  parallel::register_stage_factory(**started, recipe());
+  parallel::register_stage_factory(**started, bench::workload_named(bench::model_option(argc, argv), data_seed).recipe);
   std::printf("READY\n");
   std::fflush(stdout);
   std::string line;
@@ -105,14 +98,14 @@ struct torch_figures {
   std::string best_rpc_case;
 };
 
-torch_figures pytorch_pipeline(int steps) {
+torch_figures pytorch_pipeline(const std::string& model, const std::vector<std::size_t>& micro_batches, int steps) {
   torch_figures figures;
   auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/rpc_pipeline.py";
   if (!std::filesystem::exists(script))
     return figures;
   auto output = bench::run_command(
-      fmt::format("/usr/bin/python3 {} --modes local,rpc --micro-batches 1,2,4,8 --steps {} --rpc-transports uv",
-                  script, steps),
+      fmt::format("/usr/bin/python3 {} --model {} --modes local,rpc --micro-batches {} --steps {} --rpc-transports uv",
+                  script, model, fmt::join(micro_batches, ","), steps),
       300);
   std::istringstream lines(output);
   std::string line;
@@ -152,8 +145,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "--stage-process")
     return run_stage_process(argc - 1, argv + 1);
   bench::check_flags("pipeline", argc, argv,
-                     {"steps=", "processes=", "chunks=", "micro-batches=", "unequal-rows=", "no-peers", "immediate-weight-gradients", "no-idle-fill"});
+                     {"model=", "steps=", "processes=", "chunks=", "micro-batches=", "unequal-rows=", "no-peers", "immediate-weight-gradients", "no-idle-fill"});
   bench::report out("pipeline", argc, argv);
+  const auto model_name = bench::model_option(argc, argv);
+  const bool gpt = model_name == "gpt";
   const int steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
   const int processes = static_cast<int>(bench::int_option(argc, argv, "processes", 1, 1, 2));
   bool peers = true;
@@ -165,18 +160,20 @@ int main(int argc, char** argv) {
     defer_weight_gradients &= std::string_view(argv[i]) != "--immediate-weight-gradients";
   }
 
-  generator data_gen{1234};
-  auto x = randn({batch, dim}, data_gen);
-  auto y = randn({batch, dim}, data_gen);
+  const auto work = bench::workload_named(model_name, data_seed);
+  const auto& recipe = work.recipe;
+  const std::int64_t batch = work.batch;
+  const tensor& x = work.x;
+  const tensor& y = work.y;
 
   // troupe in one process, no pipeline.
-  auto local_model = make_model();
-  optim::sgd sgd(local_model->named_parameters(), {.lr = 0.05});
+  auto local_model = recipe.model();
+  auto local_optimizer = recipe.optimizer(local_model->named_parameters());
   auto local_step = [&] {
-    sgd.zero_grad();
-    auto loss = autograd::mse_loss((*local_model)(autograd::variable(x)), autograd::variable(y));
+    local_optimizer->zero_grad();
+    auto loss = recipe.loss((*local_model)(autograd::variable(x)), y);
     autograd::backward(loss);
-    sgd.step();
+    local_optimizer->step();
     return loss.item();
   };
 
@@ -202,11 +199,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     node = std::move(*started);
-    parallel::register_stage_factory(*node, recipe());
+    parallel::register_stage_factory(*node, recipe);
     stage_process = std::make_unique<bench::peer_process>(std::vector<std::string>{
         std::filesystem::read_symlink("/proc/self/exe").string(), "--stage-process",
         "--troupe.coordinator=127.0.0.1:" + std::to_string(node->port()), "--troupe.rank=1",
-        "--troupe.world-size=2", "--troupe.listen-address=127.0.0.1", "--troupe.name=worker1"});
+        "--troupe.world-size=2", "--troupe.listen-address=127.0.0.1", "--troupe.name=worker1",
+        "--model=" + model_name});
     auto ready = stage_process->started() ? stage_process->read_line(30000) : std::nullopt;
     if (!ready || *ready != "READY" || !node->wait_for_nodes(2, std::chrono::seconds(10))) {
       fmt::print(stderr, "pipeline: the stage process did not start: {}\n", ready.value_or("no answer"));
@@ -234,12 +232,12 @@ int main(int argc, char** argv) {
   auto make_pipe = [&](const configuration& c) {
     parallel::pipeline_options options;
     if (c.remote) {
-      options = parallel::pipeline_options_from(recipe());
+      options = parallel::pipeline_options_from(recipe);
     } else {
       options.in_this_process = true;
-      options.model = make_model();
-      options.optimizer = parallel::sgd_factory({.lr = 0.05});
-      options.loss = parallel::mse_loss_function();
+      options.model = recipe.model();
+      options.optimizer = recipe.optimizer;
+      options.loss = recipe.loss;
     }
     for (std::size_t k = 0; k < c.chunks; ++k)
       for (const char* place : {"worker0/cpu", c.remote ? "worker1/cpu" : "worker0/cpu"})
@@ -331,13 +329,15 @@ int main(int argc, char** argv) {
   for (auto m : micro_batch_counts)
     splits.emplace_back(m, std::vector<double>{});
   std::vector<double> unequal;
-  for (auto rows : bench::list_option(argc, argv, "unequal-rows", {48, 104, 104}))
+  for (auto rows : bench::list_option(argc, argv, "unequal-rows", gpt ? std::vector<std::size_t>{}
+                                                                         : std::vector<std::size_t>{48, 104, 104}))
     unequal.push_back(static_cast<double>(rows));
-  if (std::accumulate(unequal.begin(), unequal.end(), 0.0) != double(batch)) {
+  if (!unequal.empty() && std::accumulate(unequal.begin(), unequal.end(), 0.0) != double(batch)) {
     fmt::print(stderr, "pipeline: --unequal-rows must add up to the batch, {}\n", batch);
     return 2;
   }
-  splits.emplace_back(unequal.size(), unequal);
+  if (!unequal.empty())
+    splits.emplace_back(unequal.size(), unequal);
   for (bool remote : {false, true}) {
     if (remote && !node)
       break;
@@ -352,7 +352,10 @@ int main(int argc, char** argv) {
           configurations.push_back({remote ? "2 processes" : "pipeline 2 stages", name, schedule, m, shares,
                                     remote, std::size_t(chunks), false, std::nullopt, {}, {}, {}, {}, {}, 0, 0});
         }
-    // Updates overlapping the next step: the unequal split and m = 2, 4.
+    // Updates overlapping the next step: the unequal split and m = 2, 4
+    // (the MLP's rows only).
+    if (gpt)
+      continue;
     for (auto schedule : {parallel::schedule_kind::gpipe, parallel::schedule_kind::one_f_one_b})
       for (const auto& [m, shares] : splits) {
         if (shares.empty() && m != 2 && m != 4)
@@ -377,7 +380,7 @@ int main(int argc, char** argv) {
   // of the two runs, so the machine's drift never favours troupe.
   torch_figures torch_before;
   if (peers) {
-    torch_before = pytorch_pipeline(steps);
+    torch_before = pytorch_pipeline(model_name, micro_batch_counts, steps);
     bench::settle_after_peer();
   }
   std::vector<double> local_seconds;
@@ -423,10 +426,14 @@ int main(int argc, char** argv) {
 
   torch_figures torch;
   if (peers) {
-    torch = better(torch_before, pytorch_pipeline(steps));
+    torch = better(torch_before, pytorch_pipeline(model_name, micro_batch_counts, steps));
     if (!torch.local && !torch.best_rpc)
       out.note("PyTorch peer unavailable (python3-torch and bench/peers/rpc_pipeline.py needed)");
   }
+  if (gpt)
+    out.note("{} ({} layers split {}), batch {}, AdamW; PyTorch: gpt_step_torch.py's model split alike over its RPC "
+             "pipeline (TensorPipe uv), its best micro-batch count",
+             work.name, local_model->size(), "4 + 4", batch);
 
   auto local_rate = batch / bench::median(local_seconds);
   out.add({"troupe, one process, no pipeline", "samples/s", local_rate, "samples/s",
@@ -448,9 +455,10 @@ int main(int argc, char** argv) {
     std::vector<long> busy;
     for (auto& per_stage : c.busy_ms)
       busy.push_back(std::lround(bench::median(per_stage)));
-    auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); idle filled {:.2f}; stages busy {} ms; loss {:.5f}{}",
+    auto note = fmt::format("bubble {:.2f} (GPipe theory {:.2f}); idle filled {:.2f}; stages busy {} ms; loss {:.5f}{}{}",
                             bench::median(c.bubbles), gpipe_bubble, bench::median(c.fill_shares),
                             fmt::join(busy, "/"), c.last_loss,
+                            gpt ? fmt::format(" (one process {:.5f})", local_last) : "",
                             same ? "" : " WRONG (differs from one process)");
     out.add({c.prefix + ", " + c.name, "samples/s", rate, "samples/s", "one process, adjacent",
              batch / bench::median(c.local_seconds), note});

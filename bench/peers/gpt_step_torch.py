@@ -8,20 +8,29 @@ TF32 off, or on the CPU with the threads troupe's side has (one by default).
 Arguments: vocabulary width heads blocks sequence batch device (cpu or
 cuda:0) [learning rate, default 3e-3] [threads, default 1]. It runs as a server so the C++ benchmark can interleave rounds with
 its own: step_server.py's protocol.
+
+rpc_pipeline.py and ddp_torch.py import the model from here (Gpt, GptSlice,
+GPT: bench/gpt_step's "gpt" size); an importer sets the thread count itself.
 """
 import json
 import math
 import os
 import sys
 
-THREADS = int(sys.argv[9]) if len(sys.argv) > 9 else 1
-for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ[key] = str(THREADS)
+THREADS = 1
+if __name__ == "__main__":  # before torch's import, which reads them
+    THREADS = int(sys.argv[9]) if len(sys.argv) > 9 else 1
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[key] = str(THREADS)
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from step_server import serve_steps
+
+# bench/gpt_step's "gpt" size (bench/models.hpp), the GPT of the distributed
+# peers: AdamW with this lr and weight decay, cross entropy from the logits.
+GPT = {"vocabulary": 86, "width": 256, "heads": 8, "blocks": 6, "sequence": 128, "batch": 16,
+       "lr": 3e-3, "weight_decay": 0.01}
 
 
 class Attention(nn.Module):
@@ -68,7 +77,52 @@ class Gpt(nn.Module):
         return self.lm_head(self.ln_f(self.blocks(self.wte(ids) + self.wpe(positions))))
 
 
+class GptSlice(nn.Module):
+    """Layers [begin, end) of `gpt` cut as troupe's nn::gpt is a sequential:
+    layer 0 the embeddings, 1..blocks the blocks, blocks + 1 the final
+    LayerNorm and head; it shares `gpt`'s modules. A slice that starts at 0
+    takes token ids, one that ends after the head returns logits."""
+
+    def __init__(self, gpt, begin, end):
+        super().__init__()
+        n = len(gpt.blocks)
+        self.embed = gpt.wte if begin == 0 else None
+        self.positions = gpt.wpe if begin == 0 else None
+        self.blocks = nn.Sequential(*gpt.blocks[max(begin, 1) - 1:min(end, n + 1) - 1])
+        self.ln_f = gpt.ln_f if end == n + 2 else None
+        self.lm_head = gpt.lm_head if end == n + 2 else None
+
+    def forward(self, x):
+        if self.embed is not None:
+            x = self.embed(x) + self.positions(torch.arange(x.shape[1], device=x.device))
+        x = self.blocks(x)
+        return self.lm_head(self.ln_f(x)) if self.lm_head is not None else x
+
+
+def gpt_half(half, size=GPT):
+    """Half `half` (0 or 1) of the GPT of `size` built from seed 1 (the same
+    parameters in every process): troupe's even split of its blocks + 2
+    layers, the embeddings and 3 blocks, then 3 blocks and the head."""
+    torch.manual_seed(1)
+    gpt = Gpt(size["vocabulary"], size["width"], size["heads"], size["blocks"], size["sequence"])
+    layers = size["blocks"] + 2
+    return GptSlice(gpt, 0, layers // 2) if half == 0 else GptSlice(gpt, layers // 2, layers)
+
+
+def gpt_data(seed, size=GPT):
+    """One fixed batch: token ids and next-token targets, both [batch, sequence]."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (size["batch"], size["sequence"])
+    return torch.randint(0, size["vocabulary"], shape, generator=g), torch.randint(0, size["vocabulary"], shape, generator=g)
+
+
+def gpt_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
 def main():
+    from step_server import serve_steps
+
     vocabulary, width, heads, blocks, sequence, batch = (int(a) for a in sys.argv[1:7])
     device = torch.device(sys.argv[7] if len(sys.argv) > 7 else "cpu")
     if device.type == "cuda":
