@@ -2,7 +2,9 @@
 // ships (/usr/share/common-licenses), in one process: troupe's tensor,
 // autograd, nn and optimizer modules end to end. Deterministic for a seed.
 //
-//   build/examples/char_lm [--steps=500] [--seed=1] [--data=DIR] [--save=FILE]
+//   build/examples/char_lm [--steps=500] [--seed=1] [--data=DIR] [--save=FILE] [--threads=1]
+//
+// --threads=N gives every op N intra-op threads (one process uses N cores).
 //
 // Expected output (samples/s depends on the machine; losses do not):
 //   char_lm: 14 files, 237320 characters, vocabulary 86, 2 layers, 115200 parameters
@@ -26,6 +28,7 @@
 #include "troupe/autograd/nn/gpt.hpp"
 #include "troupe/autograd/optim/adam.hpp"
 #include "troupe/serialization/checkpoint_file.hpp"
+#include "troupe/tensor/intra_op_threads.hpp"
 
 using namespace troupe;
 namespace fs = std::filesystem;
@@ -36,8 +39,10 @@ int main(int argc, char** argv) {
   const auto seed = cli.integer("seed", 1, 0, INT64_MAX);
   const auto dir = cli.text("data", "/usr/share/common-licenses");
   const auto save = cli.text("save", "");
+  const auto threads = cli.integer("threads", 1, 1, 256);
   if (auto usage = cli.finish(); !usage)
     return fmt::print(stderr, "char_lm: {}\n", usage.error().message()), 2;
+  troupe::set_intra_op_threads(static_cast<int>(threads));
 
   const examples::license_corpus corpus(dir);
   if (corpus.files == 0) return fmt::print(stderr, "char_lm: no text files in '{}'\n", dir), 2;

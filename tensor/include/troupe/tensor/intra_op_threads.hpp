@@ -3,9 +3,10 @@
 // rule every distributed figure of troupe's uses (each compute actor is a
 // thread of its own, and a second thread per op would take another actor's
 // core). A program that trains in one process can give its ops every core,
-// as torch.set_num_threads does:
+// as torch.set_num_threads does (char_lm's --threads=N).
+// From examples/char_lm.cpp:
 //
-//   troupe::set_intra_op_threads(4);
+//   troupe::set_intra_op_threads(static_cast<int>(threads));
 //
 // or, for a job, `--troupe.intra-op-threads=4` (node_options). GEMMs then
 // run on that many OpenBLAS threads; elementwise ops, softmax, layer norm's
