@@ -331,12 +331,16 @@ TEST(ParameterServer, SynchronousTrainingEqualsOneProcess) {
       EXPECT_NEAR(losses[0][s], l0.item(), 1e-5) << "step " << s;
       EXPECT_NEAR(losses[1][s], l1.item(), 1e-5) << "step " << s;
     }
+    // step() does not wait for the servers to apply the last step (the
+    // next step's lookups would): wait for it, bounded, before reading.
+    for (int i = 0; i < 1000 && ps.server->stats().updates_applied < 2u * steps; ++i)
+      std::this_thread::sleep_for(10ms);
+    auto stats = ps.server->stats();
+    EXPECT_EQ(stats.updates_applied, 2u * steps); // one per step on each of the 2 shards
     auto rows = ps.server->read_rows("emb", 0, 100);
     ASSERT_TRUE(rows) << rows.error().message();
     EXPECT_LT(max_abs_diff(*rows, table.data()), 1e-5);
     EXPECT_LT(max_abs_diff(fcs[0]->weight().data(), reference_fc.weight().data()), 1e-5);
-    auto stats = ps.server->stats();
-    EXPECT_EQ(stats.updates_applied, 2u * steps); // one per step on each of the 2 shards
     EXPECT_EQ(stats.rejected, 0u);
   }
 }
