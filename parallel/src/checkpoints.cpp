@@ -11,12 +11,14 @@
 #include <fmt/format.h>
 
 #include "pipeline_state.hpp"
+#include "ps_checkpoint.hpp"
 #include "training_state.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/peer_monitor.hpp"
 #include "troupe/job.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/hybrid.hpp"
+#include "troupe/parallel/parameter_server.hpp"
 #include "troupe/parallel/reducer_group.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
@@ -70,6 +72,13 @@ struct checkpoints::impl {
     std::vector<std::vector<std::string>> state_holders;
   };
 
+  /// A parameter server's shards, reached through a trainer's client;
+  /// `index` tells tracked servers apart in writer names and metadata.
+  struct server_group {
+    parameter_client* client;
+    std::uint16_t index;
+  };
+
   /// The first rank the job lost, if any: the coordinator stops waiting for
   /// reports then (that rank's will never come).
   struct loss_watch {
@@ -92,6 +101,7 @@ struct checkpoints::impl {
   bool in_job = false;
   std::vector<local_state> locals;
   std::vector<stage_group> pipelines;
+  std::vector<server_group> servers;
   std::vector<std::pair<std::string, generator*>> streams;
   /// Coordinator: every writer of the checkpoint (this process's and the
   /// others'); the stages' optimizers' step is held alike by all stages.
@@ -243,6 +253,16 @@ void checkpoints::track(hybrid_pipeline& replicas) {
   }
 }
 
+void checkpoints::track(parameter_client& client) {
+  if (!impl_->in_job) // trainers as threads of one program: trainer 0 coordinates
+    impl_->rank = client.trainer_index();
+  require(impl_->servers.size() < 65535, "checkpoints: more than 65535 parameter servers tracked");
+  const auto index = static_cast<std::uint16_t>(impl_->servers.size());
+  if (impl_->coordinator())
+    impl_->add_writers(parameter_server_writers(index, parameter_server_access::options(client)));
+  impl_->servers.push_back({&client, index});
+}
+
 void checkpoints::track(std::string name, generator& stream) {
   require(impl_->coordinator(), "checkpoints: rank {} tracks random stream '{}'; only the coordinator's are saved",
           impl_->rank, name);
@@ -301,6 +321,24 @@ expected<void> checkpoints::impl::save(std::int64_t step) {
       return saved;
 
   checkpoint_metadata metadata;
+  // The parameter servers' shards copy their tables once each synchronous
+  // table has applied the trainers' last step (ps_checkpoint.hpp), and
+  // write them from their own processes.
+  const auto root_text = options.directory.string();
+  if (coordinator())
+    for (auto& group : servers) {
+      const auto table_step = parameter_server_access::last_step(*group.client);
+      const ps_wire::checkpoint_request request{.server = group.index, .asynchronous = asynchronous,
+                                                .checkpoint_step = at, .table_step = table_step,
+                                                .directory = root_text};
+      if (auto saved = parameter_server_access::ask_every_shard(*group.client, ps_wire::op::save, request,
+                                                                options.timeout);
+          !saved)
+        return make_error(saved.error().code(), "checkpoint of step {}: {}", step, saved.error().message());
+      auto entries = parameter_server_metadata(parameter_server_access::options(*group.client), group.index,
+                                               table_step);
+      metadata.insert(metadata.end(), entries.begin(), entries.end());
+    }
   for (const auto& [name, stream] : streams)
     metadata.emplace_back(std::string(generator_prefix) + name, fmt::format("{} {}", stream->seed, stream->offset));
 
@@ -342,6 +380,16 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
   for (auto& group : pipelines)
     if (auto ok = check_model(*reader, *pipeline_access::state(*group.stages).options_.model); !ok)
       return ok.error();
+  std::vector<std::uint64_t> table_steps;
+  for (const auto& group : servers) {
+    if (coordinator())
+      if (auto ok = check_parameter_server(*reader, parameter_server_access::options(*group.client), group.index); !ok)
+        return ok.error();
+    auto table_step = saved_table_step(*reader, group.index);
+    if (!table_step)
+      return table_step.error();
+    table_steps.push_back(*table_step);
+  }
   std::vector<generator> restored;
   for (const auto& [name, stream] : streams) {
     auto key = std::string(generator_prefix) + name;
@@ -364,12 +412,34 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
       return read.error();
     values.push_back(std::move(*read));
   }
+  // Every shard reads its rows first; none changes unless all could.
+  const auto directory_text = directory.string();
+  auto ask_shards = [&](std::size_t i, ps_wire::op kind) -> expected<void> {
+    const ps_wire::checkpoint_request request{.server = servers[i].index, .checkpoint_step = reader->step(),
+                                              .table_step = table_steps[i],
+                                              .directory = kind == ps_wire::op::load ? std::string_view(directory_text)
+                                                                                     : std::string_view{}};
+    if (auto ok = parameter_server_access::ask_every_shard(*servers[i].client, kind, request, options.timeout); !ok)
+      return make_error(ok.error().code(), "checkpoint {}: {}", directory_text, ok.error().message());
+    return {};
+  };
+  if (coordinator())
+    for (std::size_t i = 0; i < servers.size(); ++i)
+      if (auto ok = ask_shards(i, ps_wire::op::load); !ok)
+        return ok.error();
   for (std::size_t i = 0; i < locals.size(); ++i)
     if (auto ok = apply_training_state(values[i], *locals[i].model, *locals[i].optimizer); !ok)
       return make_error(ok.error().code(), "checkpoint {}: {}", directory.string(), ok.error().message());
   for (auto& group : pipelines)
     if (auto ok = pipeline_access::state(*group.stages).load_stages(directory); !ok)
       return ok.error();
+  // The coordinator applies the shards' loads; every trainer then waits
+  // until its shards hold them before it looks anything up.
+  for (std::size_t i = 0; i < servers.size(); ++i) {
+    if (auto ok = ask_shards(i, coordinator() ? ps_wire::op::apply_load : ps_wire::op::await_load); !ok)
+      return ok.error();
+    parameter_server_access::continue_after(*servers[i].client, table_steps[i]);
+  }
   for (std::size_t i = 0; i < streams.size(); ++i)
     *streams[i].second = restored[i];
   last_step = static_cast<std::int64_t>(reader->step());

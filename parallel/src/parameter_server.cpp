@@ -24,6 +24,7 @@
 #include "finish_hook.hpp"
 #include "mailbox_thread.hpp"
 #include "reply_endpoint.hpp"
+#include "ps_checkpoint.hpp"
 #include "ps_shard.hpp"
 #include "ps_wire.hpp"
 
@@ -113,9 +114,32 @@ struct shard_actor {
   std::vector<table_state> states;
   std::vector<std::optional<std::string>> lost; // per trainer: why it was lost
 
+  /// A checkpoint request the shard holds until it can answer it.
+  struct held_request {
+    actors::tensor_message message;
+    ps_wire::checkpoint_request request; // decoded on arrival; its directory points into message.value
+    clock_type::time_point since;
+  };
+  /// A save waits until every synchronous table has applied its step.
+  std::optional<held_request> held_save;
+  /// Trainers' waits for a load (await_load) not yet applied.
+  std::vector<held_request> awaiting_load;
+  /// A load read but not yet applied (every shard reads before any applies).
+  struct staged_state {
+    std::uint64_t checkpoint_step = 0;
+    std::uint64_t table_step = 0;
+    std::vector<table_shard_state> tables;
+  };
+  std::optional<staged_state> staged_load;
+  /// The tables' step of the last load applied.
+  std::optional<std::uint64_t> loaded_step;
+
   parameter_server_stats stats; // the thread's; others read it under mailbox.state_mutex()
   detail::mailbox_thread<item> mailbox;
   caf::actor handle;
+  /// Writes this shard's checkpoint files; declared last, so destroyed
+  /// (its write finished) first.
+  background_writer checkpoint_writer;
 
   shard_actor(const parameter_server_options& o, std::uint32_t k, std::shared_ptr<actors::tensor_router> r)
       : options(o), index(k), place(shard_place(o, k)), router(std::move(r)), lost(o.trainers.size()) {
@@ -137,7 +161,16 @@ struct shard_actor {
           else
             handle_message(i.message);
         },
-        [this] { expire_waiting(); });
+        [this] {
+          expire_waiting();
+          expire_checkpoint_requests();
+        });
+  }
+
+  void send_ok(std::uint32_t trainer, const actors::tensor_message& request) {
+    (void)router->send(*actors::place::parse_named(client_place(options, trainer)),
+                       detail::make_message(message_kind::parameters, request.meta.step, index,
+                                            request.meta.context_id, ps_wire::encode_text("ok")));
   }
 
   void send_error(std::uint32_t trainer, const actors::tensor_message& request, const std::string& why) {
@@ -157,13 +190,18 @@ struct shard_actor {
       return;
     }
     const auto& r = *decoded;
-    const auto trainer = r.kind == ps_wire::op::lookup ? r.lookup.trainer : r.gradients.trainer;
+    const bool checkpoint = r.kind != ps_wire::op::lookup && r.kind != ps_wire::op::gradients;
+    const auto trainer = checkpoint                       ? r.checkpoint.trainer
+                         : r.kind == ps_wire::op::lookup ? r.lookup.trainer
+                                                         : r.gradients.trainer;
     const auto table = r.kind == ps_wire::op::lookup ? r.lookup.table : r.gradients.table;
     if (trainer >= options.trainers.size()) {
       ++stats.rejected;
       fmt::print(stderr, "troupe: {} dropped a request from trainer {} of {}\n", place, trainer, options.trainers.size());
       return;
     }
+    if (checkpoint)
+      return handle_checkpoint(m, r.kind, r.checkpoint);
     if (table >= tables.size())
       return send_error(trainer, m, fmt::format("table {} does not exist ({} tables)", table, tables.size()));
     if (m.meta.step == 0)
@@ -246,6 +284,7 @@ struct shard_actor {
       slots[r.trainer] = received_rows{m.value, r};
       s.applied_by[r.trainer] = step;
       apply_complete_steps(r.table, scale);
+      try_save(); // the state of a step being saved is complete now, and no later step is applied
     } else {
       shard.apply(r.ids, r.rows.data(), scale);
       s.applied_by[r.trainer] = step;
@@ -349,6 +388,12 @@ struct shard_actor {
     lost[trainer] = reason;
     fmt::print(stderr, "troupe: {}: trainer {} ({}) was lost: {}; lookups that wait for it fail\n", place, trainer,
                options.trainers[trainer], reason);
+    if (held_save) {
+      send_error(held_save->request.trainer, held_save->message,
+                 fmt::format("the save of step {} waits for trainer {} ({}), which was lost: {}",
+                             held_save->request.table_step, trainer, options.trainers[trainer], reason));
+      held_save.reset();
+    }
     for (std::uint16_t t = 0; t < states.size(); ++t) {
       auto why = blocked_by_lost_trainer(t);
       if (!why)
@@ -359,6 +404,149 @@ struct shard_actor {
     }
   }
 
+  // -- checkpoints (ps_checkpoint.hpp; docs/design.md, "Saving and resuming a job") --
+  //
+  // save(step t): the shard copies every table's rows and optimizer state
+  // once each synchronous table has applied exactly step t, answers, and
+  // writes the copy as its shard of the checkpoint (on its writer thread
+  // when asynchronous). The saving trainer does not push step t + 1 before
+  // the answer, so no synchronous table can move past t meanwhile; rows of
+  // later steps other trainers pushed stay pending and are not saved (they
+  // redo those steps after a resume). Asynchronous and bounded tables are
+  // copied as they stand when the request arrives.
+  // load(directory): every table's rows for this shard are read (any saved
+  // sharding) and staged; apply_load puts them in place and makes step t
+  // the last applied, so the whole server changes only once every shard has
+  // read its part. await_load(t) is answered once a load of step t applied:
+  // a trainer that resumed waits for it before its first lookup.
+
+  void handle_checkpoint(const actors::tensor_message& m, ps_wire::op kind, const ps_wire::checkpoint_request& r) {
+    switch (kind) {
+      case ps_wire::op::save:
+        if (held_save)
+          return send_error(r.trainer, m, fmt::format("the save of step {} is still waiting; step {} cannot start",
+                                                      held_save->request.table_step, r.table_step));
+        held_save = held_request{m, r, clock_type::now()};
+        return try_save();
+      case ps_wire::op::load: {
+        const std::filesystem::path directory(std::string(r.directory));
+        auto reader = checkpoint_reader::open(directory);
+        if (!reader)
+          return send_error(r.trainer, m, reader.error().message());
+        auto values = read_parameter_server_shard(*reader, options, index);
+        if (!values)
+          return send_error(r.trainer, m, values.error().message());
+        staged_load = staged_state{r.checkpoint_step, r.table_step, std::move(*values)};
+        return send_ok(r.trainer, m);
+      }
+      case ps_wire::op::apply_load:
+        if (!staged_load || staged_load->checkpoint_step != r.checkpoint_step || staged_load->table_step != r.table_step)
+          return send_error(r.trainer, m, fmt::format("no load of checkpoint step {} was read", r.checkpoint_step));
+        apply_staged_load();
+        return send_ok(r.trainer, m);
+      case ps_wire::op::await_load:
+        if (loaded_step == r.table_step)
+          return send_ok(r.trainer, m);
+        awaiting_load.push_back({m, r, clock_type::now()});
+        return;
+      default:
+        return send_error(r.trainer, m, fmt::format("unknown checkpoint request {}", static_cast<int>(kind)));
+    }
+  }
+
+  /// Saves the held request's step if every synchronous table is at it.
+  void try_save() {
+    if (!held_save)
+      return;
+    const auto step = held_save->request.table_step;
+    for (std::uint16_t t = 0; t < tables.size(); ++t) {
+      if (tables[t].spec().consistency.type != consistency::kind::synchronous)
+        continue;
+      if (states[t].applied > step) {
+        send_error(held_save->request.trainer, held_save->message,
+                   fmt::format("table '{}' has applied step {}, past step {} being saved", tables[t].spec().name,
+                               states[t].applied, step));
+        held_save.reset();
+        return;
+      }
+      if (states[t].applied < step)
+        return; // the trainers' gradients for it are still coming
+    }
+    auto held = std::move(*held_save);
+    held_save.reset();
+    std::vector<table_shard_state> copies;
+    for (const auto& table : tables)
+      copies.push_back(table.copy_state());
+    const auto& r = held.request;
+    auto shares = parameter_server_shares(options, r.server, index, std::move(copies));
+    auto write = [shares = std::move(shares), root = std::filesystem::path(std::string(r.directory)),
+                  at = r.checkpoint_step, writer = parameter_server_writer(r.server, index)]() {
+      return write_shares(root, at, writer, shares);
+    };
+    expected<void> done;
+    if (r.asynchronous) {
+      done = checkpoint_writer.submit(std::move(write));
+    } else {
+      done = checkpoint_writer.wait();
+      if (done)
+        done = write();
+    }
+    if (!done)
+      return send_error(r.trainer, held.message, done.error().message());
+    send_ok(r.trainer, held.message);
+  }
+
+  void apply_staged_load() {
+    const auto step = staged_load->table_step;
+    for (std::uint16_t t = 0; t < tables.size(); ++t) {
+      tables[t].restore(staged_load->tables[t]);
+      auto& s = states[t];
+      s.applied = step;
+      for (auto& applied : s.applied_by)
+        applied = std::max(applied, step);
+      s.pending.erase(s.pending.begin(), s.pending.upper_bound(step));
+    }
+    staged_load.reset();
+    loaded_step = step;
+    for (auto& w : awaiting_load) {
+      if (w.request.table_step == step)
+        send_ok(w.request.trainer, w.message);
+      else
+        send_error(w.request.trainer, w.message,
+                   fmt::format("it waits for a load of step {}, but step {} was loaded", w.request.table_step, step));
+    }
+    awaiting_load.clear();
+    for (std::uint16_t t = 0; t < tables.size(); ++t)
+      serve_waiting(t);
+  }
+
+  /// A held save or a wait for a load fails after the timeout, naming what
+  /// it waited for.
+  void expire_checkpoint_requests() {
+    const auto now = clock_type::now();
+    if (held_save && now - held_save->since >= options.timeout) {
+      std::string behind;
+      for (std::uint16_t t = 0; t < tables.size(); ++t)
+        if (tables[t].spec().consistency.type == consistency::kind::synchronous &&
+            states[t].applied < held_save->request.table_step)
+          for (std::size_t k = 0; k < options.trainers.size(); ++k)
+            if (states[t].applied_by[k] < held_save->request.table_step)
+              behind += fmt::format("{}table '{}': trainer {} ({}) at step {}", behind.empty() ? "" : ", ",
+                                    tables[t].spec().name, k, options.trainers[k], states[t].applied_by[k]);
+      send_error(held_save->request.trainer, held_save->message,
+                 fmt::format("the save of step {} waited {} ms for the trainers' gradients: {}",
+                             held_save->request.table_step, options.timeout.count(),
+                             behind.empty() ? "(none missing)" : behind));
+      held_save.reset();
+    }
+    std::erase_if(awaiting_load, [&](const held_request& w) {
+      if (now - w.since < options.timeout)
+        return false;
+      send_error(w.request.trainer, w.message,
+                 fmt::format("no load of step {} within {} ms", w.request.table_step, options.timeout.count()));
+      return true;
+    });
+  }
 };
 
 struct parameter_server::state {
@@ -850,6 +1038,56 @@ expected<void> parameter_client::step() {
     }
   }
   return {};
+}
+
+// -- checkpoints of the shards, asked by a trainer (ps_checkpoint.hpp) ------------------------
+
+std::uint64_t parameter_server_access::last_step(const parameter_client& client) { return client.current_step() - 1; }
+
+const parameter_server_options& parameter_server_access::options(const parameter_client& client) {
+  return client.options();
+}
+
+expected<void> parameter_server_access::ask_every_shard(parameter_client& client, ps_wire::op kind,
+                                                        const ps_wire::checkpoint_request& request,
+                                                        std::chrono::milliseconds timeout) {
+  auto& st = *client.state_;
+  const auto shards = static_cast<std::uint32_t>(st.shard_places.size());
+  std::vector<std::uint64_t> waiting;
+  {
+    std::lock_guard lock(st.mutex);
+    for (std::uint32_t k = 0; k < shards; ++k)
+      waiting.push_back(st.next_request++);
+  }
+  for (auto r : waiting)
+    if (auto ok = st.replies->expect(r); !ok) {
+      st.replies->forget(waiting);
+      return ok.error();
+    }
+  auto mine = request;
+  mine.trainer = st.trainer;
+  for (std::uint32_t k = 0; k < shards; ++k) {
+    auto sent = st.router->send(st.shard_places[k],
+                                detail::make_message(message_kind::parameters, request.table_step, k, waiting[k],
+                                                     ps_wire::encode_checkpoint(kind, mine)));
+    if (!sent) {
+      st.replies->forget(waiting);
+      return make_error(errc::io_error, "parameter server: sending a checkpoint request to shard {} ({}) failed: {}",
+                        k, st.shard_places[k].to_string(), sent.error().message());
+    }
+  }
+  auto replies = st.replies->wait(waiting, timeout,
+                                  fmt::format("a checkpoint request (operation {}, step {})",
+                                              static_cast<int>(kind), request.checkpoint_step));
+  if (!replies)
+    return make_error(errc::io_error, "parameter server: {}", replies.error().message());
+  return {};
+}
+
+void parameter_server_access::continue_after(parameter_client& client, std::uint64_t table_step) {
+  std::lock_guard lock(client.state_->mutex);
+  client.state_->step = table_step + 1;
+  client.state_->gradients.assign(client.state_->options.tables.size(), {});
 }
 
 void parameter_client::zero_grad() {

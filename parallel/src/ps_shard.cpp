@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "troupe/tensor/error.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
 
@@ -14,6 +15,12 @@ std::int64_t shard_map::rows_of(std::uint32_t k) const {
     return rows / shards + (static_cast<std::int64_t>(k) < rows % shards ? 1 : 0);
   auto first = std::min<std::int64_t>(rows, k * rows_per_range());
   return std::min<std::int64_t>(rows, first + rows_per_range()) - first;
+}
+
+std::int64_t shard_map::first_saved_row(std::uint32_t k) const {
+  if (by == sharding::hashed && shards > 1)
+    return k * (rows / shards) + std::min<std::int64_t>(k, rows % shards);
+  return std::min<std::int64_t>(rows, k * rows_per_range());
 }
 
 table_shard::table_shard(const table_spec& spec, std::uint32_t shard, std::uint32_t shards)
@@ -132,6 +139,48 @@ void table_shard::apply(std::span<const std::int64_t> ids, const float* grads, f
       }
     }
   }
+}
+
+namespace {
+
+tensor copy_of(const std::vector<float>& values, dims shape) {
+  auto out = tensor::empty(std::move(shape));
+  if (!values.empty())
+    std::memcpy(out.raw_data(), values.data(), values.size() * sizeof(float));
+  return out;
+}
+
+void restore_into(std::vector<float>& values, const tensor& from, std::string_view what, const table_spec& spec) {
+  require(from.defined() && from.type() == dtype::float32 && from.is_contiguous() &&
+              static_cast<std::size_t>(from.numel()) == values.size(),
+          "table '{}': restoring its {} from {} values, not {}", spec.name, what,
+          from.defined() ? from.numel() : 0, values.size());
+  if (!values.empty())
+    std::memcpy(values.data(), from.raw_data(), values.size() * sizeof(float));
+}
+
+} // namespace
+
+table_shard_state table_shard::copy_state() const {
+  table_shard_state out;
+  out.weights = copy_of(weights_, {rows_, spec_.dim});
+  if (!first_moment_.empty())
+    out.first_moment = copy_of(first_moment_, {rows_, spec_.dim});
+  if (spec_.optimizer.type == sparse_optimizer::kind::lazy_adam)
+    out.second_moment = copy_of(second_moment_, {rows_, spec_.dim});
+  else if (spec_.optimizer.type == sparse_optimizer::kind::rowwise_adagrad)
+    out.second_moment = copy_of(second_moment_, {rows_});
+  out.steps = steps_;
+  return out;
+}
+
+void table_shard::restore(const table_shard_state& state) {
+  restore_into(weights_, state.weights, "rows", spec_);
+  if (!first_moment_.empty())
+    restore_into(first_moment_, state.first_moment, "first moments", spec_);
+  if (!second_moment_.empty())
+    restore_into(second_moment_, state.second_moment, "second moments", spec_);
+  steps_ = state.steps;
 }
 
 expected<tensor> table_shard::read(std::int64_t first, std::int64_t count) const {

@@ -8,6 +8,7 @@
 
 #include "troupe/parallel/parameter_server.hpp"
 #include "troupe/tensor/expected.hpp"
+#include "troupe/tensor/tensor.hpp"
 
 namespace troupe::parallel {
 
@@ -31,6 +32,24 @@ struct shard_map {
     return by == sharding::hashed ? r * shards + k : k * rows_per_range() + r;
   }
   std::int64_t rows_of(std::uint32_t k) const;
+  /// Where row `id` lies in a checkpoint's [rows, dim] tensor of the table
+  /// saved by these shards: row ranges keep id order; hashed rows are saved
+  /// shard-major (shard 0's rows, then shard 1's, ...), so that every shard's
+  /// rows are one box of the tensor and each shard writes one piece.
+  std::int64_t saved_row(std::int64_t id) const {
+    return by == sharding::hashed && shards > 1 ? first_saved_row(shard_of(id)) + local_row(id) : id;
+  }
+  /// The saved row of shard `k`'s local row 0.
+  std::int64_t first_saved_row(std::uint32_t k) const;
+};
+
+/// A table shard's rows and optimizer state in its local row order: what a
+/// checkpoint copies, and what a load puts in place.
+struct table_shard_state {
+  tensor weights;       ///< [rows, dim] float32
+  tensor first_moment;  ///< lazy_adam: [rows, dim]; undefined otherwise
+  tensor second_moment; ///< lazy_adam: [rows, dim]; rowwise_adagrad: [rows]; sgd: undefined
+  std::int64_t steps = 0; ///< lazy_adam's bias-correction count
 };
 
 class table_shard {
@@ -56,6 +75,13 @@ public:
 
   /// A copy of the rows of global ids [first, first + count), all on this shard.
   expected<tensor> read(std::int64_t first, std::int64_t count) const;
+
+  /// A copy of the rows and optimizer state.
+  table_shard_state copy_state() const;
+  /// Puts `state` in place; its shapes must be copy_state()'s (usage_error).
+  void restore(const table_shard_state& state);
+  const shard_map& map() const { return map_; }
+  std::uint32_t index() const { return shard_; }
 
   std::uint64_t table_bytes() const { return weights_.size() * sizeof(float); }
   std::uint64_t state_bytes() const { return (first_moment_.size() + second_moment_.size()) * sizeof(float); }

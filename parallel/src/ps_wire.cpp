@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
+
 namespace troupe::parallel::ps_wire {
 
 namespace {
@@ -58,6 +60,15 @@ gradients_buffer make_gradients(std::uint16_t table, std::uint32_t trainer, std:
   b.ids = reinterpret_cast<std::int64_t*>(base);
   b.rows = reinterpret_cast<float*>(base + rows * 8);
   return b;
+}
+
+tensor encode_checkpoint(op kind, const checkpoint_request& r) {
+  header h{magic, static_cast<std::uint8_t>(kind), r.asynchronous ? flag_asynchronous : std::uint8_t{0},
+           r.server, r.trainer, 0, r.checkpoint_step, r.table_step};
+  auto out = allocate(h, r.directory.size());
+  if (!r.directory.empty())
+    std::memcpy(out.data<std::uint8_t>() + header_bytes, r.directory.data(), r.directory.size());
+  return out;
 }
 
 expected<request> decode(const tensor& bytes) {
@@ -130,6 +141,22 @@ expected<request> decode(const tensor& bytes) {
     r.gradients.dim = static_cast<std::int64_t>(h.count_b);
     r.gradients.ids = array_at<std::int64_t>(base, at, h.count_a);
     r.gradients.rows = array_at<float>(base, at, h.count_a * h.count_b);
+    return r;
+  }
+  if (h.op >= static_cast<std::uint8_t>(op::save) && h.op <= static_cast<std::uint8_t>(op::await_load)) {
+    const auto kind = static_cast<op>(h.op);
+    const bool with_directory = kind == op::save || kind == op::load;
+    if (h.flags != 0 && !(kind == op::save && h.flags == flag_asynchronous))
+      return make_error(errc::malformed_message, "parameter server: unknown checkpoint request flags {:#x}", h.flags);
+    if (with_directory ? (body == 0 || body > max_directory_bytes) : body != 0)
+      return make_error(errc::malformed_message,
+                        "parameter server: a checkpoint request (operation {}) with {} bytes of directory; {}",
+                        h.op, body, with_directory ? fmt::format("it must be 1 to {}", max_directory_bytes) : "it takes none");
+    std::string_view directory(reinterpret_cast<const char*>(base + header_bytes), static_cast<std::size_t>(body));
+    if (directory.find('\0') != std::string_view::npos)
+      return make_error(errc::malformed_message, "parameter server: a checkpoint directory with a NUL byte");
+    r.kind = kind;
+    r.checkpoint = {h.table, h.trainer, (h.flags & flag_asynchronous) != 0, h.count_a, h.count_b, directory};
     return r;
   }
   return make_error(errc::malformed_message, "parameter server: unknown operation {}", h.op);

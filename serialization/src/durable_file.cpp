@@ -1,6 +1,9 @@
 #include "durable_file.hpp"
 
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <optional>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -24,7 +27,37 @@ expected<void> file_sink::write(std::span<const std::byte> bytes) {
   return write_unchecked(bytes);
 }
 
+namespace {
+
+/// The test hook TROUPE_CHECKPOINT_TEST_KILL_AFTER_BYTES=<n>: a process
+/// writing a shard file (`*.shard`) past its n-th byte writes the first n
+/// and kills itself with SIGKILL, leaving the file half written, as a rank
+/// killed in the middle of a save would (tests/parallel/checkpoints_test.cpp).
+/// How many bytes of `bytes` to write before that, or nullopt to write all.
+std::optional<std::size_t> bytes_before_kill(const std::filesystem::path& path, std::uint64_t at,
+                                             std::span<const std::byte> bytes) {
+  const char* limit = std::getenv("TROUPE_CHECKPOINT_TEST_KILL_AFTER_BYTES");
+  if (limit == nullptr || path.filename().string().find(".shard") == std::string::npos)
+    return std::nullopt;
+  const auto n = std::strtoull(limit, nullptr, 10);
+  if (at + bytes.size() <= n)
+    return std::nullopt;
+  return static_cast<std::size_t>(n > at ? n - at : 0);
+}
+
+} // namespace
+
 expected<void> file_sink::write_unchecked(std::span<const std::byte> bytes) {
+  if (auto before = bytes_before_kill(path_, position_, bytes)) {
+    auto part = bytes.first(*before);
+    while (!part.empty()) {
+      auto written = ::write(fd_, part.data(), part.size());
+      if (written <= 0)
+        break;
+      part = part.subspan(static_cast<std::size_t>(written));
+    }
+    std::raise(SIGKILL);
+  }
   position_ += bytes.size();
   while (!bytes.empty()) {
     auto written = ::write(fd_, bytes.data(), bytes.size());

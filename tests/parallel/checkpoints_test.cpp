@@ -8,6 +8,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -692,6 +694,62 @@ TEST_F(CheckpointsTest, ASaveCutShortLeavesThePreviousCheckpointToResumeFrom) {
   ASSERT_TRUE(done) << done.error().message();
   EXPECT_EQ(*done, 1);
   EXPECT_EQ(resumed.opt->step_count(), 1);
+}
+
+using CheckpointsDeathTest = ScratchDirectory;
+
+// A process killed (SIGKILL) halfway through writing its shard of step 6:
+// the child (a death test, re-executed so it starts with one thread) saves
+// step 3, then sets TROUPE_CHECKPOINT_TEST_KILL_AFTER_BYTES to half its
+// shard's size, so its shard writer kills it in the middle of step 6's
+// shard. Step 3 must stay the latest checkpoint, resume from it must give
+// the uninterrupted losses, and the next save must commit over the debris.
+TEST_F(CheckpointsDeathTest, AProcessKilledInTheMiddleOfASaveLeavesThePreviousCheckpointToResumeFrom) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // The re-executed child has another pid, hence another directory_: it
+  // takes the parent's from the environment.
+  const char* inherited = std::getenv("TROUPE_TEST_KILLED_SAVE_DIRECTORY");
+  const fs::path directory = inherited != nullptr ? fs::path(inherited) : directory_;
+  ::setenv("TROUPE_TEST_KILLED_SAVE_DIRECTORY", directory.c_str(), 1);
+  const auto shard_of = [&](int step) { return directory / fmt::format("step-{}", step) / "rank-0.shard"; };
+  auto child = [&] {
+    tracked_mlp one(options_in(directory));
+    for (int step = 1; step <= last_step; ++step) {
+      train_step(*one.model, *one.opt, make_batch(step));
+      if (!one.ckpt.save_if_due(step) || !one.ckpt.wait())
+        std::_Exit(3);
+      if (step == saved_at)
+        ::setenv("TROUPE_CHECKPOINT_TEST_KILL_AFTER_BYTES", std::to_string(fs::file_size(shard_of(step)) / 2).c_str(),
+                 1);
+    }
+    std::_Exit(0); // not reached: step 6's save kills the process
+  };
+  EXPECT_EXIT(child(), ::testing::KilledBySignal(SIGKILL), "");
+  ::unsetenv("TROUPE_TEST_KILLED_SAVE_DIRECTORY");
+
+  // What the kill left: step 3 committed, step 6 half written and uncommitted.
+  ASSERT_TRUE(fs::exists(shard_of(saved_at)));
+  const auto shard_bytes = fs::file_size(shard_of(saved_at));
+  const auto partial = staging_path(directory, last_step) / "rank-0.shard.tmp";
+  ASSERT_TRUE(fs::exists(partial)) << "the child was not killed while writing step " << last_step << "'s shard";
+  EXPECT_EQ(fs::file_size(partial), shard_bytes / 2);
+  EXPECT_FALSE(fs::exists(directory / fmt::format("step-{}", last_step)));
+  auto latest = latest_checkpoint(directory);
+  ASSERT_TRUE(latest && *latest);
+  EXPECT_EQ((*latest)->filename(), fmt::format("step-{}", saved_at));
+
+  // Resumed in this process: step 3's state, then the uninterrupted losses.
+  tracked_mlp resumed(options_in(directory));
+  auto losses = resume_and_train(resumed.ckpt, last_step, [&](std::int64_t step) -> expected<double> {
+    return train_step(*resumed.model, *resumed.opt, make_batch(step));
+  });
+  ASSERT_TRUE(losses) << losses.error().message();
+  ASSERT_EQ(losses->size(), static_cast<std::size_t>(last_step - saved_at));
+  for (int step = saved_at + 1; step <= last_step; ++step)
+    EXPECT_NEAR((*losses)[step - saved_at - 1], reference().losses[step - 1], 1e-10) << "step " << step;
+  EXPECT_EQ(values_of(*resumed.model), values_of(*reference().model));
+  EXPECT_TRUE(fs::exists(directory / fmt::format("step-{}", last_step) / "manifest"));
+  EXPECT_FALSE(fs::exists(staging_path(directory, last_step)));
 }
 
 TEST_F(CheckpointsTest, AWriterThatNeverReportsIsNamedWhenTheCoordinatorGivesUp) {

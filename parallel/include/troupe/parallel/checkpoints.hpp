@@ -63,6 +63,7 @@ class pipeline;
 class hybrid_pipeline;
 class data_parallel;
 class reducer_group;
+class parameter_client;
 
 struct checkpoint_options {
   /// Where the job's checkpoints live (`step-<N>` directories; created
@@ -119,6 +120,14 @@ public:
   /// Every replica's stages; stage s's state is written once, spread over
   /// the replicas of stage s.
   void track(hybrid_pipeline& replicas);
+  /// The parameter server `client` reaches (parameter_server.hpp): every
+  /// trainer tracks its client, and the coordinator must be one of them
+  /// (trainer 0 of trainers as threads of one program). On save, each
+  /// server shard writes its rows and optimizer state from its own process,
+  /// once every synchronous table has applied the trainers' last step;
+  /// resume() loads the tables at any shard count and sharding, and each
+  /// trainer continues at the step after the saved one.
+  void track(parameter_client& client);
   /// A random stream of the coordinator's (the data order, dropout): its
   /// seed and position go into the metadata and are restored by resume().
   /// Other ranks make their data a function of the step instead.

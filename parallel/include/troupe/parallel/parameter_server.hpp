@@ -237,6 +237,7 @@ public:
 
 private:
   friend class remote_embedding_bag; // keeps the state, so the client may move
+  friend struct parameter_server_access; // checkpoints of the shards (parallel/src)
   explicit parameter_client(std::shared_ptr<state> s) : state_(std::move(s)) {}
   std::shared_ptr<state> state_;
 };
