@@ -153,6 +153,9 @@ struct shard_actor {
     }
   }
 
+  /// The thread first: it may still be handing the writer a save.
+  ~shard_actor() { mailbox.stop(); }
+
   void start() {
     mailbox.start(
         [this](item& i) {

@@ -50,13 +50,17 @@ expected<shard_map> saved_map(const checkpoint_reader& reader, const table_spec&
   std::string_view text = *value;
   auto space = text.find(' ');
   auto kind = text.substr(0, space);
-  auto shards = space == std::string_view::npos ? std::nullopt : parse_number<std::uint32_t>(text.substr(space + 1));
-  if ((kind != "row_ranges" && kind != "hashed") || !shards || *shards == 0 || *shards > max_saved_shards)
+  // A plain count, not an optional: g++ 12 warns that the optional may be
+  // read uninitialized when it is copied into the result.
+  std::uint32_t shards = 0;
+  if (space != std::string_view::npos)
+    shards = parse_number<std::uint32_t>(text.substr(space + 1)).value_or(0);
+  if ((kind != "row_ranges" && kind != "hashed") || shards == 0 || shards > max_saved_shards)
     return make_error(errc::malformed_message,
                       "checkpoint {}: the layout of parameter-server table '{}' is '{}', not '<row_ranges|hashed> "
                       "<shards in [1, {}]>'",
                       reader.directory().string(), spec.name, text, max_saved_shards);
-  return shard_map{spec.rows, *shards, kind == "hashed" ? sharding::hashed : sharding::row_ranges};
+  return shard_map{spec.rows, shards, kind == "hashed" ? sharding::hashed : sharding::row_ranges};
 }
 
 /// Whether the checkpoint holds `name` as `type` `shape` (the table's).

@@ -20,7 +20,9 @@
 // stream (the data order) in the manifest's metadata. Every writer writes its
 // own shard file in parallel: each pipeline stage in its own process, each
 // data-parallel replica a share of the replicated state (spread over the
-// replicas by name, not all by rank 0). The coordinator (the job's rank 0)
+// replicas by name, not all by rank 0), each parameter-server shard its
+// rows and sparse optimizer state (`parameter_server.<table>`,
+// `optimizer.parameter_server.<table>.<state>`) in its own process. The coordinator (the job's rank 0)
 // then commits: it waits for every writer's report, writes the manifest
 // last and renames the directory (checkpoint_directory.hpp), keeping the
 // newest `keep_last`. A save cut short (a killed rank) leaves no checkpoint,
@@ -38,6 +40,18 @@
 // Loading at another layout. Names are the whole model's, so a checkpoint
 // saved by a 3-stage pipeline loads into 2 stages with another split, into
 // data-parallel replicas or into one process: each loads the names it holds.
+// A table saved by 2 server shards loads into 3 or 1, by row ranges or
+// hashed, whatever sharding saved it.
+//
+// Parameter servers: every trainer tracks its parameter_client, and the
+// coordinator must be a trainer. A save holds the shards' state of the
+// trainers' last step: each shard copies its tables once every synchronous
+// table has applied that step (the saving trainer pushes no later step
+// before the copy, so none can be applied meanwhile; later rows other
+// trainers pushed stay pending and are redone after a resume). Asynchronous
+// and bounded tables are copied as they stand when the request arrives.
+// resume() on a trainer returns once every shard holds the loaded tables,
+// and the trainer continues at the step after the saved one.
 // Before any stage or replica loads, the model's names, dtypes and shapes
 // are checked against the manifest (an error names the first that does not
 // match); a damaged shard is an error naming the file and tensor (its
