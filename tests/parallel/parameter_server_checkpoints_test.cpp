@@ -93,6 +93,55 @@ double train_step(parameter_client& client, const std::vector<table_spec>& specs
   return total->item();
 }
 
+/// The servers' options: every shard on node `server_node`, the trainers
+/// on worker0.
+parameter_server_options server_options(ps_layout layout, std::vector<table_spec> specs, std::uint32_t trainers,
+                                        const std::string& server_node) {
+  parameter_server_options o;
+  o.tables = std::move(specs);
+  o.servers.assign(layout.shards, server_node + "/cpu");
+  o.trainers.assign(trainers, "worker0/cpu");
+  o.timeout = 30s;
+  return o;
+}
+
+bool is_server_child(int argc, char** argv) { return argc > 1 && std::string_view(argv[1]) == "--ps-child"; }
+
+/// worker1: hosts every shard of the layout TROUPE_TEST_PS_SHARDS and
+/// TROUPE_TEST_PS_SHARDING say (2 trainers on worker0) until stdin closes;
+/// the shards save and load their checkpoint files from this process.
+int run_server_child(int argc, char** argv) {
+  auto options = actors::node_options::from(argc, argv);
+  if (!options)
+    return 2;
+  auto started = actors::node::start(*options);
+  if (!started) {
+    std::printf("START ERROR %s\n", started.error().message().c_str());
+    return 3;
+  }
+  const char* shards = std::getenv("TROUPE_TEST_PS_SHARDS");
+  const char* by = std::getenv("TROUPE_TEST_PS_SHARDING");
+  if (shards == nullptr || by == nullptr)
+    return 4;
+  const ps_layout layout{static_cast<std::uint32_t>(std::stoul(shards)),
+                         std::string_view(by) == "hashed" ? sharding::hashed : sharding::row_ranges};
+  auto server = parameter_server::host(**started, server_options(layout, tables(layout.by), 2, "worker1"));
+  if (!server) {
+    std::printf("HOST ERROR %s\n", server.error().message().c_str());
+    std::fflush(stdout);
+  }
+  char byte;
+  while (read(0, &byte, 1) > 0) {
+  }
+  if (server)
+    server->stop();
+  (*started)->stop();
+  return 0;
+}
+
+/// Where the shards run: in this process, or in a child process (worker1).
+enum class servers_in { this_process, another_process };
+
 struct run_result {
   std::int64_t resumed_at = -1;
   std::optional<std::string> resume_error;
@@ -101,32 +150,54 @@ struct run_result {
 };
 
 /// A job of `trainers` trainer threads and `layout.shards` server shards
-/// on one node: resumes from `directory`, trains to `last`, saving every 3
-/// steps (asynchronously unless told).
+/// (on this node, or on worker1 in a child process): resumes from
+/// `directory`, trains to `last`, saving every 3 steps (asynchronously
+/// unless told).
 run_result run(const fs::path& directory, ps_layout layout, int last, std::vector<table_spec> specs,
-               std::uint32_t trainers = 2, bool asynchronous = true) {
+               std::uint32_t trainers = 2, bool asynchronous = true, servers_in where = servers_in::this_process) {
   run_result out;
   out.losses.resize(trainers);
-  auto node = test::start_local_node();
-  EXPECT_TRUE(node) << node.error().message();
-  if (!node)
+  const bool remote = where == servers_in::another_process;
+  // Declared before the clients: the servers' process ends (its stdin
+  // closed, then killed by pid if need be) after they are gone.
+  test::cluster servers;
+  std::unique_ptr<actors::node> local;
+  actors::node* node = nullptr;
+  if (remote) {
+    // The child inherits the layout through its environment.
+    ::setenv("TROUPE_TEST_PS_SHARDS", std::to_string(layout.shards).c_str(), 1);
+    ::setenv("TROUPE_TEST_PS_SHARDING", layout.by == sharding::hashed ? "hashed" : "row_ranges", 1);
+    test::start_cluster(servers, 2, "--ps-child");
+    node = servers.coordinator.get();
+  } else {
+    auto started = test::start_local_node();
+    EXPECT_TRUE(started) << started.error().message();
+    if (started)
+      local = std::move(*started);
+    node = local.get();
+  }
+  if (node == nullptr)
     return out;
-  parameter_server_options o;
-  o.tables = std::move(specs);
-  o.servers.assign(layout.shards, "worker0/cpu");
-  o.trainers.assign(trainers, "worker0/cpu");
-  o.timeout = 30s;
-  auto hosted = std::async(std::launch::async, [&] { return parameter_server::host(**node, o); });
+  const auto o = server_options(layout, std::move(specs), trainers, remote ? "worker1" : "worker0");
+  std::optional<std::future<expected<parameter_server>>> hosted;
+  if (!remote)
+    hosted = std::async(std::launch::async, [&] { return parameter_server::host(*node, o); });
   std::vector<std::optional<parameter_client>> clients(trainers);
   for (std::uint32_t i = 0; i < trainers; ++i) {
-    auto c = parameter_client::connect(**node, o, i);
+    auto c = parameter_client::connect(*node, o, i);
     EXPECT_TRUE(c) << c.error().message();
     if (c)
       clients[i].emplace(std::move(*c));
   }
-  auto server = hosted.get();
-  EXPECT_TRUE(server) << server.error().message();
-  if (!server || std::any_of(clients.begin(), clients.end(), [](auto& c) { return !c; }))
+  std::optional<parameter_server> server;
+  if (hosted) {
+    auto s = hosted->get();
+    EXPECT_TRUE(s) << s.error().message();
+    if (!s)
+      return out;
+    server.emplace(std::move(*s));
+  }
+  if (std::any_of(clients.begin(), clients.end(), [](auto& c) { return !c; }))
     return out;
 
   std::vector<std::thread> threads;
@@ -157,13 +228,15 @@ run_result run(const fs::path& directory, ps_layout layout, int last, std::vecto
     });
   for (auto& t : threads)
     t.join();
+  // Every row in id order, looked up as a bag of its own (exact).
   for (const auto& spec : o.tables) {
-    auto rows = server->read_rows(spec.name, 0, spec.rows);
+    auto rows = clients[0]->pull(spec.name);
     EXPECT_TRUE(rows) << rows.error().message();
     if (rows)
       out.rows[spec.name] = *rows;
   }
   clients.clear();
+  server.reset();
   return out;
 }
 
@@ -234,17 +307,18 @@ void expect_equal_state(const fs::path& directory, const run_result& result) {
 
 /// Saves at step 3 with `saved`, resumes with `resumed`: the losses of steps
 /// 4..6, the rows and the optimizer state at step 6 are the reference's.
-void check_resume(ps_layout saved, ps_layout resumed, bool asynchronous = true) {
+void check_resume(ps_layout saved, ps_layout resumed, bool asynchronous = true,
+                  servers_in where = servers_in::this_process) {
   const auto& ref = reference();
   ASSERT_EQ(ref.result.losses[0].size(), static_cast<std::size_t>(last_step));
   auto dir = fresh_directory(fmt::format("{}-{}", saved.shards, resumed.shards));
-  auto first = run(dir, saved, saved_at, tables(saved.by), 2, asynchronous);
+  auto first = run(dir, saved, saved_at, tables(saved.by), 2, asynchronous, where);
   EXPECT_EQ(first.resumed_at, 0);
   auto latest = latest_checkpoint(dir);
   ASSERT_TRUE(latest && *latest) << "no checkpoint was committed";
   EXPECT_EQ((*latest)->filename(), fmt::format("step-{}", saved_at));
 
-  auto second = run(dir, resumed, last_step, tables(resumed.by), 2, asynchronous);
+  auto second = run(dir, resumed, last_step, tables(resumed.by), 2, asynchronous, where);
   ASSERT_FALSE(second.resume_error) << *second.resume_error;
   EXPECT_EQ(second.resumed_at, saved_at);
   for (std::uint32_t i = 0; i < 2; ++i) {
@@ -298,6 +372,12 @@ TEST(ParameterServerCheckpoints, RowRangesResumeHashedOnAsManyShards) {
 
 TEST(ParameterServerCheckpoints, HashedThreeResumeAsRowRangesOnTwoSynchronously) {
   check_resume({3, sharding::hashed}, {2, sharding::row_ranges}, false);
+}
+
+TEST(ParameterServerCheckpoints, ShardsInAServingProcessWriteTheirOwnFilesAndResumeAtAnotherCount) {
+  // The shards live in a child process (worker1): they write and read
+  // their files there, and the requests cross the data plane.
+  check_resume({2, sharding::row_ranges}, {3, sharding::hashed}, true, servers_in::another_process);
 }
 
 /// Saves at step 3 with two shards, then resumes with `changed` tables:
@@ -397,3 +477,10 @@ TEST(ParameterServerCheckpoints, BadCheckpointRequestsAreRefusedNamingWhatIsWron
 }
 
 } // namespace troupe::parallel
+
+int main(int argc, char** argv) {
+  if (troupe::parallel::is_server_child(argc, argv))
+    return troupe::parallel::run_server_child(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
