@@ -12,6 +12,7 @@
 
 #include "pipeline_state.hpp"
 #include "ps_checkpoint.hpp"
+#include "tensor_parallel_pipeline_access.hpp"
 #include "training_state.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/peer_monitor.hpp"
@@ -70,6 +71,10 @@ struct checkpoints::impl {
   struct stage_group {
     pipeline* stages;
     std::vector<std::vector<std::string>> state_holders;
+    /// A tensor_parallel_pipeline's: stage s saves its pieces, the split
+    /// ones held alike by split_holders[s].
+    bool sharded = false;
+    std::vector<std::vector<std::string>> split_holders{};
   };
 
   /// A parameter server's shards, reached through a trainer's client;
@@ -253,6 +258,31 @@ void checkpoints::track(hybrid_pipeline& replicas) {
   }
 }
 
+void checkpoints::track(tensor_parallel_pipeline& stages) {
+  require(impl_->coordinator(), "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does", impl_->rank);
+  auto pipelines = tensor_parallel_pipeline_access::pipelines(stages);
+  const auto T = tensor_parallel_pipeline_access::tensor(stages);
+  std::vector<std::vector<std::string>> writers; // by d T + t, then stage
+  for (auto* p : pipelines)
+    writers.push_back(pipeline_access::state(*p).checkpoint_writers());
+  const auto count = writers.front().size();
+  // Stage s: what its members hold whole, every (d, t) alike; a split
+  // piece, the replicas d of its tensor rank t alike.
+  std::vector<std::vector<std::string>> whole(count);
+  for (std::size_t s = 0; s < count; ++s)
+    for (const auto& w : writers)
+      whole[s].push_back(w.at(s));
+  for (std::size_t k = 0; k < pipelines.size(); ++k) {
+    std::vector<std::vector<std::string>> split(count);
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t other = k % T; other < pipelines.size(); other += T)
+        split[s].push_back(writers[other].at(s));
+    impl_->add_writers(writers[k]);
+    impl_->stage_writers.insert(impl_->stage_writers.end(), writers[k].begin(), writers[k].end());
+    impl_->pipelines.push_back({pipelines[k], whole, true, std::move(split)});
+  }
+}
+
 void checkpoints::track(parameter_client& client) {
   if (!impl_->in_job) // trainers as threads of one program: trainer 0 coordinates
     impl_->rank = client.trainer_index();
@@ -311,12 +341,13 @@ expected<void> checkpoints::impl::save(std::int64_t step) {
     mine.emplace_back(local.writer,
                       local.sharded
                         ? sharded_training_shares(*local.model, *local.optimizer, local.split_holders,
-                                                  local.holders, asynchronous)
+                                                  local.holders, local.holders, asynchronous)
                         : training_shares(*local.model, *local.optimizer, local.holders, local.holders, asynchronous));
   // The stages copy (or write) theirs before they answer.
   for (auto& group : pipelines)
     if (auto saved = pipeline_access::state(*group.stages)
-                       .save_stages(options.directory, at, group.state_holders, stage_writers, asynchronous);
+                       .save_stages(options.directory, at, group.state_holders, stage_writers, asynchronous,
+                                    group.sharded, group.split_holders);
         !saved)
       return saved;
 
@@ -378,8 +409,9 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
       if (auto ok = check_model(*reader, *local.model); !ok)
         return ok.error();
   for (auto& group : pipelines)
-    if (auto ok = check_model(*reader, *pipeline_access::state(*group.stages).options_.model); !ok)
-      return ok.error();
+    if (!group.sharded) // a tensor-parallel stage's pieces are checked as they are read
+      if (auto ok = check_model(*reader, *pipeline_access::state(*group.stages).options_.model); !ok)
+        return ok.error();
   std::vector<std::uint64_t> table_steps;
   for (const auto& group : servers) {
     if (coordinator())
@@ -431,7 +463,7 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
     if (auto ok = apply_training_state(values[i], *locals[i].model, *locals[i].optimizer); !ok)
       return make_error(ok.error().code(), "checkpoint {}: {}", directory.string(), ok.error().message());
   for (auto& group : pipelines)
-    if (auto ok = pipeline_access::state(*group.stages).load_stages(directory); !ok)
+    if (auto ok = pipeline_access::state(*group.stages).load_stages(directory, group.sharded); !ok)
       return ok.error();
   // The coordinator applies the shards' loads; every trainer then waits
   // until its shards hold them before it looks anything up.

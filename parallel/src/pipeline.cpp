@@ -690,18 +690,19 @@ expected<void> pipeline::state::ask_every_stage(std::string_view verb, errc refu
 
 expected<void> pipeline::state::save_stages(const std::filesystem::path& root, std::uint64_t step,
                                             const std::vector<std::vector<std::string>>& state_holders,
-                                            const std::vector<std::string>& step_holders, bool asynchronous) {
+                                            const std::vector<std::string>& step_holders, bool asynchronous,
+                                            bool sharded, const std::vector<std::vector<std::string>>& split_holders) {
   const auto writers = checkpoint_writers();
   const auto steps = joined(step_holders);
   return ask_every_stage("save", errc::io_error, [&](std::size_t i) {
     return caf::make_message(save_atom::value, root.string(), step, writers[i], joined(state_holders.at(i)), steps,
-                             asynchronous);
+                             asynchronous, sharded, sharded ? joined(split_holders.at(i)) : std::string{});
   });
 }
 
-expected<void> pipeline::state::load_stages(const std::filesystem::path& directory) {
+expected<void> pipeline::state::load_stages(const std::filesystem::path& directory, bool sharded) {
   auto loaded = ask_every_stage("load", errc::state_mismatch, [&](std::size_t) {
-    return caf::make_message(load_atom::value, directory.string());
+    return caf::make_message(load_atom::value, directory.string(), sharded);
   });
   // Some stages may have loaded and others not: the model is no longer one
   // state, so the pipeline refuses further steps.

@@ -48,11 +48,16 @@ struct pipeline::state {
   /// `state_holders[s]` (its replicas' writers; empty: it alone), every
   /// optimizer's step count by `step_holders`. Waits for the stages'
   /// updates first. Errors name the stage.
+  /// Sharded (a tensor_parallel_pipeline's stages): each stage saves its
+  /// tensor-parallel pieces, stage s's split ones held alike by
+  /// split_holders[s].
   expected<void> save_stages(const std::filesystem::path& root, std::uint64_t step,
                              const std::vector<std::vector<std::string>>& state_holders,
-                             const std::vector<std::string>& step_holders, bool asynchronous);
-  /// Every stage loads its layers and optimizer state from `directory`.
-  expected<void> load_stages(const std::filesystem::path& directory);
+                             const std::vector<std::string>& step_holders, bool asynchronous, bool sharded = false,
+                             const std::vector<std::vector<std::string>>& split_holders = {});
+  /// Every stage loads its layers and optimizer state from `directory`
+  /// (sharded: the regions of its pieces).
+  expected<void> load_stages(const std::filesystem::path& directory, bool sharded = false);
   /// Sends `request(i)` to every stage i at once and waits for each reply
   /// (a message, "" when done); the first failure, naming its stage.
   expected<void> ask_every_stage(std::string_view verb, errc refused,

@@ -566,15 +566,17 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<stage_op
     },
     [=](digest_atom) { return caf::make_message(state->digest()); },
     [=](save_atom, const std::string& root, std::uint64_t step, const std::string& writer,
-        const std::string& model_holders, const std::string& step_holders, bool asynchronous) {
+        const std::string& model_holders, const std::string& step_holders, bool asynchronous, bool sharded,
+        const std::string& split_holders) {
       auto saved = save_training_state(*state->options().layers, *state->options().optimizer, state->checkpoint_writer(),
-                                       {root, step, writer, split_names(model_holders), split_names(step_holders)},
+                                       {root, step, writer, split_names(model_holders), split_names(step_holders),
+                                        sharded, split_names(split_holders)},
                                        asynchronous);
       return saved ? std::string{} : saved.error().message();
     },
-    [=](load_atom, const std::string& directory) {
-      auto loaded =
-        load_training_state(*state->options().layers, *state->options().optimizer, state->checkpoint_writer(), directory);
+    [=](load_atom, const std::string& directory, bool sharded) {
+      auto loaded = load_training_state(*state->options().layers, *state->options().optimizer,
+                                        state->checkpoint_writer(), directory, sharded);
       return loaded ? std::string{} : loaded.error().message();
     },
     [=](begin_step_atom, std::uint64_t step, std::uint64_t batch) {

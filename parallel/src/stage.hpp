@@ -19,7 +19,8 @@
 //                                        peak deferred bytes, fill ms, total busy ms,
 //                                        total fill ms)
 //   (p_digest)                       -> (sum of p + p^2 over the stage's parameters)
-//   (p_save, root, step, writer, model holders, step holders, asynchronous)
+//   (p_save, root, step, writer, model holders, step holders, asynchronous,
+//    sharded, split holders)
 //                                    -> (why, "" when done): writes the stage's layers and
 //                                       optimizer state as `writer`'s shard of step's
 //                                       checkpoint (training_state.hpp); holders are
@@ -27,8 +28,13 @@
 //                                       state is copied, the reply comes at once and
 //                                       the shard is written on the stage's writer
 //                                       thread (an earlier write's failure is the
-//                                       reply to the next save)
-//   (p_load, checkpoint directory)   -> (why, "" when done): loads them, by name
+//                                       reply to the next save). Sharded (a stage of a
+//                                       tensor_parallel_pipeline): its pieces with their
+//                                       global shapes, a split parameter's held alike by
+//                                       `split holders`, what it holds whole by `model holders`
+//   (p_load, checkpoint directory, sharded)
+//                                    -> (why, "" when done): loads them, by name (sharded:
+//                                       the regions its pieces cover)
 // and towards the driver:
 //   (p_loss, step, mb, loss)         last stage: the micro-batch's mean loss
 //   (p_mbdone, step, mb)             first stage: backward of mb finished

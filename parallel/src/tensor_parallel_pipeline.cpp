@@ -8,6 +8,7 @@
 
 #include "concurrent_pipelines.hpp"
 #include "pipeline_state.hpp"
+#include "tensor_parallel_pipeline_access.hpp"
 #include "troupe/job.hpp"
 #include "troupe/tensor/error.hpp"
 
@@ -162,6 +163,15 @@ expected<double> tensor_parallel_pipeline::train_step(const tensor& inputs, cons
 expected<void> tensor_parallel_pipeline::synchronize() {
   return synchronize_together(state_->pipelines, [this](std::size_t k) { return name(k); });
 }
+
+std::vector<pipeline*> tensor_parallel_pipeline_access::pipelines(tensor_parallel_pipeline& tp) {
+  std::vector<pipeline*> out;
+  for (auto& p : tp.state_->pipelines)
+    out.push_back(&p);
+  return out;
+}
+
+std::uint32_t tensor_parallel_pipeline_access::tensor(const tensor_parallel_pipeline& tp) { return tp.state_->tensor; }
 
 std::string tensor_parallel_pipeline::name(std::size_t k) const {
   return fmt::format("replica {}, tensor rank {}", k / state_->tensor, k % state_->tensor);

@@ -169,10 +169,13 @@ expected<void> apply_training_state(const training_state_values& values, nn::mod
 
 std::vector<state_share> sharded_training_shares(nn::module& model, const optim::optimizer& optimizer,
                                                  std::vector<std::string> split_holders,
-                                                 std::vector<std::string> whole_holders, bool snapshot) {
-  std::vector<state_share> shares(2); // [0] this member's pieces, [1] what every member holds whole
+                                                 std::vector<std::string> whole_holders,
+                                                 std::vector<std::string> step_holders, bool snapshot) {
+  // [0] this member's pieces, [1] what every member holds whole, [2] the step count
+  std::vector<state_share> shares(3);
   shares[0].holders = std::move(split_holders);
   shares[1].holders = std::move(whole_holders);
+  shares[2].holders = std::move(step_holders);
   std::map<std::string, tensor, std::less<>> parameters;
   for (auto& [fqn, p] : model.named_parameters())
     parameters.emplace(fqn, p.data());
@@ -202,7 +205,7 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
   for (const auto& [name, value] : model.state_dict()) // buffers: held whole by every member
     if (!parameters.contains(name))
       shares[1].pieces.push_back(whole(std::string(model_prefix) + name, value, snapshot));
-  shares[1].pieces.push_back(optimizer_step_piece(optimizer));
+  shares[2].pieces.push_back(optimizer_step_piece(optimizer));
   return shares;
 }
 
@@ -286,11 +289,14 @@ std::vector<state_share> training_shares(const nn::module& model, const optim::o
   return shares;
 }
 
-expected<void> save_training_state(const nn::module& model, const optim::optimizer& optimizer,
+expected<void> save_training_state(nn::module& model, const optim::optimizer& optimizer,
                                    background_writer& thread, save_target target, bool asynchronous) {
   auto copy = [&model, &optimizer, target = std::move(target), asynchronous]() mutable {
-    auto shares = training_shares(model, optimizer, std::move(target.state_holders),
-                                  std::move(target.step_holders), asynchronous);
+    auto shares = target.sharded ? sharded_training_shares(model, optimizer, std::move(target.split_holders),
+                                                           std::move(target.state_holders),
+                                                           std::move(target.step_holders), asynchronous)
+                                 : training_shares(model, optimizer, std::move(target.state_holders),
+                                                   std::move(target.step_holders), asynchronous);
     return std::function<expected<void>()>(
       [shares = std::move(shares), root = std::move(target.root), step = target.step,
        writer = std::move(target.writer)] { return write_shares(root, step, writer, shares); });
@@ -303,13 +309,13 @@ expected<void> save_training_state(const nn::module& model, const optim::optimiz
 }
 
 expected<void> load_training_state(nn::module& model, optim::optimizer& optimizer, background_writer& thread,
-                                   const std::filesystem::path& directory) {
+                                   const std::filesystem::path& directory, bool sharded) {
   if (auto previous = thread.wait(); !previous)
     return previous;
   auto reader = checkpoint_reader::open(directory);
   if (!reader)
     return reader.error();
-  auto values = read_training_state(*reader, model, optimizer);
+  auto values = sharded ? read_sharded_training_state(*reader, model) : read_training_state(*reader, model, optimizer);
   if (!values)
     return values.error();
   if (auto loaded = apply_training_state(*values, model, optimizer); !loaded)

@@ -118,6 +118,12 @@ struct save_target {
   /// Writers holding an optimizer with the same step count (every stage,
   /// every replica), this one among them; empty: this one alone.
   std::vector<std::string> step_holders;
+  /// Tensor-parallel pieces (a stage of a tensor_parallel_pipeline): the
+  /// split parameters' pieces are held alike by `split_holders` (the same
+  /// stage and tensor rank of every replica), what the stage's members hold
+  /// whole by `state_holders`.
+  bool sharded = false;
+  std::vector<std::string> split_holders{};
 };
 
 /// `model`'s and `optimizer`'s pieces: the state held alike by
@@ -131,10 +137,12 @@ std::vector<state_share> training_shares(const nn::module& model, const optim::o
 /// a split parameter's piece and its optimizer state held alike by
 /// `split_holders` (this member's data-parallel replicas; empty: this writer
 /// alone), what every member holds whole (replicated parameters, buffers,
-/// the step count) alike by `whole_holders`.
+/// per-parameter counts) alike by `whole_holders`, the optimizer's step
+/// count by `step_holders` (every stage of a pipeline, too).
 std::vector<state_share> sharded_training_shares(nn::module& model, const optim::optimizer& optimizer,
                                                  std::vector<std::string> split_holders,
-                                                 std::vector<std::string> whole_holders, bool snapshot);
+                                                 std::vector<std::string> whole_holders,
+                                                 std::vector<std::string> step_holders, bool snapshot);
 /// Reads this rank's pieces of a tensor-parallel model and of its
 /// optimizer's state from a checkpoint of any layout (whole, or split at
 /// another degree): each piece is the region of the saved whole it covers.
@@ -145,12 +153,13 @@ expected<training_state_values> read_sharded_training_state(const checkpoint_rea
 /// `thread` copies the state and then writes it; the caller must not change
 /// the state before `thread.wait_for_copy()`. Otherwise writes before
 /// returning.
-expected<void> save_training_state(const nn::module& model, const optim::optimizer& optimizer,
+expected<void> save_training_state(nn::module& model, const optim::optimizer& optimizer,
                                    background_writer& thread, save_target target, bool asynchronous);
 /// Waits for `thread`'s write in flight, then loads `model` and
-/// `optimizer` from the checkpoint in `directory`.
+/// `optimizer` from the checkpoint in `directory` (`sharded`: its
+/// tensor-parallel pieces, read_sharded_training_state).
 expected<void> load_training_state(nn::module& model, optim::optimizer& optimizer, background_writer& thread,
-                                   const std::filesystem::path& directory);
+                                   const std::filesystem::path& directory, bool sharded = false);
 
 /// Names joined by ',' (a stage message's holders), split; "" -> none.
 std::vector<std::string> split_names(std::string_view joined);

@@ -30,6 +30,7 @@
 #include "troupe/parallel/mesh.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
+#include "troupe/parallel/tensor_parallel_pipeline.hpp"
 #include "troupe/parallel/tensor_parallel_transformer.hpp"
 #include "troupe/parallel/vocab_parallel.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
@@ -476,25 +477,84 @@ std::vector<double> run_gpt_mesh(const fs::path& directory, int until) {
   return out;
 }
 
-TEST_F(ScratchDirectory, TensorTimesDataMeshResumesInOneProcessAndBack) {
-  const auto want = run_gpt(1, directory_ / "uninterrupted", last_step);
+/// Steps (resumed) .. `until` of the GPT as a tensor x pipeline layout:
+/// 2 stages x 2 tensor ranks, 2 micro-batches; the batch's mean loss.
+std::vector<double> run_gpt_tensor_pipeline(const fs::path& directory, int until) {
+  auto job = troupe::job::local().value();
+  auto made = tensor_parallel_pipeline::create(
+    job, {.tensor = 2,
+          .model = [](reducer_group& group) {
+            return std::make_shared<parallel_gpt>(gpt_config, group, tensor_parallel_options{.sequence_parallel = true});
+          },
+          .loss = [](reducer_group& group) -> loss_function {
+            return [&group](const autograd::variable& logits, const tensor& targets) {
+              const auto tokens = targets.numel(), classes = logits.data().shape()[2];
+              return vocab_parallel_cross_entropy(autograd::reshape(logits, {tokens, classes}),
+                                                  targets.reshape({tokens}), group, gpt_vocabulary);
+            };
+          },
+          .pipeline = {.places = {"worker0/cpu", "worker0/cpu"}, .micro_batches = 2, .optimizer = adam(),
+                       .in_this_process = true}});
+  if (!made) {
+    ADD_FAILURE() << made.error().message();
+    return {};
+  }
+  auto ckpt = checkpoints::create(job, options_in(directory)).value();
+  ckpt.track(*made);
+  auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) {
+    return made->train_step(gpt_ids(step, 0), gpt_ids(step, 1));
+  });
+  if (!trained)
+    ADD_FAILURE() << "tensor x pipeline: " << trained.error().message();
+  return trained ? *trained : std::vector<double>{};
+}
+
+/// The last checkpoints (step 6) under `a` and `b` hold the same tensors,
+/// value by value, whoever wrote them.
+void expect_same_last_checkpoint(const fs::path& a_root, const fs::path& b_root) {
+  auto a = checkpoint_reader::open(checkpoint_path(a_root, last_step));
+  auto b = checkpoint_reader::open(checkpoint_path(b_root, last_step));
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->manifest().tensors.size(), b->manifest().tensors.size());
+  for (const auto& t : a->manifest().tensors) {
+    auto x = a->read(t.name);
+    auto y = b->read(t.name);
+    ASSERT_TRUE(x && y) << t.name;
+    EXPECT_TRUE(allclose(*y, *x, 1e-9, 1e-12)) << t.name;
+  }
+}
+
+/// The GPT saved at step 3 by `layout` and resumed in one process, and
+/// saved in one process and resumed by `layout`: both give the losses,
+/// parameters and optimizer state of an uninterrupted run in one process.
+void check_one_process_and_back(const fs::path& root, const std::string& layout_name,
+                                const std::function<std::vector<double>(const fs::path&, int)>& layout) {
+  const auto uninterrupted = root / "uninterrupted";
+  const auto want = run_gpt(1, uninterrupted, last_step);
   ASSERT_EQ(want.size(), std::size_t(last_step));
-  for (const auto& [first_run, second_run, name] :
-       std::vector<std::tuple<int, int, std::string>>{{0, 1, "mesh to one process"}, {1, 0, "one process to mesh"}}) {
+  for (const bool layout_first : {true, false}) {
+    const auto name = layout_first ? layout_name + " to one process" : "one process to " + layout_name;
     SCOPED_TRACE(name);
-    const auto dir = directory_ / name;
-    auto run_one = [&](int which, int until) {
-      return which == 0 ? run_gpt_mesh(dir, until) : run_gpt(1, dir, until);
-    };
-    const auto first = run_one(first_run, saved_at);
+    const auto dir = root / name;
+    auto run_one = [&](bool in_layout, int until) { return in_layout ? layout(dir, until) : run_gpt(1, dir, until); };
+    const auto first = run_one(layout_first, saved_at);
     ASSERT_EQ(first.size(), std::size_t(saved_at));
-    const auto second = run_one(second_run, last_step);
+    const auto second = run_one(!layout_first, last_step);
     ASSERT_EQ(second.size(), std::size_t(last_step - saved_at));
     for (int i = 0; i < saved_at; ++i)
       EXPECT_NEAR(first[i], want[i], 1e-10) << "step " << i + 1;
     for (int i = 0; i < last_step - saved_at; ++i)
       EXPECT_NEAR(second[i], want[saved_at + i], 1e-10) << "step " << saved_at + i + 1;
+    expect_same_last_checkpoint(uninterrupted, dir);
   }
+}
+
+TEST_F(ScratchDirectory, TensorTimesDataMeshResumesInOneProcessAndBack) {
+  check_one_process_and_back(directory_, "mesh", run_gpt_mesh);
+}
+
+TEST_F(ScratchDirectory, TensorParallelPipelineResumesInOneProcessAndBack) {
+  check_one_process_and_back(directory_, "tensor x pipeline", run_gpt_tensor_pipeline);
 }
 
 class TensorParallelResume : public ScratchDirectory,
@@ -515,16 +575,7 @@ TEST_P(TensorParallelResume, AtAnotherDegreeGivesTheLossesOfAnUninterruptedRun) 
     EXPECT_NEAR(second[i], want[saved_at + i], 1e-10) << "step " << saved_at + i + 1;
   // Parameters and optimizer state: the resumed run's last checkpoint holds
   // the uninterrupted run's, tensor by tensor.
-  auto a = checkpoint_reader::open(checkpoint_path(uninterrupted, last_step));
-  auto b = checkpoint_reader::open(checkpoint_path(directory_ / "resumed", last_step));
-  ASSERT_TRUE(a && b);
-  ASSERT_EQ(a->manifest().tensors.size(), b->manifest().tensors.size());
-  for (const auto& t : a->manifest().tensors) {
-    auto x = a->read(t.name);
-    auto y = b->read(t.name);
-    ASSERT_TRUE(x && y) << t.name;
-    EXPECT_TRUE(allclose(*y, *x, 1e-9, 1e-12)) << t.name;
-  }
+  expect_same_last_checkpoint(uninterrupted, directory_ / "resumed");
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallelResume,

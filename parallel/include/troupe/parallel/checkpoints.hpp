@@ -78,6 +78,7 @@ class hybrid_pipeline;
 class data_parallel;
 class reducer_group;
 class parameter_client;
+class tensor_parallel_pipeline;
 
 struct checkpoint_options {
   /// Where the job's checkpoints live (`step-<N>` directories; created
@@ -134,6 +135,13 @@ public:
   /// Every replica's stages; stage s's state is written once, spread over
   /// the replicas of stage s.
   void track(hybrid_pipeline& replicas);
+  /// A tensor x pipeline (x data) layout (tensor_parallel_pipeline.hpp):
+  /// every stage of every (replica, tensor rank) saves its pieces with their
+  /// global shapes from its thread, a split piece written once over the
+  /// replicas, what the stage's members hold whole once; loads at any
+  /// layout, one process or a tensor-parallel group of another degree. The
+  /// driver tracks it.
+  void track(tensor_parallel_pipeline& stages);
   /// The parameter server `client` reaches (parameter_server.hpp): every
   /// trainer tracks its client, and the coordinator must be one of them
   /// (trainer 0 of trainers as threads of one program). On save, each

@@ -111,6 +111,7 @@ public:
   nn::sequential& model(std::uint32_t data, std::uint32_t tensor);
 
 private:
+  friend struct tensor_parallel_pipeline_access; // checkpoints reach the pipelines (parallel/src)
   struct state;
   explicit tensor_parallel_pipeline(std::unique_ptr<state> st);
   /// "replica d, tensor rank t" of pipeline d T + t, for errors.
