@@ -380,6 +380,48 @@ TEST(ParameterServerCheckpoints, ShardsInAServingProcessWriteTheirOwnFilesAndRes
   check_resume({2, sharding::row_ranges}, {3, sharding::hashed}, true, servers_in::another_process);
 }
 
+TEST(ParameterServerCheckpoints, ASaveWaitingForALateTrainerFailsNamingIt) {
+  // Trainer 1 stops after step 2: the shards hold the save of step 3 for
+  // the server's timeout, then refuse it naming the trainer; nothing commits.
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node) << node.error().message();
+  auto o = server_options({2, sharding::row_ranges}, tables(sharding::row_ranges), 2, "worker0");
+  o.timeout = 1s;
+  auto hosted = std::async(std::launch::async, [&] { return parameter_server::host(**node, o); });
+  std::vector<std::optional<parameter_client>> clients(2);
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    auto c = parameter_client::connect(**node, o, i);
+    ASSERT_TRUE(c) << c.error().message();
+    clients[i].emplace(std::move(*c));
+  }
+  auto server = hosted.get();
+  ASSERT_TRUE(server) << server.error().message();
+  const auto dir = fresh_directory("late-trainer");
+  std::optional<std::string> refused;
+  std::thread late([&] {
+    for (int step = 1; step < saved_at; ++step)
+      train_step(*clients[1], o.tables, step, 1);
+  });
+  for (int step = 1; step <= saved_at; ++step)
+    train_step(*clients[0], o.tables, step, 0);
+  late.join();
+  {
+    auto ckpt = checkpoints::create({.directory = dir, .every = saved_at, .asynchronous = false, .timeout = 20s});
+    ASSERT_TRUE(ckpt) << ckpt.error().message();
+    ckpt->track(*clients[0]);
+    auto saved = ckpt->save(saved_at);
+    ASSERT_FALSE(saved) << "a save of step 3 without trainer 1's gradients was accepted";
+    refused = saved.error().message();
+  }
+  EXPECT_THAT(*refused, HasSubstr("the save of step 3 waited 1000 ms"));
+  EXPECT_THAT(*refused, HasSubstr("trainer 1 (worker0/cpu) at step 2"));
+  auto latest = latest_checkpoint(dir);
+  ASSERT_TRUE(latest);
+  EXPECT_FALSE(*latest) << "a checkpoint was committed";
+  clients.clear();
+  fs::remove_all(dir);
+}
+
 /// Saves at step 3 with two shards, then resumes with `changed` tables:
 /// the resume fails with `message`, and no shard's rows changed.
 void check_refused(std::vector<table_spec> changed, const std::vector<std::string>& message,
