@@ -219,6 +219,16 @@ expected<void> finish(reducer_member& g, std::uint64_t id, expected<void> result
   return result;
 }
 
+/// The same-host allreduce of `data` in place, in `ticket`'s turn (taken
+/// now when there is none).
+expected<void> same_host_sum(reducer_member& group, const tensor& data, bool average, std::uint64_t id,
+                             std::optional<std::uint64_t> ticket = std::nullopt) {
+  auto* ws = group.workspace();
+  return typed(data, [&](auto* base) {
+    return ws->allreduce(base, data.numel(), average, id, ticket ? *ticket : ws->take_ticket());
+  });
+}
+
 /// ring_allreduce with this call's place in the same-host order (taken
 /// when the call was made, see same_host_workspace.hpp "Order").
 expected<void> allreduce(reducer_member& group, const tensor& data, allreduce_options options,
@@ -227,19 +237,11 @@ expected<void> allreduce(reducer_member& group, const tensor& data, allreduce_op
     return ok;
   auto id = pick(group, options.context_id);
   const bool average = options.op == reduce_op::average;
-  if (auto* ws = group.workspace())
-    return typed(data, [&](auto* base) {
-      return ws->allreduce(base, data.numel(), average, id, ticket ? *ticket : ws->take_ticket());
-    });
+  if (group.workspace() != nullptr)
+    return same_host_sum(group, data, average, id, ticket);
   return finish(group, id, typed(data, [&](auto* base) {
                   return ring(group, base, data.numel(), id, true, true, average);
                 }));
-}
-
-/// The same-host allreduce of `data` in place, in its turn now.
-expected<void> same_host_sum(reducer_member& group, const tensor& data, bool average, std::uint64_t id) {
-  auto* ws = group.workspace();
-  return typed(data, [&](auto* base) { return ws->allreduce(base, data.numel(), average, id, ws->take_ticket()); });
 }
 
 } // namespace
