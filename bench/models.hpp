@@ -74,8 +74,8 @@ inline workload mlp_workload(std::uint64_t data_seed) {
 /// head), AdamW(lr 3e-3, weight decay 0.01), cross entropy from the logits;
 /// x token ids [16, 128] and y next-token targets [16, 128] drawn from
 /// `data_seed`.
-inline workload gpt_workload(std::uint64_t data_seed) {
-  const gpt_size& size = gpt_sizes[1];
+/// `size` picks another of gpt_sizes (gpt_wide: width 2560, AdamW lr 3e-4).
+inline workload gpt_workload(std::uint64_t data_seed, const gpt_size& size = gpt_sizes[1]) {
   const auto config = gpt_config_of(size);
   auto model = [config] { return std::static_pointer_cast<nn::sequential>(std::make_shared<nn::gpt>(config)); };
   auto loss = [](const autograd::variable& logits, const tensor& targets) {
@@ -89,17 +89,21 @@ inline workload gpt_workload(std::uint64_t data_seed) {
           size.batch, x, y};
 }
 
-/// `--model=mlp|gpt` (default mlp); anything else is reported, naming the
-/// option, and ends the program with 2.
-inline std::string model_option(int argc, char** argv) {
+/// `--model=mlp|gpt` (default mlp), and gpt_wide where `with_wide` (a GPU
+/// size: no PyTorch peer script knows it); anything else is reported, naming
+/// the option, and ends the program with 2.
+inline std::string model_option(int argc, char** argv, bool with_wide = false) {
   command_line flags(argc, argv);
-  auto model = flags.choice("model", "mlp", {"mlp", "gpt"});
+  auto model = with_wide ? flags.choice("model", "mlp", {"mlp", "gpt", "gpt_wide"})
+                         : flags.choice("model", "mlp", {"mlp", "gpt"});
   exit_on_bad_value(flags);
   return model;
 }
 
 /// model_option's workload; `data_seed` as above.
 inline workload workload_named(std::string_view model, std::uint64_t data_seed) {
+  if (model == "gpt_wide")
+    return gpt_workload(data_seed, gpt_sizes[2]);
   return model == "gpt" ? gpt_workload(data_seed) : mlp_workload(data_seed);
 }
 

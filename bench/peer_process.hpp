@@ -19,7 +19,11 @@ class peer_process {
 public:
   /// Starts `argv[0]` with `argv`; nullopt-like state (ok() false) when it
   /// cannot be started (for example python3-torch is not installed).
+  /// `argv[0]` is looked up on PATH. SIGPIPE is ignored from here on: a peer
+  /// that died is seen as a failed write or an EOF, not by killing the
+  /// benchmark (which would also lose its buffered report).
   explicit peer_process(const std::vector<std::string>& argv) {
+    std::signal(SIGPIPE, SIG_IGN);
     int to_child[2];
     int from_child[2];
     if (pipe(to_child) != 0)
@@ -39,7 +43,8 @@ public:
       for (const auto& a : argv)
         args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
-      execv(args[0], args.data());
+      execvp(args[0], args.data());
+      std::fprintf(stderr, "peer_process: cannot start '%s'\n", args[0]);
       _exit(127);
     }
     close(to_child[0]);

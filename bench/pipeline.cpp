@@ -10,7 +10,7 @@
 // stage's compute time / step time, from the stages' own counters) next to
 // GPipe's (p−1)/(m+p−1).
 //
-//   build/bench/pipeline [--json] [--model=mlp|gpt] [--steps=3] [--no-peers] [--processes=2] [--chunks=1,2]
+//   build/bench/pipeline [--json] [--model=mlp|gpt|gpt_wide] [--device=cpu|cuda:0] [--steps=3] [--no-peers] [--processes=2] [--chunks=1,2]
 //                        [--micro-batches=1,2,4,8] [--unequal-rows=48,104,104]
 //                        [--immediate-weight-gradients] [--no-idle-fill]
 //
@@ -43,6 +43,16 @@
 // pipeline. Its rows are the equal micro-batch splits only (unequal ones
 // with --unequal-rows, which must then add up to 16; no overlapped rows),
 // so that a run at the default --steps stays within about 3 minutes.
+//
+// --model=gpt_wide trains gpt_step's 473M-parameter GPT (width 2560; meant
+// for --device=cuda:0, where the `gpt` is launch-bound), with no peer.
+//
+// --device=cuda:0 puts every stage (and the one-process baseline) on the
+// GPU: the stages of one process share it and pass activations by
+// reference; with --processes=2 both processes use it and activations cross
+// through the host. No peer runs on a GPU (PyTorch 2's Pipe is gone), and
+// the stages' busy times, hence the bubble column, count the host's kernel
+// launches, not the kernels.
 #include <filesystem>
 #include <iostream>
 #include <numeric>
@@ -59,6 +69,7 @@
 #include "troupe/job.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
+#include "troupe/tensor/cuda.hpp"
 
 using namespace troupe;
 
@@ -80,7 +91,7 @@ int run_stage_process(int argc, char** argv) {
     std::printf("ERROR %s\n", started.error().message().c_str());
     return 1;
   }
-  parallel::register_stage_factory(**started, bench::workload_named(bench::model_option(argc, argv), data_seed).recipe);
+  parallel::register_stage_factory(**started, bench::workload_named(bench::model_option(argc, argv, true), data_seed).recipe);
   std::printf("READY\n");
   std::fflush(stdout);
   std::string line;
@@ -145,10 +156,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == "--stage-process")
     return run_stage_process(argc - 1, argv + 1);
   bench::check_flags("pipeline", argc, argv,
-                     {"model=", "steps=", "processes=", "chunks=", "micro-batches=", "unequal-rows=", "no-peers", "immediate-weight-gradients", "no-idle-fill"});
+                     {"model=", "device=", "steps=", "processes=", "chunks=", "micro-batches=", "unequal-rows=", "no-peers", "immediate-weight-gradients", "no-idle-fill"});
   bench::report out("pipeline", argc, argv);
-  const auto model_name = bench::model_option(argc, argv);
-  const bool gpt = model_name == "gpt";
+  const auto model_name = bench::model_option(argc, argv, /*with_wide=*/true);
+  const bool gpt = model_name != "mlp";
   const int steps = static_cast<int>(bench::int_option(argc, argv, "steps", 3, 1, 1000));
   const int processes = static_cast<int>(bench::int_option(argc, argv, "processes", 1, 1, 2));
   bool peers = true;
@@ -160,14 +171,30 @@ int main(int argc, char** argv) {
     defer_weight_gradients &= std::string_view(argv[i]) != "--immediate-weight-gradients";
   }
 
+  const auto device_name = bench::option(argc, argv, "device", "cpu");
+  if (device_name != "cpu" && device_name != "cuda:0") {
+    std::fprintf(stderr, "pipeline: --device: '%s' is not cpu or cuda:0\n", device_name.c_str());
+    return 2;
+  }
+  const auto where = device_name == "cpu" ? device::cpu() : device::cuda(0);
+  if (where != device::cpu() && cuda_device_count() == 0) {
+    out.note("no CUDA device ({}): nothing measured", cuda_unavailable_reason());
+    out.print();
+    return 0;
+  }
+  if (where != device::cpu() || model_name == "gpt_wide")
+    peers = false;
+
   const auto work = bench::workload_named(model_name, data_seed);
   const auto& recipe = work.recipe;
   const std::int64_t batch = work.batch;
-  const tensor& x = work.x;
-  const tensor& y = work.y;
+  // The driver's batch lives where the first stage does (the stage would move it otherwise).
+  const tensor x = work.x.to(where);
+  const tensor y = work.y.to(where);
 
   // troupe in one process, no pipeline.
   auto local_model = recipe.model();
+  local_model->to(where);
   auto local_optimizer = recipe.optimizer(local_model->named_parameters());
   auto local_step = [&] {
     local_optimizer->zero_grad();
@@ -240,8 +267,8 @@ int main(int argc, char** argv) {
       options.loss = recipe.loss;
     }
     for (std::size_t k = 0; k < c.chunks; ++k)
-      for (const char* place : {"worker0/cpu", c.remote ? "worker1/cpu" : "worker0/cpu"})
-        options.places.push_back(place);
+      for (const char* node : {"worker0", c.remote ? "worker1" : "worker0"})
+        options.places.push_back(fmt::format("{}/{}", node, device_name));
     options.split = parallel::even(options.places.size(), options.model->size());
     options.schedule = c.schedule;
     options.micro_batches = c.micro_batches;

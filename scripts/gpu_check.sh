@@ -38,7 +38,8 @@ fi
 
 # Every test binary with CUDA cases; each skips, naming why, what its machine lacks.
 tests=(tensor/tensor.cuda_backend_test autograd/autograd.cuda_training_test
-       parallel/parallel.nccl_communicator_test parallel/parallel.data_parallel_test)
+       parallel/parallel.cuda_pipeline_test parallel/parallel.nccl_communicator_test
+       parallel/parallel.data_parallel_test)
 status=0
 mkdir -p "$(dirname "$report")"
 {
@@ -71,15 +72,26 @@ for t in "${tests[@]}"; do
   echo "$(basename "$t"): exit $rc"
 done
 
-echo "## bench gpt_step --device=cuda:0" >>"$report"
-bench_out=$(timeout 1200 "$build/bench/gpt_step" --device=cuda:0 --models=char_lm,gpt,gpt_wide --rounds=3 --steps=5 \
-              --python="$python" --peer="$here/bench/peers/gpt_step_torch.py" 2>&1)
-rc=$?
-echo "$bench_out" >>"$report"
-echo "exit code $rc" >>"$report"
-if ((rc != 0)) || grep -q WRONG <<<"$bench_out"; then
-  status=1
-fi
-echo "$bench_out"
+# Runs a benchmark into the report; a failure or a WRONG correctness column fails the check.
+run_bench() {
+  local limit=$1
+  shift
+  echo "## bench ${*#"$build/bench/"}" >>"$report"
+  local out rc
+  out=$(timeout "$limit" "$@" 2>&1)
+  rc=$?
+  echo "$out" >>"$report"
+  echo "exit code $rc" >>"$report"
+  if ((rc != 0)) || grep -q WRONG <<<"$out"; then
+    status=1
+  fi
+  echo "$out"
+}
+
+run_bench 1200 "$build/bench/gpt_step" --device=cuda:0 --models=char_lm,gpt,gpt_wide --rounds=3 --steps=5 \
+  --python="$python" --peer="$here/bench/peers/gpt_step_torch.py"
+# Two pipeline stages on the GPU, in one process and in two, beside the
+# whole model trained on the same GPU in one process.
+run_bench 900 "$build/bench/pipeline" --model=gpt --device=cuda:0 --processes=2 --micro-batches=1,2,4,8 --steps=5
 echo "gpu_check.sh: report in $report ($([[ $status == 0 ]] && echo all passed || echo FAILURES))"
 exit $status

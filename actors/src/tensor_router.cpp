@@ -468,6 +468,11 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
   message.meta.destination = to.to_string();
   if (message.flow_id == 0)
     message.flow_id = trace::next_flow_id();
+  // Both planes carry host memory: a device tensor leaving the process is
+  // staged through the host here (before the lock: the copy waits for the
+  // device), and the receiving actor moves it onto its own place's device.
+  if (to.node != st.options.node_name && message.value.defined() && message.value.where().kind != device_kind::cpu)
+    message.value = message.value.to(device::cpu());
   std::unique_lock guard(st.mutex);
   if (trace::enabled()) {
     trace::message_sent(sender, trace::message_info(trace_kind(message.meta.kind),

@@ -258,6 +258,10 @@ expected<void> pipeline::state::start() {
       stage->index = i;
       stage->stages = p;
       stage->layers = options_.model->slice(options_.split.begin(i), options_.split.end(i));
+      // The slice shares the model's modules: after this, `model` holds
+      // each stage's layers on that stage's device.
+      stage->device = places_[i].device;
+      stage->layers->to(stage->device);
       stage->optimizer = options_.optimizer(stage->layers->named_parameters());
       stage->loss = options_.loss;
       stage->rematerialize = remat;

@@ -55,6 +55,8 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
         stage->index = spec->index;
         stage->stages = spec->stages;
         stage->layers = model->slice(spec->begin, spec->end);
+        stage->device = where.device;
+        stage->layers->to(stage->device);
         stage->optimizer = recipe.optimizer(stage->layers->named_parameters());
         stage->loss = recipe.loss;
         stage->rematerialize = spec->rematerialize;

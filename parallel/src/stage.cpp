@@ -163,6 +163,7 @@ public:
       registry_.release_context(step_);
       waiting_for_target_.clear();
       targets_.clear();
+      unread_losses_.clear();
       stash_bytes_.clear();
       stashed_ = 0;
     }
@@ -186,7 +187,11 @@ public:
   }
 
   /// A tensor arrived: evaluation runs at once, training work is queued.
-  void arrive(const actors::tensor_message& message) {
+  void arrive(actors::tensor_message message) {
+    // From the driver or a stage on another device (or from the host, when
+    // it crossed processes): onto this stage's device first.
+    if (message.value.defined() && message.value.where() != options_->device)
+      message.value = message.value.to(options_->device);
     const context_key key{message.meta.context_id, message.meta.micro_batch, 0};
     if (message.meta.kind == message_kind::forward_activation && key.context_id == 0) {
       evaluate(message);
@@ -375,13 +380,16 @@ private:
     const double weight =
         static_cast<double>(target.size(0)) / static_cast<double>(std::max<std::uint64_t>(batch_, 1));
     registry_.record_send(key, loss);
-    caf::anon_send(driver_, loss_atom::value, key.context_id, key.micro_batch, loss.item());
+    if (options_->device.kind == device_kind::cpu)
+      caf::anon_send(driver_, loss_atom::value, key.context_id, key.micro_batch, loss.item());
+    else // reading it would wait for the device: read the step's losses together, at its end
+      unread_losses_.emplace_back(key, loss.data());
     actors::tensor_message seed;
     seed.meta.kind = message_kind::backward_gradient;
     seed.meta.step = work.meta.step;
     seed.meta.micro_batch = key.micro_batch;
     seed.meta.context_id = key.context_id;
-    seed.value = tensor::full(loss.shape(), weight, loss.type());
+    seed.value = tensor::full(loss.shape(), weight, loss.type(), loss.data().where());
     queue_.push(std::move(seed));
   }
 
@@ -408,6 +416,7 @@ private:
     auto flush_after = [&] {
       if (!last_rows)
         return;
+      report_unread_losses();
       deferred_.flush();
       apply_update();
     };
@@ -443,6 +452,14 @@ private:
     options_->optimizer->step();
     options_->optimizer->zero_grad();
     caf::anon_send(driver_, applied_atom::value, static_cast<std::uint64_t>(options_->index), step_);
+  }
+
+  /// Sends the driver the losses kept on the device (one wait for the
+  /// device per step rather than one per micro-batch).
+  void report_unread_losses() {
+    for (auto& [key, value] : unread_losses_)
+      caf::anon_send(driver_, loss_atom::value, key.context_id, key.micro_batch, value.item());
+    unread_losses_.clear();
   }
 
   void evaluate(const actors::tensor_message& work) {
@@ -517,6 +534,8 @@ private:
   std::uint64_t batch_ = 0;
   std::map<context_key, actors::tensor_message> waiting_for_target_;
   std::map<context_key, tensor> targets_;
+  /// The last stage on a device: this step's losses, not yet read.
+  std::vector<std::pair<context_key, tensor>> unread_losses_;
   std::map<context_key, std::size_t> stash_bytes_;
   std::size_t stashed_ = 0;
   std::vector<actors::tensor_message> early_;

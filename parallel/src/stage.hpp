@@ -134,6 +134,10 @@ struct stage_options {
   /// The stage's layers (a slice sharing the model's modules).
   std::shared_ptr<nn::sequential> layers;
   std::unique_ptr<optim::optimizer> optimizer;
+  /// Where the stage's layers, optimizer state and activations live: its
+  /// place's device. The layers are moved there before the stage starts;
+  /// every tensor that arrives (activation, gradient, target) is moved there.
+  troupe::device device = troupe::device::cpu();
   /// Used by the last stage only.
   loss_function loss;
   bool rematerialize = false;

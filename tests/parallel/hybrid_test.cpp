@@ -167,20 +167,10 @@ TEST(HybridLayout, RefusesUnevenLayouts) {
 // ---- four processes -----------------------------------------------------------
 
 int run_child(int argc, char** argv) {
-  auto options = actors::node_options::from(argc, argv);
-  if (!options)
-    return 2;
-  auto started = actors::node::start(*options);
-  if (!started)
-    return 3;
-  register_stage_factory(**started, recipe());
-  std::printf("READY\n");
-  std::fflush(stdout);
-  char byte;
-  while (read(0, &byte, 1) > 0) {
-  }
-  (*started)->stop();
-  return 0;
+  return test::serve_as_child_node(argc, argv, [](actors::node& node) {
+    register_stage_factory(node, recipe());
+    return std::function<void()>{};
+  });
 }
 
 void start_four(cluster& c) {

@@ -111,32 +111,21 @@ bool is_server_child(int argc, char** argv) { return argc > 1 && std::string_vie
 /// TROUPE_TEST_PS_SHARDING say (2 trainers on worker0) until stdin closes;
 /// the shards save and load their checkpoint files from this process.
 int run_server_child(int argc, char** argv) {
-  auto options = actors::node_options::from(argc, argv);
-  if (!options)
-    return 2;
-  auto started = actors::node::start(*options);
-  if (!started) {
-    std::printf("START ERROR %s\n", started.error().message().c_str());
-    return 3;
-  }
   const char* shards = std::getenv("TROUPE_TEST_PS_SHARDS");
   const char* by = std::getenv("TROUPE_TEST_PS_SHARDING");
   if (shards == nullptr || by == nullptr)
     return 4;
   const ps_layout layout{static_cast<std::uint32_t>(std::stoul(shards)),
                          std::string_view(by) == "hashed" ? sharding::hashed : sharding::row_ranges};
-  auto server = parameter_server::host(**started, server_options(layout, tables(layout.by), 2, "worker1"));
-  if (!server) {
-    std::printf("HOST ERROR %s\n", server.error().message().c_str());
-    std::fflush(stdout);
-  }
-  char byte;
-  while (read(0, &byte, 1) > 0) {
-  }
-  if (server)
-    server->stop();
-  (*started)->stop();
-  return 0;
+  return test::serve_as_child_node(argc, argv, [&](actors::node& node) -> std::function<void()> {
+    auto server = parameter_server::host(node, server_options(layout, tables(layout.by), 2, "worker1"));
+    if (!server) {
+      std::printf("HOST ERROR %s\n", server.error().message().c_str());
+      return {};
+    }
+    auto hosted = std::make_shared<parameter_server>(std::move(*server));
+    return [hosted] { hosted->stop(); };
+  });
 }
 
 /// Where the shards run: in this process, or in a child process (worker1).

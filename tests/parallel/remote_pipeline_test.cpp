@@ -15,7 +15,7 @@
 
 #include <caf/all.hpp>
 
-#include "../actors/process_support.hpp"
+#include "ring_support.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/backward.hpp"
@@ -57,56 +57,17 @@ bool is_stage_child(int argc, char** argv) {
 
 /// worker1: a node with the stage factory, until stdin closes.
 int run_stage_child(int argc, char** argv) {
-  auto options = actors::node_options::from(argc, argv);
-  if (!options)
-    return 2;
-  auto started = actors::node::start(*options);
-  if (!started) {
-    std::printf("START ERROR %s\n", started.error().message().c_str());
-    return 3;
-  }
-  register_stage_factory(**started, recipe());
-  std::printf("READY\n");
-  std::fflush(stdout);
-  char byte;
-  while (read(0, &byte, 1) > 0) {
-  }
-  (*started)->stop();
-  return 0;
+  return troupe::test::serve_as_child_node(argc, argv, [](actors::node& node) {
+    register_stage_factory(node, recipe());
+    return std::function<void()>{};
+  });
 }
 
-struct cluster {
-  std::unique_ptr<actors::node> coordinator;
-  child_process worker;
-
-  ~cluster() {
-    worker.close_stdin();
-    (void)worker.exited(10s);
-    worker.kill_and_reap();
-    if (coordinator)
-      coordinator->stop();
-  }
-};
-
-void start_cluster(cluster& c) {
-  actors::node_options options;
-  options.name = "worker0";
-  options.world_size = 2;
-  options.listen_address = "127.0.0.1";
-  auto started = actors::node::start(options);
-  ASSERT_TRUE(started) << started.error().message();
-  c.coordinator = std::move(*started);
+/// worker0 here with the stage factory, worker1 a child process.
+void start_cluster(troupe::test::cluster& c) {
+  ASSERT_NO_FATAL_FAILURE(troupe::test::start_cluster(c, 2, "--stage-child"));
   register_stage_factory(*c.coordinator, recipe());
-  std::vector<std::string> args{
-    "--stage-child", "--troupe.coordinator=127.0.0.1:" + std::to_string(c.coordinator->port()),
-    "--troupe.rank=1", "--troupe.world-size=2", "--troupe.listen-address=127.0.0.1",
-    "--troupe.name=worker1"};
-  c.worker = child_process::start(
-    child_process::self_path(), args,
-    {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=", "TROUPE_NODE_NAME=",
-     "OPENBLAS_NUM_THREADS=1"});
-  ASSERT_TRUE(c.worker.wait_for("READY", 15s)) << c.worker.output();
-  ASSERT_TRUE(c.coordinator->wait_for_nodes(2, 10s));
+  ASSERT_TRUE(c.workers[0].wait_for("READY", 15s)) << c.workers[0].output();
 }
 
 struct batch {
@@ -166,7 +127,7 @@ class RemotePipeline : public ::testing::TestWithParam<remote_case> {};
 
 TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
   const auto& c = GetParam();
-  cluster cl;
+  troupe::test::cluster cl;
   ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
   auto options = pipeline_options_from(recipe());
   options.places = c.places;
@@ -177,7 +138,7 @@ TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
   options.timeout = 20s;
   auto split = options.split;
   auto pipe = pipeline::create(*cl.coordinator, std::move(options));
-  ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message() << "\n" << cl.worker.output();
+  ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message() << "\n" << cl.workers[0].output();
 
   auto reference = make_mlp();
   optim::sgd reference_opt(reference->named_parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -189,7 +150,7 @@ TEST_P(RemotePipeline, SameLossesAndParametersAsOneProcess) {
     reference_opt.step();
     reference_opt.zero_grad();
     auto got = pipe->train_step(b.inputs, b.targets);
-    ASSERT_TRUE(got.has_value()) << got.error_value().message() << "\n" << cl.worker.output();
+    ASSERT_TRUE(got.has_value()) << got.error_value().message() << "\n" << cl.workers[0].output();
     EXPECT_NEAR(*got, loss.item(), 1e-12) << "step " << step;
   }
   // Parameters stay in their processes; compare digests per stage.
@@ -220,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(
 /// Kills the second stage's process while steps run: the step in flight (or
 /// the next) fails within the timeout, naming the stage.
 void killed_stage_process_is_reported(bool overlap_update) {
-  cluster cl;
+  troupe::test::cluster cl;
   ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
   auto options = pipeline_options_from(recipe());
   options.places = {"worker0/cpu", "worker1/cpu"};
@@ -234,7 +195,7 @@ void killed_stage_process_is_reported(bool overlap_update) {
   // Kill worker1 while steps run; the step in flight (or the next) fails.
   std::thread killer([&] {
     std::this_thread::sleep_for(30ms);
-    cl.worker.signal(SIGKILL);
+    cl.workers[0].signal(SIGKILL);
   });
   auto started = std::chrono::steady_clock::now();
   expected<double> loss = 0.0;
@@ -259,7 +220,7 @@ TEST(RemotePipelineFailure, KilledStageProcessIsReportedWhileUpdatesOverlapTheNe
 }
 
 TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {
-  cluster cl;
+  troupe::test::cluster cl;
   ASSERT_NO_FATAL_FAILURE(start_cluster(cl));
   auto options = pipeline_options_from(recipe());
   options.places = {"worker0/cpu", "worker1/cpu"};
@@ -269,13 +230,13 @@ TEST(RemotePipelineFailure, HungStageProcessIsATimeoutNotAHang) {
   ASSERT_TRUE(pipe.has_value()) << pipe.error_value().message();
   auto b = make_batch(0);
   ASSERT_TRUE(pipe->train_step(b.inputs, b.targets).has_value());
-  cl.worker.signal(SIGSTOP); // alive but silent: no down message, only the timeout
+  cl.workers[0].signal(SIGSTOP); // alive but silent: no down message, only the timeout
   struct kill_at_exit {
     child_process& worker;
     ~kill_at_exit() { worker.signal(SIGKILL); }
-  } guard{cl.worker};
+  } guard{cl.workers[0]};
   // kill() returns before every thread has stopped: wait until they have.
-  ASSERT_TRUE(all_threads_stopped(cl.worker.pid(), 5s)) << "worker1 did not stop";
+  ASSERT_TRUE(all_threads_stopped(cl.workers[0].pid(), 5s)) << "worker1 did not stop";
   auto started = std::chrono::steady_clock::now();
   auto loss = pipe->train_step(b.inputs, b.targets);
   auto elapsed = std::chrono::steady_clock::now() - started;

@@ -4,11 +4,15 @@
 // child processes (this test binary re-executed as the other nodes).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "../actors/process_support.hpp"
 #include "troupe/actors/node.hpp"
@@ -118,9 +122,36 @@ inline void start_cluster(cluster& c, std::uint32_t n, const char* mode) {
                                   "--troupe.listen-address=127.0.0.1", "--troupe.name=worker" + std::to_string(k)};
     c.workers.push_back(child_process::start(child_process::self_path(), args,
                                              {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=",
-                                              "TROUPE_NODE_NAME="}));
+                                              "TROUPE_NODE_NAME=", "OPENBLAS_NUM_THREADS=1"}));
   }
   ASSERT_TRUE(c.coordinator->wait_for_nodes(n, 15s));
+}
+
+/// The child side of start_cluster: starts the node its --troupe.* flags
+/// describe, runs `setup` on it (factories, hosted tables), prints READY and
+/// serves until its stdin closes; then runs what `setup` returned (may be
+/// empty) and stops the node. Exit code 2: bad flags; 3: the node did not
+/// start ("START ERROR <why>" on stdout); else 0.
+inline int serve_as_child_node(int argc, char** argv,
+                               const std::function<std::function<void()>(actors::node&)>& setup) {
+  auto options = actors::node_options::from(argc, argv);
+  if (!options)
+    return 2;
+  auto started = actors::node::start(*options);
+  if (!started) {
+    std::printf("START ERROR %s\n", started.error().message().c_str());
+    return 3;
+  }
+  auto before_stop = setup(**started);
+  std::printf("READY\n");
+  std::fflush(stdout);
+  char byte;
+  while (read(0, &byte, 1) > 0) {
+  }
+  if (before_stop)
+    before_stop();
+  (*started)->stop();
+  return 0;
 }
 
 } // namespace troupe::test
