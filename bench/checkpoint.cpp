@@ -3,7 +3,8 @@
 // Adam's state (twice as much again) saves and loads its checkpoint
 // (parallel::checkpoints: each stage writes its own shard, in parallel, and
 // rank 0 commits), beside the disk's own rate measured in the same run (one
-// file of the same size written with fsync, then read back) and beside
+// file of the same size written with fsync, then read back, right before
+// and after each round's saves; the mean of the two) and beside
 // torch.save / torch.load of the same state in one process
 // (bench/peers/checkpoint_torch.py). For the asynchronous save: how long
 // save() blocks the training loop against a synchronous save.
@@ -169,8 +170,16 @@ int parent(int argc, char** argv) {
     std::int64_t at = 0;
     std::vector<double> save_s, load_s, block_s, async_total_s, disk_write_s, disk_read_s, torch_save_s,
       torch_load_s;
-    std::uint64_t bytes = 0;
+    // An untimed save first: the checkpoint's size, for the disk's rate
+    // before the first timed save.
+    if (auto ok = sync.save(++at); !ok)
+      throw std::runtime_error(ok.error().message());
+    std::uint64_t bytes = checkpoint_bytes(checkpoint_path(s.dir, static_cast<std::uint64_t>(at)));
     for (std::int64_t r = 0; r < s.rounds; ++r) {
+      // The disk's write rate right before and right after the save (a VM's
+      // disk drifts by tens of percent within minutes): the mean of the two
+      // is the save's baseline.
+      const auto [write_before, read_before] = disk_rate(s.dir, bytes);
       double t = bench::now_seconds();
       if (auto ok = sync.save(++at); !ok)
         throw std::runtime_error(ok.error().message());
@@ -192,8 +201,8 @@ int parent(int argc, char** argv) {
       async_total_s.push_back(bench::now_seconds() - t);
 
       auto [w, rd] = disk_rate(s.dir, bytes);
-      disk_write_s.push_back(w);
-      disk_read_s.push_back(rd);
+      disk_write_s.push_back((write_before + w) / 2);
+      disk_read_s.push_back((read_before + rd) / 2);
       if (!no_peers)
         if (auto peer = torch_peer(s, out)) {
           torch_save_s.push_back(peer->first);

@@ -35,6 +35,14 @@ public:
   /// Bytes written so far.
   std::uint64_t position() const noexcept { return position_; }
 
+  /// Written bytes are handed to the disk (writeback started, not waited
+  /// for) every this many bytes, so the disk writes while the rest is still
+  /// being produced and the closing fsync finds little left to do; without
+  /// it the kernel starts writeback only once the dirty pages pass its
+  /// threshold (a tenth of memory), and a slower producer leaves the disk
+  /// idle until the fsync.
+  static constexpr std::uint64_t writeback_every = std::uint64_t{8} << 20;
+
 private:
   /// Writes `bytes`; the checksum is the caller's business.
   expected<void> write_unchecked(std::span<const std::byte> bytes);
@@ -43,6 +51,7 @@ private:
   const std::filesystem::path& path_;
   std::uint32_t crc_ = 0;
   std::uint64_t position_ = 0;
+  std::uint64_t handed_to_disk_ = 0; ///< bytes before this offset are under writeback
 };
 
 /// Creates `path` atomically: `produce` writes the bytes to `path.tmp`,
