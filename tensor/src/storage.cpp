@@ -12,16 +12,21 @@ std::shared_ptr<storage> storage::allocate(std::size_t bytes, device where) {
   auto& allocator = host_allocator::instance();
   void* data = allocator.allocate(bytes);
   return std::shared_ptr<storage>(
-      new storage(data, bytes, where, [bytes](void* p) { host_allocator::instance().deallocate(p, bytes); }));
+      new storage(data, bytes, where, [bytes](void* p) { host_allocator::instance().deallocate(p, bytes); }, nullptr));
 }
 
 std::shared_ptr<storage> storage::wrap(void* data, std::size_t bytes, device where,
                                        deleter_type deleter) {
-  return std::shared_ptr<storage>(new storage(data, bytes, where, std::move(deleter)));
+  return std::shared_ptr<storage>(new storage(data, bytes, where, std::move(deleter), nullptr));
 }
 
-storage::storage(void* data, std::size_t bytes, device where, deleter_type deleter)
-    : data_(data), bytes_(bytes), device_(where), deleter_(std::move(deleter)) {}
+std::shared_ptr<storage> storage::wrap(void* data, std::size_t bytes, device where, deleter_type deleter,
+                                       void* backend_state) {
+  return std::shared_ptr<storage>(new storage(data, bytes, where, std::move(deleter), backend_state));
+}
+
+storage::storage(void* data, std::size_t bytes, device where, deleter_type deleter, void* backend_state)
+    : data_(data), bytes_(bytes), device_(where), deleter_(std::move(deleter)), backend_state_(backend_state) {}
 
 storage::~storage() {
   if (deleter_)

@@ -7,6 +7,8 @@
 // cuda tensor where there is none is a usage_error that names the device —
 // never a crash or a silently wrong result.
 #include <cstring>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "test_util.hpp"
@@ -437,6 +439,95 @@ TEST_F(CudaBackend, MixingDevicesIsAUsageError) {
   } catch (const usage_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("to(device)"));
   }
+}
+
+// -- threads ---------------------------------------------------------------------------
+//
+// Each thread queues its work on a stream of its own; a tensor handed to
+// another thread carries its last user's stream, which the next user waits
+// for, and is freed on it. A long GEMM chain keeps one stream busy for
+// milliseconds, so a missing wait reads unfinished or reused memory.
+
+constexpr std::int64_t busy_width = 2048;
+constexpr int busy_rounds = 30;
+
+/// `x` times the averaging matrix, `rounds` times: every row becomes its
+/// mean (the averaging matrix is idempotent), after milliseconds of GEMMs.
+tensor averaged_slowly(const tensor& x, const tensor& averaging) {
+  auto y = x;
+  for (int i = 0; i < busy_rounds; ++i)
+    y = matmul(y, averaging);
+  return y;
+}
+
+struct busy_operands {
+  tensor x_cpu = sample({busy_width, busy_width}, 5, dtype::float32);
+  tensor averaging_cpu = tensor::full({busy_width, busy_width}, 1.0 / busy_width, dtype::float32);
+  tensor x = x_cpu.to(gpu);
+  tensor averaging = averaging_cpu.to(gpu);
+  /// What `mul(averaged_slowly(x), 2)` must give.
+  tensor doubled_row_means() const { return mul(matmul(x_cpu, averaging_cpu), 2.0); }
+};
+
+TEST_F(CudaBackend, ATensorHandedToAnotherThreadCarriesItsWrites) {
+  busy_operands in;
+  std::promise<tensor> handed;
+  auto arriving = handed.get_future();
+  tensor doubled;
+  std::thread consumer([&] { doubled = mul(arriving.get(), 2.0).to(device::cpu()); });
+  std::thread producer([&] {
+    // Handed on while its GEMMs are still queued: no synchronisation here.
+    handed.set_value(averaged_slowly(in.x, in.averaging));
+  });
+  producer.join();
+  consumer.join();
+  expect_close(doubled, in.doubled_row_means(), 1e-4);
+}
+
+TEST_F(CudaBackend, MemoryFreedByOneThreadOutlivesAnotherThreadsRead) {
+  busy_operands in;
+  auto owned = matmul(in.x, in.averaging);
+  std::promise<tensor> handed;
+  std::promise<void> read_queued;
+  tensor doubled;
+  std::thread reader([&, arriving = handed.get_future()]() mutable {
+    auto y = arriving.get();
+    auto busy = averaged_slowly(in.x, in.averaging); // the reader's stream is busy...
+    auto z = mul(y, 2.0);                             // ...so this read of y is queued behind it
+    y = tensor();
+    read_queued.set_value();
+    doubled = z.to(device::cpu());
+  });
+  handed.set_value(owned);
+  read_queued.get_future().wait();
+  // The last reference goes here, while the reader's read may still be
+  // queued: the block must not return to the pool before it runs. Blocks of
+  // the same size, written at once, would take it.
+  owned = tensor();
+  std::vector<tensor> scribbles;
+  for (int i = 0; i < 4; ++i)
+    scribbles.push_back(tensor::full({busy_width, busy_width}, -7.0, dtype::float32, gpu));
+  reader.join();
+  expect_close(doubled, in.doubled_row_means(), 1e-4);
+}
+
+TEST_F(CudaBackend, CopiesToTheDeviceKeepTheBytesOfTheMomentTheyWereMade) {
+  // Small copies return before their DMA has run (staged through pinned
+  // slots); the host tensor is rewritten at once, and more copies than
+  // slots are made while the stream is still busy.
+  busy_operands in;
+  auto busy = averaged_slowly(in.x, in.averaging);
+  auto host = tensor::zeros({64, 64}, dtype::float32);
+  std::vector<tensor> copies;
+  for (int i = 0; i < 10; ++i) {
+    host.fill(i);
+    copies.push_back(host.to(gpu));
+  }
+  host.fill(-1.0);
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(values(copies[static_cast<std::size_t>(i)]), values(tensor::full({64, 64}, i, dtype::float32)))
+      << "copy " << i;
+  expect_close(mul(busy, 2.0).to(device::cpu()), in.doubled_row_means(), 1e-4);
 }
 
 // -- without a device ------------------------------------------------------------------

@@ -152,10 +152,11 @@ struct nccl_communicator::impl {
     return false;
   }
 
-  /// Runs one collective: waits for the tensor backend's work on the
-  /// device, enqueues `call_nccl()` on the communicator's stream, and waits
-  /// (bounded) until the stream has run it.
-  template <class Enqueue> expected<void> run(const char* call, Enqueue&& call_nccl) {
+  /// Runs one collective: waits for the tensor backend's work on `input`
+  /// (queued by any thread) and for the calling thread's (which allocated
+  /// the output), enqueues `call_nccl()` on the communicator's stream, and
+  /// waits (bounded) until the stream has run it.
+  template <class Enqueue> expected<void> run(const char* call, const tensor& input, Enqueue&& call_nccl) {
     if (aborted)
       return make_error(errc::io_error, "nccl_communicator: {} on {}: the communicator was aborted after an "
                                         "earlier failure", call, who());
@@ -163,7 +164,8 @@ struct nccl_communicator::impl {
     if (!guard.ok())
       return make_error(errc::io_error, "nccl_communicator: {} on {}: cannot make the device current", call, who());
     try {
-      cuda_synchronize(where); // the inputs are written
+      cuda_synchronize(input);
+      cuda_synchronize(where);
     } catch (const std::exception& e) {
       return make_error(errc::io_error, "nccl_communicator: {} on {}: {}", call, who(), e.what());
     }
@@ -306,7 +308,7 @@ expected<void> nccl_communicator::allreduce(const tensor& data, reduce_op op) {
   auto type = impl_->check(data, "allreduce");
   if (!type)
     return type.error();
-  return impl_->run("ncclAllReduce", [&] {
+  return impl_->run("ncclAllReduce", data, [&] {
     return ncclAllReduce(data.raw_data(), data.raw_data(), static_cast<std::size_t>(data.numel()), *type,
                          nccl_op_of(op), impl_->comm, impl_->stream.get());
   });
@@ -324,7 +326,7 @@ expected<tensor> nccl_communicator::reduce_scatter(const tensor& input, reduce_o
   auto out = impl_->allocate(input.numel() / n, input.type(), "reduce_scatter");
   if (!out)
     return out.error();
-  auto ok = impl_->run("ncclReduceScatter", [&] {
+  auto ok = impl_->run("ncclReduceScatter", input, [&] {
     return ncclReduceScatter(input.raw_data(), out->raw_data(), static_cast<std::size_t>(out->numel()), *type,
                              nccl_op_of(op), impl_->comm, impl_->stream.get());
   });
@@ -340,7 +342,7 @@ expected<tensor> nccl_communicator::all_gather(const tensor& mine) {
   auto out = impl_->allocate(mine.numel() * static_cast<std::int64_t>(impl_->size), mine.type(), "all_gather");
   if (!out)
     return out.error();
-  auto ok = impl_->run("ncclAllGather", [&] {
+  auto ok = impl_->run("ncclAllGather", mine, [&] {
     return ncclAllGather(mine.raw_data(), out->raw_data(), static_cast<std::size_t>(mine.numel()), *type,
                          impl_->comm, impl_->stream.get());
   });
@@ -356,7 +358,7 @@ expected<void> nccl_communicator::broadcast(const tensor& data, std::uint32_t ro
   if (root >= impl_->size)
     return make_error(errc::invalid_argument, "nccl_communicator: broadcast: root {} is outside the group of {}",
                       root, impl_->size);
-  return impl_->run("ncclBroadcast", [&] {
+  return impl_->run("ncclBroadcast", data, [&] {
     return ncclBroadcast(data.raw_data(), data.raw_data(), static_cast<std::size_t>(data.numel()), *type,
                          static_cast<int>(root), impl_->comm, impl_->stream.get());
   });

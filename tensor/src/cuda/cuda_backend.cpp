@@ -4,6 +4,7 @@
 // (tests/tensor/cuda_backend_test.cpp) checks each against the CPU.
 #include "cuda_backend.hpp"
 
+#include <algorithm>
 #include <array>
 #include <climits>
 
@@ -108,12 +109,60 @@ conv_shape shape_of(const conv_geometry& g) {
   return {g.channels, g.height, g.width, g.kernel_h, g.kernel_w, g.stride, g.padding, g.out_h, g.out_w};
 }
 
-/// The context of out's device, made current for the guard's lifetime.
-struct on_device {
-  device_context& context;
-  device_guard guard;
-  on_device(const tensor& t, const char* op) : context(context_for(t.where(), op)), guard(context.ordinal) {}
-  cudaStream_t stream() const { return context.stream.get(); }
+/// The memory behind `t` when the CUDA backend allocated it, else nullptr
+/// (foreign memory is not tracked: it is used in the caller's order).
+device_memory* tracked_memory(const tensor& t) {
+  if (!t.defined() || t.where().kind != device_kind::cuda)
+    return nullptr;
+  return static_cast<device_memory*>(t.memory()->backend_state());
+}
+
+/// One op on out's device: the device made current, the calling thread's
+/// stream, and every operand's memory ordered before the op (its last user
+/// waited for) and after it (cuda_context.hpp's thread model). Lists every
+/// tensor the op reads or writes; undefined ones are skipped.
+class on_device {
+public:
+  template <class... Operands>
+  on_device(const char* op, const tensor& out, const Operands&... operands)
+      : context_(context_for(out.where(), op)), guard_(context_.ordinal()), queue_(context_.this_thread()) {
+    track(out);
+    (track(operands), ...);
+    for (std::size_t i = 0; i < count_; ++i)
+      memory_[i]->before_use(stream());
+  }
+
+  ~on_device() {
+    // A failed event call here means the device is lost; the next op
+    // reports it, and a destructor must not throw.
+    try {
+      for (std::size_t i = 0; i < count_; ++i)
+        memory_[i]->after_use(stream());
+    } catch (...) {
+    }
+  }
+
+  on_device(const on_device&) = delete;
+  on_device& operator=(const on_device&) = delete;
+
+  execution_stream& queue() const { return queue_; }
+  cudaStream_t stream() const { return queue_.stream.get(); }
+  void synchronize() const { queue_.stream.synchronize(); }
+
+private:
+  void track(const tensor& t) {
+    auto* memory = tracked_memory(t);
+    if (memory == nullptr || std::find(memory_.begin(), memory_.begin() + count_, memory) != memory_.begin() + count_)
+      return;
+    require(count_ < memory_.size(), "cuda backend: an op with more than {} operands", memory_.size());
+    memory_[count_++] = memory;
+  }
+
+  device_context& context_;
+  device_guard guard_;
+  execution_stream& queue_;
+  std::array<device_memory*, 8> memory_{};
+  std::size_t count_ = 0;
 };
 
 // -- GEMM -------------------------------------------------------------------------------
@@ -169,11 +218,10 @@ int blas_int(std::int64_t value, const char* what) {
 /// out[i] = alpha a[i] x b[i] + beta out[i] for `count` row-major [m, n]
 /// matrices of `out` (leading dimension ldc, `stride_c` apart), in one
 /// cuBLAS call on out's device (C^T = B^T A^T, see above).
-void strided_gemm(device_context& context, const blas_operand& a, const blas_operand& b, tensor& out,
+void strided_gemm(execution_stream& queue, const blas_operand& a, const blas_operand& b, tensor& out,
                   std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t ldc, long long stride_c,
                   std::int64_t count, double alpha, double beta) {
-  std::lock_guard lock(context.blas_mutex);
-  auto handle = context.blas.get();
+  auto handle = queue.blas.get();
   const int cm = blas_int(n, "dimension");
   const int cn = blas_int(m, "dimension");
   const int ck = blas_int(k, "dimension");
@@ -206,16 +254,17 @@ public:
     auto& context = context_for(where, "storage::allocate");
     auto memory = std::make_shared<device_memory>(bytes, context);
     void* data = memory->data();
-    return storage::wrap(data, bytes, where, [memory](void*) mutable { memory.reset(); });
+    void* state = memory.get();
+    return storage::wrap(data, bytes, where, [memory](void*) mutable { memory.reset(); }, state);
   }
 
   void fill(tensor& out, double value) override {
-    on_device d(out, "fill");
+    on_device d("fill", out);
     launch_fill(space_of("fill", out, out.is_contiguous()), operand_of(out), value, d.stream());
   }
 
   void copy(const tensor& source, tensor& out) override {
-    on_device d(out, "copy_from");
+    on_device d("copy_from", out, source);
     launch_copy(space_of("copy_from", out, out.is_contiguous() && source.is_contiguous()), operand_of(out),
                 operand_of(source), d.stream());
   }
@@ -225,57 +274,53 @@ public:
     const auto from = source.where();
     const auto to = out.where();
     if (from.kind == device_kind::cpu) {
-      // Synchronous: the caller may free the host memory when we return.
-      on_device d(out, "to");
-      TROUPE_CUDA_CHECK(
-        cudaMemcpyAsync(out.raw_data(), source.raw_data(), bytes, cudaMemcpyHostToDevice, d.stream()));
-      d.context.stream.synchronize();
+      // The caller may free the host memory when we return: small copies
+      // are staged through pinned memory at once, larger ones wait.
+      on_device d("to", out);
+      if (d.queue().staging.copy_to_device(out.raw_data(), source.raw_data(), bytes, d.stream()))
+        return;
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), source.raw_data(), bytes, cudaMemcpyHostToDevice, d.stream()));
+      d.synchronize();
       return;
     }
     if (to.kind == device_kind::cpu) {
-      // In stream order after the kernels that wrote `source`.
-      on_device d(source, "to");
-      TROUPE_CUDA_CHECK(
-        cudaMemcpyAsync(out.raw_data(), source.raw_data(), bytes, cudaMemcpyDeviceToHost, d.stream()));
-      d.context.stream.synchronize();
+      // In stream order after the kernels, of any thread, that wrote `source`.
+      on_device d("to", source);
+      TROUPE_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), source.raw_data(), bytes, cudaMemcpyDeviceToHost, d.stream()));
+      d.synchronize();
       return;
     }
     // Device to device: the source's work must be done, the copy then runs
     // in the destination's stream order.
-    auto& source_context = context_for(from, "to");
-    {
-      device_guard guard(source_context.ordinal);
-      source_context.stream.synchronize();
-    }
-    on_device d(out, "to");
-    TROUPE_CUDA_CHECK(
-      cudaMemcpyPeerAsync(out.raw_data(), to.index, source.raw_data(), from.index, bytes, d.stream()));
-    d.context.stream.synchronize();
+    cuda_synchronize(source);
+    on_device d("to", out);
+    TROUPE_CUDA_CHECK(cudaMemcpyPeerAsync(out.raw_data(), to.index, source.raw_data(), from.index, bytes, d.stream()));
+    d.synchronize();
   }
 
   // -- elementwise --------------------------------------------------------------------
 
   void unary(unary_op op, const tensor& a, double scalar, tensor& out) override {
-    on_device d(out, "unary");
+    on_device d("unary", out, a);
     launch_unary(static_cast<unary_kernel>(op), space_of("unary", out, a.is_contiguous() && out.is_contiguous()),
                  operand_of(out), operand_of(a), scalar, d.stream());
   }
 
   void binary(binary_op op, const tensor& a, const tensor& b, tensor& out) override {
-    on_device d(out, "binary");
+    on_device d("binary", out, a, b);
     const bool contiguous = a.is_contiguous() && b.is_contiguous() && out.is_contiguous();
     launch_binary(static_cast<binary_kernel>(op), space_of("binary", out, contiguous), operand_of(out),
                   operand_of(a), operand_of(b), d.stream());
   }
 
   void axpy(tensor& a, const tensor& b, double alpha) override {
-    on_device d(a, "add_");
+    on_device d("add_", a, b);
     launch_axpy(space_of("add_", a, a.is_contiguous() && b.is_contiguous()), operand_of(a), operand_of(b),
                 alpha, d.stream());
   }
 
   void where(const tensor& cond, const tensor& a, const tensor& b, tensor& out) override {
-    on_device d(out, "where");
+    on_device d("where", out, cond, a, b);
     const bool contiguous = cond.is_contiguous() && a.is_contiguous() && b.is_contiguous() && out.is_contiguous();
     launch_where(space_of("where", out, contiguous), operand_of(out), operand_of(cond), operand_of(a),
                  operand_of(b), d.stream());
@@ -306,8 +351,8 @@ public:
     }
     auto pa = present(a);
     auto pb = present(b);
-    on_device d(out, "matmul");
-    strided_gemm(d.context, pa, pb, out, m, n, k, ldc, 0, 1, alpha, beta);
+    on_device d("matmul", out, pa.data, pb.data);
+    strided_gemm(d.queue(), pa, pb, out, m, n, k, ldc, 0, 1, alpha, beta);
   }
 
   void bmm(const tensor& a, const tensor& b, tensor& out) override {
@@ -326,26 +371,26 @@ public:
     }
     auto pa = present_batched(a);
     auto pb = present_batched(b);
-    on_device d(out, "bmm");
-    strided_gemm(d.context, pa, pb, out, m, n, k, ldc, out.strides()[0], batch, 1.0, 0.0);
+    on_device d("bmm", out, pa.data, pb.data);
+    strided_gemm(d.queue(), pa, pb, out, m, n, k, ldc, out.strides()[0], batch, 1.0, 0.0);
   }
 
   // -- reductions ------------------------------------------------------------------------
 
   void reduce_rows(reduce_op op, const tensor& a, tensor& values, tensor& indices) override {
-    on_device d(values, "reduce_rows");
+    on_device d("reduce_rows", values, a, indices);
     launch_reduce_rows(op == reduce_op::max, element_of(a), a.raw_data(), a.size(0), a.size(1), a.strides()[0],
                        a.strides()[1], values.raw_data(),
                        indices.defined() ? static_cast<std::int64_t*>(indices.raw_data()) : nullptr, d.stream());
   }
 
   void softmax(const tensor& a, bool log, tensor& out) override {
-    on_device d(out, "softmax");
+    on_device d("softmax", out, a);
     launch_softmax(element_of(a), a.raw_data(), a.size(0), a.size(1), log, out.raw_data(), d.stream());
   }
 
   void softmax_backward(const tensor& grad, const tensor& output, bool log, tensor& out) override {
-    on_device d(out, "softmax_backward");
+    on_device d("softmax_backward", out, grad, output);
     launch_softmax_backward(element_of(grad), grad.raw_data(), output.raw_data(), grad.size(0), grad.size(1), log,
                             out.raw_data(), d.stream());
   }
@@ -353,7 +398,7 @@ public:
   // -- indexing --------------------------------------------------------------------------
 
   void index_select(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {
-    on_device d(out, "index_select");
+    on_device d("index_select", out, a, index);
     launch_indexed_read(space_of("index_select", out, false), operand_of(out), operand_of(a),
                         static_cast<const std::int64_t*>(index.raw_data()), along(dim, index).data(),
                         static_cast<int>(dim),
@@ -361,14 +406,14 @@ public:
   }
 
   void gather(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {
-    on_device d(out, "gather");
+    on_device d("gather", out, a, index);
     launch_indexed_read(space_of("gather", out, false), operand_of(out), operand_of(a),
                         static_cast<const std::int64_t*>(index.raw_data()), operand_of(index).strides,
                         static_cast<int>(dim), a.strides()[static_cast<std::size_t>(dim)], d.stream());
   }
 
   void scatter_add_(tensor& out, std::int64_t dim, const tensor& index, const tensor& src) override {
-    on_device d(out, "scatter_add");
+    on_device d("scatter_add", out, index, src);
     auto lines = collapsed(space_of("scatter_add", index, false), dim);
     launch_indexed_accumulate(lines, index.size(dim), operand_of(out), operand_of(src),
                               static_cast<const std::int64_t*>(index.raw_data()), operand_of(index).strides,
@@ -376,7 +421,7 @@ public:
   }
 
   void index_add_(tensor& a, std::int64_t dim, const tensor& index, const tensor& src) override {
-    on_device d(a, "index_add_");
+    on_device d("index_add_", a, index, src);
     auto lines = collapsed(space_of("index_add_", src, false), dim);
     launch_indexed_accumulate(lines, src.size(dim), operand_of(a), operand_of(src),
                               static_cast<const std::int64_t*>(index.raw_data()), along(dim, index).data(),
@@ -385,7 +430,7 @@ public:
 
   void embedding_bag(const tensor& weight, const tensor& indices, const tensor& offsets, bool mean,
                      tensor& out) override {
-    on_device d(out, "embedding_bag");
+    on_device d("embedding_bag", out, weight, indices, offsets);
     launch_embedding_bag(element_of(weight), weight.raw_data(), static_cast<const std::int64_t*>(indices.raw_data()),
                          indices.numel(), static_cast<const std::int64_t*>(offsets.raw_data()), offsets.numel(),
                          weight.size(1), mean, out.raw_data(), d.stream());
@@ -393,7 +438,7 @@ public:
 
   void embedding_bag_backward(const tensor& grad, const tensor& indices, const tensor& offsets, bool mean,
                               tensor& grad_weight) override {
-    on_device d(grad_weight, "embedding_bag_backward");
+    on_device d("embedding_bag_backward", grad_weight, grad, indices, offsets);
     launch_embedding_bag_backward(element_of(grad), grad.raw_data(),
                                   static_cast<const std::int64_t*>(indices.raw_data()), indices.numel(),
                                   static_cast<const std::int64_t*>(offsets.raw_data()), offsets.numel(),
@@ -403,26 +448,26 @@ public:
   // -- convolution, pooling, normalisation -------------------------------------------------
 
   void im2col(const tensor& image, const conv_geometry& g, tensor& cols) override {
-    on_device d(cols, "im2col (conv2d)");
+    on_device d("im2col (conv2d)", cols, image);
     launch_im2col(element_of(image), image.raw_data(), image.strides().data(), shape_of(g), cols.raw_data(),
                   d.stream());
   }
 
   void col2im(const tensor& cols, const conv_geometry& g, tensor& image) override {
-    on_device d(image, "col2im (conv2d)");
+    on_device d("col2im (conv2d)", image, cols);
     launch_col2im(element_of(cols), cols.raw_data(), shape_of(g), image.raw_data(), d.stream());
   }
 
   void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride, tensor& output,
                   tensor& indices) override {
-    on_device d(output, "max_pool2d");
+    on_device d("max_pool2d", output, input, indices);
     launch_max_pool2d(element_of(input), input.raw_data(), input.size(0) * input.size(1), input.size(2),
                       input.size(3), kernel, stride, output.size(2), output.size(3), output.raw_data(),
                       static_cast<std::int64_t*>(indices.raw_data()), d.stream());
   }
 
   void max_pool2d_backward(const tensor& grad, const tensor& indices, tensor& grad_input) override {
-    on_device d(grad_input, "max_pool2d_backward");
+    on_device d("max_pool2d_backward", grad_input, grad, indices);
     launch_max_pool2d_backward(element_of(grad), grad.raw_data(), static_cast<const std::int64_t*>(indices.raw_data()),
                                grad.size(0) * grad.size(1), grad.size(2) * grad.size(3),
                                grad_input.size(2) * grad_input.size(3), grad_input.raw_data(), d.stream());
@@ -430,7 +475,7 @@ public:
 
   void layer_norm(const tensor& input, const tensor& weight, const tensor& bias, double eps, tensor& output,
                   tensor& mean, tensor& rstd) override {
-    on_device d(output, "layer_norm");
+    on_device d("layer_norm", output, input, weight, bias, mean, rstd);
     const auto dim = input.size(-1);
     const auto rows = dim == 0 ? 0 : input.numel() / dim;
     launch_layer_norm(element_of(input), input.raw_data(), weight.defined() ? weight.raw_data() : nullptr,
@@ -441,7 +486,7 @@ public:
   void layer_norm_backward(const tensor& grad, const tensor& input, const tensor& mean, const tensor& rstd,
                            const tensor& weight, tensor& grad_input, tensor& grad_weight,
                            tensor& grad_bias) override {
-    on_device d(grad_input, "layer_norm_backward");
+    on_device d("layer_norm_backward", grad_input, grad, input, mean, rstd, weight, grad_weight, grad_bias);
     const auto dim = input.size(-1);
     const auto rows = dim == 0 ? 0 : input.numel() / dim;
     launch_layer_norm_backward(element_of(input), grad.raw_data(), input.raw_data(), mean.raw_data(), rstd.raw_data(),
@@ -452,7 +497,7 @@ public:
   // -- random ----------------------------------------------------------------------------
 
   void fill_random(random_distribution what, const generator& gen, double a, double b, tensor& out) override {
-    on_device d(out, "fill_random");
+    on_device d("fill_random", out);
     launch_fill_random(static_cast<distribution>(what), element_of(out), gen.seed, gen.offset, a, b, out.raw_data(),
                        out.numel(), d.stream());
   }
@@ -460,7 +505,7 @@ public:
   // -- optimizer steps -------------------------------------------------------------------
 
   void adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& s) override {
-    on_device d(param, "adam_step");
+    on_device d("adam_step", param, grad, m, v);
     launch_adam_step(element_of(param), param.raw_data(), grad.raw_data(), m.raw_data(), v.raw_data(),
                      param.numel(),
                      adam_scalars{s.beta1, s.beta2, s.eps, s.step_size, s.bias_correction2_sqrt, s.l2, s.decay},
@@ -468,7 +513,7 @@ public:
   }
 
   void sgd_step(tensor& param, const tensor& grad, tensor& buffer, const sgd_step_args& s) override {
-    on_device d(param, "sgd_step");
+    on_device d("sgd_step", param, grad, buffer);
     launch_sgd_step(element_of(param), param.raw_data(), grad.raw_data(),
                     buffer.defined() ? buffer.raw_data() : nullptr, param.numel(),
                     sgd_scalars{s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov, s.first}, d.stream());

@@ -2,6 +2,7 @@
 // contexts (cuda_context.hpp); the functions of troupe/tensor/cuda.hpp.
 #include "cuda_context.hpp"
 
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/error.hpp"
+#include "troupe/tensor/tensor.hpp"
 
 namespace troupe::detail::cuda {
 
@@ -106,30 +108,96 @@ cublas_handle::~cublas_handle() {
     static_cast<void>(cublasDestroy(handle_));
 }
 
-namespace {
-
-// Makes the device current before its members (stream, handle) are created.
-int make_current(int ordinal) {
-  TROUPE_CUDA_CHECK(cudaSetDevice(ordinal));
-  return ordinal;
+host_staging::~host_staging() {
+  for (auto event : drained_)
+    if (event != nullptr)
+      static_cast<void>(cudaEventDestroy(event));
+  if (pinned_ != nullptr)
+    static_cast<void>(cudaFreeHost(pinned_));
 }
 
-} // namespace
+bool host_staging::copy_to_device(void* destination, const void* source, std::size_t bytes, cudaStream_t stream) {
+  if (bytes > slot_bytes || unavailable_)
+    return false;
+  if (pinned_ == nullptr) {
+    // Pinned memory is a limited resource of the machine: without it the
+    // copies still work, only slower.
+    if (cudaHostAlloc(&pinned_, slot_bytes * slot_count, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      pinned_ = nullptr;
+      unavailable_ = true;
+      return false;
+    }
+    for (auto& event : drained_)
+      TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
+  const auto slot = next_;
+  next_ = (next_ + 1) % slot_count;
+  // The slot's previous DMA must have read it (usually long ago).
+  TROUPE_CUDA_CHECK(cudaEventSynchronize(drained_[slot]));
+  auto* staged = static_cast<std::byte*>(pinned_) + slot * slot_bytes;
+  std::memcpy(staged, source, bytes);
+  TROUPE_CUDA_CHECK(cudaMemcpyAsync(destination, staged, bytes, cudaMemcpyHostToDevice, stream));
+  TROUPE_CUDA_CHECK(cudaEventRecord(drained_[slot], stream));
+  return true;
+}
 
-device_context::device_context(int device_ordinal)
-    : ordinal(make_current(device_ordinal)), stream(), blas(stream.get()) {
+device_context::device_context(int device_ordinal) : ordinal_(device_ordinal) {
   int pools = 0;
-  TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal));
-  stream_ordered_allocation = pools != 0;
-  if (stream_ordered_allocation) {
+  TROUPE_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal_));
+  stream_ordered_allocation_ = pools != 0;
+  if (stream_ordered_allocation_) {
     // Keep freed blocks in the pool instead of returning them to the driver
     // at every synchronisation: a training step allocates the same sizes
     // every iteration (host_allocator.hpp does the same on the CPU).
     cudaMemPool_t pool = nullptr;
-    TROUPE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ordinal));
+    TROUPE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ordinal_));
     auto threshold = std::numeric_limits<std::uint64_t>::max();
     TROUPE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   }
+}
+
+namespace {
+
+/// The streams the calling thread holds, one per device it has used; gives
+/// them back to their devices' pools when the thread ends. The pools outlive
+/// every thread (contexts are never destroyed).
+struct thread_streams {
+  std::vector<std::pair<device_context*, execution_stream*>> held;
+  ~thread_streams() {
+    for (auto [context, stream] : held)
+      context->give_back(stream);
+  }
+};
+
+thread_local thread_streams this_threads_streams;
+
+} // namespace
+
+execution_stream& device_context::this_thread() {
+  for (auto [context, stream] : this_threads_streams.held)
+    if (context == this)
+      return *stream;
+  execution_stream* stream = nullptr;
+  {
+    std::lock_guard lock(pool_mutex_);
+    if (!idle_.empty()) {
+      stream = idle_.back();
+      idle_.pop_back();
+    } else {
+      streams_.push_back(std::make_unique<execution_stream>());
+      stream = streams_.back().get();
+    }
+  }
+  this_threads_streams.held.emplace_back(this, stream);
+  return *stream;
+}
+
+void device_context::give_back(execution_stream* stream) {
+  // Work still queued on it stays in order: the next thread to take the
+  // stream queues behind it.
+  std::lock_guard lock(pool_mutex_);
+  idle_.push_back(stream);
 }
 
 std::string unavailable_reason(device where) {
@@ -159,12 +227,28 @@ device_context& context_for(device where, const char* op) {
   return *slot;
 }
 
+void order_after(cudaStream_t waiter, cudaStream_t producer) {
+  cudaEvent_t event = nullptr;
+  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  auto recorded = cudaEventRecord(event, producer);
+  auto waited = recorded == cudaSuccess ? cudaStreamWaitEvent(waiter, event, 0) : recorded;
+  // Destroying an event that a stream still waits for is allowed: the wait
+  // keeps what it needs.
+  static_cast<void>(cudaEventDestroy(event));
+  if (recorded != cudaSuccess)
+    throw_cuda_error(recorded, "cudaEventRecord(producer stream)", __FILE__, __LINE__);
+  if (waited != cudaSuccess)
+    throw_cuda_error(waited, "cudaStreamWaitEvent(waiting stream)", __FILE__, __LINE__);
+}
+
 device_memory::device_memory(std::size_t bytes, device_context& context) : context_(context) {
+  device_guard guard(context.ordinal());
+  auto stream = context.this_thread().stream.get();
+  last_user_.store(stream, std::memory_order_relaxed);
   if (bytes == 0)
     return;
-  device_guard guard(context.ordinal);
-  if (context.stream_ordered_allocation)
-    TROUPE_CUDA_CHECK(cudaMallocAsync(&data_, bytes, context.stream.get()));
+  if (context.stream_ordered_allocation())
+    TROUPE_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
   else
     TROUPE_CUDA_CHECK(cudaMalloc(&data_, bytes));
 }
@@ -172,18 +256,52 @@ device_memory::device_memory(std::size_t bytes, device_context& context) : conte
 device_memory::~device_memory() {
   if (data_ == nullptr)
     return;
-  // Stream-ordered: the block returns to the pool once the work queued
-  // before (which may still read it) has run. cudaFree waits for the whole
-  // device instead. Failures (a driver gone at exit) cannot be reported.
+  // Stream-ordered on the last user's stream, which is ordered after every
+  // earlier user: the block returns to the pool once the work that may
+  // still read it has run. cudaFree waits for the whole device instead.
+  // Failures (a driver gone at exit) cannot be reported.
   int previous = -1;
   static_cast<void>(cudaGetDevice(&previous));
-  static_cast<void>(cudaSetDevice(context_.ordinal));
-  if (context_.stream_ordered_allocation)
-    static_cast<void>(cudaFreeAsync(data_, context_.stream.get()));
+  static_cast<void>(cudaSetDevice(context_.ordinal()));
+  if (context_.stream_ordered_allocation())
+    static_cast<void>(cudaFreeAsync(data_, last_user_.load(std::memory_order_acquire)));
   else
     static_cast<void>(cudaFree(data_));
   if (previous >= 0)
     static_cast<void>(cudaSetDevice(previous));
+}
+
+// The fast paths read last_user_ without the lock: a tensor handed to
+// another thread arrives through a message, whose queue orders the sender's
+// store before the receiver's load.
+void device_memory::before_use(cudaStream_t stream) {
+  if (last_user_.load(std::memory_order_acquire) == stream)
+    return;
+  std::lock_guard lock(mutex_);
+  auto last = last_user_.load(std::memory_order_relaxed);
+  if (last == stream)
+    return;
+  order_after(stream, last);
+  last_user_.store(stream, std::memory_order_release);
+}
+
+void device_memory::after_use(cudaStream_t stream) {
+  if (last_user_.load(std::memory_order_acquire) == stream)
+    return;
+  std::lock_guard lock(mutex_);
+  auto last = last_user_.load(std::memory_order_relaxed);
+  if (last != stream)
+    order_after(last, stream);
+}
+
+void device_memory::synchronize() {
+  cudaStream_t last = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    last = last_user_.load(std::memory_order_relaxed);
+  }
+  device_guard guard(context_.ordinal());
+  TROUPE_CUDA_CHECK(cudaStreamSynchronize(last));
 }
 
 } // namespace troupe::detail::cuda
@@ -208,8 +326,18 @@ std::string cuda_unavailable_reason() {
 
 void cuda_synchronize(device where) {
   auto& context = detail::cuda::context_for(where, "cuda_synchronize");
-  detail::cuda::device_guard guard(context.ordinal);
-  context.stream.synchronize();
+  detail::cuda::device_guard guard(context.ordinal());
+  context.this_thread().stream.synchronize();
+}
+
+void cuda_synchronize(const tensor& t) {
+  if (!t.defined() || t.where().kind != device_kind::cuda)
+    return;
+  detail::cuda::context_for(t.where(), "cuda_synchronize");
+  if (auto* memory = static_cast<detail::cuda::device_memory*>(t.memory()->backend_state()))
+    memory->synchronize();
+  else
+    cuda_synchronize(t.where());
 }
 
 } // namespace troupe

@@ -1,18 +1,30 @@
 #pragma once
-// Private: RAII owners of the CUDA handles the backend uses, and the
-// per-device context (one stream, one cuBLAS handle) every kernel of that
-// device runs on.
+// Private: RAII owners of the CUDA handles the backend uses, the per-device
+// context, and the per-thread streams every kernel runs on.
 //
 // Thread model. Any thread may run ops on any device: every entry point
 // makes its device current with a device_guard and restores the caller's.
-// All work of a device goes, in order, onto its context's stream, so a
-// kernel always sees the results of the ones queued before it and memory
-// allocated and freed stream-ordered (cudaMallocAsync/cudaFreeAsync) is
-// never reused while in flight. Transfers to and from other devices
-// synchronise that stream before they return.
+// Each thread queues its work on a device onto a stream of its own, with a
+// cuBLAS handle of its own (execution_stream), so actors on one GPU — a
+// stage, a reducer, the router staging tensors to the host — overlap instead
+// of queueing behind each other, and no handle is shared between threads.
+//
+// A tensor handed from one thread to another (a message between actors)
+// carries no event: the memory keeps, in its memory_state, the stream that
+// used it last. An op on another stream first makes its stream wait for
+// that one (an event), then becomes the last user; the memory is freed on
+// its last user's stream. So a kernel always sees the writes queued before
+// it by any thread that handed the tensor on, and memory allocated and freed
+// stream-ordered (cudaMallocAsync/cudaFreeAsync) is never reused while a
+// kernel of any stream may still read it. Streams are pooled and never
+// destroyed, because memory may name them after their thread has ended.
+#include <array>
+#include <atomic>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -68,20 +80,68 @@ private:
   cublasHandle_t handle_ = nullptr;
 };
 
+/// Pinned host memory that small host-to-device copies go through, so that
+/// they return without waiting for the stream: the caller's bytes are
+/// copied into a slot at once (the caller may free them), the DMA out of
+/// the slot is queued, and a slot is refilled only after its last DMA ran
+/// (an event per slot). Without it a copy from pageable memory waits for
+/// everything queued before it, and a stage that receives one micro-batch
+/// after another would drain its stream at each.
+class host_staging {
+public:
+  static constexpr std::size_t slot_bytes = std::size_t{4} << 20;
+  static constexpr std::size_t slot_count = 4;
+
+  host_staging() = default;
+  ~host_staging();
+  host_staging(const host_staging&) = delete;
+  host_staging& operator=(const host_staging&) = delete;
+
+  /// Queues the copy of `bytes` (at most slot_bytes) from `source` to
+  /// `destination` on `stream`; false when no pinned memory could be had
+  /// (the caller copies another way).
+  bool copy_to_device(void* destination, const void* source, std::size_t bytes, cudaStream_t stream);
+
+private:
+  void* pinned_ = nullptr;
+  bool unavailable_ = false;
+  std::array<cudaEvent_t, slot_count> drained_{};
+  std::size_t next_ = 0;
+};
+
+/// A stream with the cuBLAS handle that issues to it and its host staging:
+/// what one thread uses for its work on one device.
+struct execution_stream {
+  cuda_stream stream;
+  cublas_handle blas{stream.get()};
+  host_staging staging;
+};
+
 /// Everything the backend keeps per device. Created on first use of the
 /// device and never destroyed: tensors in static objects may be freed
-/// after main returns, and their deleters still need the stream.
-struct device_context {
+/// after main returns, and their deleters still need the streams.
+class device_context {
+public:
   explicit device_context(int device_ordinal);
 
-  int ordinal;
-  cuda_stream stream;
-  cublas_handle blas;
-  /// cuBLAS handles must not be used by two threads at once.
-  std::mutex blas_mutex;
+  int ordinal() const noexcept { return ordinal_; }
   /// Whether the device has memory pools (cudaMallocAsync); else plain
   /// cudaMalloc/cudaFree.
-  bool stream_ordered_allocation = false;
+  bool stream_ordered_allocation() const noexcept { return stream_ordered_allocation_; }
+
+  /// The calling thread's stream on this device: taken from the pool on
+  /// its first use, given back when the thread ends. Call with the device
+  /// current.
+  execution_stream& this_thread();
+  /// Returns a stream to the pool (when its thread ends).
+  void give_back(execution_stream* stream);
+
+private:
+  int ordinal_;
+  bool stream_ordered_allocation_ = false;
+  std::mutex pool_mutex_;
+  std::vector<std::unique_ptr<execution_stream>> streams_;
+  std::vector<execution_stream*> idle_;
 };
 
 /// Why `where` cannot be used ("" when it can): no driver or device (the
@@ -92,8 +152,13 @@ std::string unavailable_reason(device where);
 /// available: ..." when `where` is not a CUDA device this process can use.
 device_context& context_for(device where, const char* op);
 
-/// Owns `bytes` of memory on a context's device, allocated and freed in
-/// that device's stream order.
+/// Makes `waiter` wait (on the device, not the host) for everything queued
+/// on `producer` so far.
+void order_after(cudaStream_t waiter, cudaStream_t producer);
+
+/// Owns `bytes` of memory on a context's device, allocated in the calling
+/// thread's stream order, and tracks the stream that used it last (see the
+/// thread model above).
 class device_memory {
 public:
   device_memory(std::size_t bytes, device_context& context);
@@ -102,9 +167,22 @@ public:
   device_memory& operator=(const device_memory&) = delete;
   void* data() const noexcept { return data_; }
 
+  /// Before `stream` queues work on this memory: orders it after the last
+  /// user's work and makes `stream` the last user.
+  void before_use(cudaStream_t stream);
+  /// After `stream` queued its work: when another thread became the last
+  /// user meanwhile (two threads reading one tensor at once), orders that
+  /// stream after this work too, so the memory is freed after both.
+  void after_use(cudaStream_t stream);
+  /// Blocks the calling thread until the work queued on this memory so far
+  /// has run.
+  void synchronize();
+
 private:
   void* data_ = nullptr;
   device_context& context_;
+  std::atomic<cudaStream_t> last_user_{nullptr};
+  std::mutex mutex_;
 };
 
 } // namespace troupe::detail::cuda

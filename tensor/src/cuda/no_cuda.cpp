@@ -4,6 +4,7 @@
 #include "troupe/tensor/cuda.hpp"
 
 #include "troupe/tensor/error.hpp"
+#include "troupe/tensor/tensor.hpp"
 
 namespace troupe {
 
@@ -21,6 +22,11 @@ std::string cuda_unavailable_reason() {
 
 void cuda_synchronize(device where) {
   throw usage_error(fmt::format("cuda_synchronize: no backend for device {} in this build", where));
+}
+
+void cuda_synchronize(const tensor& t) {
+  if (t.defined() && t.where().kind == device_kind::cuda)
+    cuda_synchronize(t.where());
 }
 
 } // namespace troupe

@@ -28,8 +28,8 @@
 // does not complete, aborts the communicator (ncclCommAbort) and returns an
 // error instead of hanging.
 //
-// Ordering. Each collective first waits for the tensor backend's work on the
-// device (cuda_synchronize: the inputs are written), runs on the
+// Ordering. Each collective first waits for the tensor backend's work on its
+// input, whichever thread queued it (cuda_synchronize), runs on the
 // communicator's own stream, and returns when it has completed — like the
 // ring collectives, a call blocks its thread. Call the collectives in the
 // same order on every rank.

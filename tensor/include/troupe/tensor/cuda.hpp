@@ -11,6 +11,7 @@
 #include <string>
 
 #include "troupe/tensor/device.hpp"
+#include "troupe/tensor/fwd.hpp"
 
 namespace troupe {
 
@@ -35,10 +36,15 @@ int cuda_device_count() noexcept;
 /// runtime version").
 std::string cuda_unavailable_reason();
 
-/// Blocks until every kernel and copy the backend queued on `where` has
-/// finished (the backend runs all work of a device, in order, on one stream
-/// of its own). Throws cuda_error when that work failed, usage_error when
+/// Blocks until every kernel and copy the calling thread queued on `where`
+/// has finished (each thread queues its work on a device onto a stream of
+/// its own). Throws cuda_error when that work failed, usage_error when
 /// `where` is not an available CUDA device.
 void cuda_synchronize(device where);
+
+/// Blocks until the work queued so far that uses `t`'s memory has finished,
+/// whichever thread queued it (for code that hands device memory to a
+/// library with its own stream, as NCCL). Does nothing for a CPU tensor.
+void cuda_synchronize(const tensor& t);
 
 } // namespace troupe

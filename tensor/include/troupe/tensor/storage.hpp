@@ -28,6 +28,12 @@ public:
   static std::shared_ptr<storage> wrap(void* data, std::size_t bytes, device where,
                                        deleter_type deleter);
 
+  /// As above, with `backend_state`: bookkeeping the allocating backend
+  /// keeps beside the memory for as long as it lives (the CUDA backend:
+  /// which stream used the memory last). Only that backend reads it.
+  static std::shared_ptr<storage> wrap(void* data, std::size_t bytes, device where,
+                                       deleter_type deleter, void* backend_state);
+
   storage(const storage&) = delete;
   storage& operator=(const storage&) = delete;
   ~storage();
@@ -35,14 +41,17 @@ public:
   void* data() const noexcept { return data_; }
   std::size_t bytes() const noexcept { return bytes_; }
   device where() const noexcept { return device_; }
+  /// The allocating backend's bookkeeping (see wrap), or nullptr.
+  void* backend_state() const noexcept { return backend_state_; }
 
 private:
-  storage(void* data, std::size_t bytes, device where, deleter_type deleter);
+  storage(void* data, std::size_t bytes, device where, deleter_type deleter, void* backend_state);
 
   void* data_;
   std::size_t bytes_;
   device device_;
   deleter_type deleter_;
+  void* backend_state_;
 };
 
 } // namespace troupe
