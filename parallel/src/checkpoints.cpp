@@ -304,6 +304,18 @@ bool checkpoints::impl::off() const { return options.directory.empty(); }
 expected<std::int64_t> checkpoints::resume() {
   if (impl_->off())
     return std::int64_t{0};
+  // A restarted job saves the steps after its checkpoint again: a staging
+  // directory the dead run left holds its writers' reports, which the
+  // coordinator would take for this run's and commit (renaming the
+  // directory while this run's writer still writes into it). No writer of
+  // this run has written yet: stages and parameter servers write when the
+  // coordinator asks, replicas after a step that needs the coordinator's.
+  if (impl_->coordinator()) {
+    if (auto previous = impl_->thread.wait(); !previous)
+      return previous.error();
+    if (auto discarded = discard_staging(impl_->options.directory); !discarded)
+      return make_error(discarded.error().code(), "resume: {}", discarded.error().message());
+  }
   auto latest = latest_checkpoint(impl_->options.directory);
   if (!latest)
     return latest.error();

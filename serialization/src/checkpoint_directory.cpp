@@ -168,6 +168,24 @@ expected<fs::path> commit_checkpoint(const fs::path& root, std::span<const check
   return final_path;
 }
 
+expected<void> discard_staging(const fs::path& root) {
+  std::error_code failure;
+  if (!fs::exists(root, failure))
+    return {};
+  std::vector<fs::path> doomed;
+  for (const auto& entry : fs::directory_iterator(root, failure))
+    if (step_of(entry.path().filename().string(), true))
+      doomed.push_back(entry.path());
+  if (failure)
+    return fs_error("discard_staging: cannot list", root, failure);
+  for (const auto& path : doomed) {
+    fs::remove_all(path, failure);
+    if (failure)
+      return fs_error("discard_staging: cannot remove", path, failure);
+  }
+  return {};
+}
+
 expected<std::vector<checkpoint_tensor>> collect_reports(
   const fs::path& root, std::uint64_t step, std::span<const std::string> writers, std::chrono::milliseconds timeout,
   const std::function<std::optional<std::string>()>& abandon) {

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <barrier>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -745,6 +746,59 @@ TEST_F(CheckpointsTest, ASaveCutShortLeavesThePreviousCheckpointToResumeFrom) {
   ASSERT_TRUE(done) << done.error().message();
   EXPECT_EQ(*done, 1);
   EXPECT_EQ(resumed.opt->step_count(), 1);
+}
+
+// A run that died while saving step 2 after replica 1 had reported (its
+// shard holds other values) but before the coordinator committed; the
+// restarted run saves step 2 again, replica 1 late. The coordinator must
+// wait for this run's report, not commit the dead run's shard (nor tidy
+// away or rename the directory under the files replica 1 is still writing:
+// its own rename then fails, "cannot rename ... step-N.tmp/...").
+TEST_F(CheckpointsTest, ARestartedRunWaitsForItsOwnReportsNotTheDeadRunsLeftInStaging) {
+  auto options = options_in(directory_);
+  options.asynchronous = false;
+  auto replicas = [&](const std::function<void(std::uint32_t, nn::module&, checkpoints&)>& body) {
+    test::local_ring ring(2);
+    ring.each([&](std::uint32_t k) {
+      auto model = make_mlp();
+      auto dp = data_parallel::create(model->named_parameters(), *ring.groups[k]);
+      ASSERT_TRUE(dp) << dp.error().message();
+      auto opt = adam()(model->named_parameters());
+      auto ckpt = checkpoints::create(options).value();
+      ckpt.track(*model, *opt, *dp);
+      body(k, *model, ckpt);
+    });
+  };
+  replicas([&](std::uint32_t k, nn::module& model, checkpoints& ckpt) {
+    auto saved = ckpt.save(1);
+    ASSERT_TRUE(saved) << saved.error().message();
+    if (k == 1) { // the coordinator dies before it saves step 2
+      for (auto& p : model.parameters())
+        p.set_data(tensor::full(p.data().shape(), 7.0, dtype::float64));
+      ASSERT_TRUE(ckpt.save(2));
+    }
+  });
+  ASSERT_TRUE(fs::exists(staging_path(directory_, 2) / "data-parallel-0.replica-1.pieces"));
+
+  std::barrier resumed(2); // as the first step's allreduce: every replica has resumed
+  replicas([&](std::uint32_t k, nn::module&, checkpoints& ckpt) {
+    auto done = ckpt.resume();
+    ASSERT_TRUE(done) << done.error().message();
+    EXPECT_EQ(*done, 1);
+    resumed.arrive_and_wait();
+    if (k == 1)
+      std::this_thread::sleep_for(300ms);
+    auto saved = ckpt.save(2);
+    ASSERT_TRUE(saved) << "replica " << k << ": " << saved.error().message();
+  });
+  auto reader = checkpoint_reader::open(checkpoint_path(directory_, 2));
+  ASSERT_TRUE(reader) << reader.error().message();
+  for (const auto& [name, value] : make_mlp()->state_dict()) {
+    auto saved = reader->read("model." + name);
+    ASSERT_TRUE(saved) << saved.error().message();
+    EXPECT_EQ(saved->to_vector<double>(), value.to_vector<double>()) << name << " is the dead run's";
+  }
+  EXPECT_FALSE(fs::exists(staging_path(directory_, 2)));
 }
 
 using CheckpointsDeathTest = ScratchDirectory;

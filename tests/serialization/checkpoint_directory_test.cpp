@@ -91,6 +91,28 @@ TEST_F(CheckpointCommit, StrayFilesInTheStagingDirectoryAreRemoved) {
   EXPECT_FALSE(fs::exists(checkpoint_path(root_, 4) / "rank-7.shard"));
 }
 
+TEST_F(CheckpointCommit, DiscardStagingRemovesEveryUncommittedSaveAndKeepsTheCheckpoints) {
+  ASSERT_TRUE(save(root_, 1));
+  write_all(halves(root_, 2)); // a dead run's save of step 2, reported but never committed
+  write_all(halves(root_, 3));
+  std::ofstream(root_ / "step-x.tmp") << "not a staging directory";
+  ASSERT_TRUE(discard_staging(root_));
+  EXPECT_FALSE(fs::exists(staging_path(root_, 2)));
+  EXPECT_FALSE(fs::exists(staging_path(root_, 3)));
+  EXPECT_TRUE(fs::exists(root_ / "step-x.tmp"));
+  auto latest = latest_checkpoint(root_);
+  ASSERT_TRUE(latest && *latest);
+  EXPECT_EQ(**latest, checkpoint_path(root_, 1));
+  EXPECT_TRUE(discard_staging(root_ / "never-written"));
+  // The restarted run's save of step 2 sees none of the dead run's reports.
+  auto first = shard_writer(root_, 2, "rank-0").write();
+  ASSERT_TRUE(first);
+  std::vector<std::string> both{"rank-0", "rank-1"};
+  auto reports = collect_reports(root_, 2, both, std::chrono::milliseconds(50));
+  ASSERT_FALSE(reports);
+  EXPECT_NE(reports.error().message().find("no report from rank-1"), std::string::npos) << reports.error().message();
+}
+
 TEST_F(CheckpointCommit, MissingPiecesAreRefusedNamingTheTensorAndElement) {
   auto writers = halves(root_, 6);
   auto written = writers[0].write(); // rank-1 never reports

@@ -156,7 +156,10 @@ public:
   void track(std::string name, generator& stream);
 
   /// Loads the latest complete checkpoint into everything tracked and
-  /// returns its step; 0 when there is none (a fresh start).
+  /// returns its step; 0 when there is none (a fresh start). Call it before
+  /// the first step: on the coordinator it first removes the staging
+  /// directories of saves that never committed (discard_staging()), so that
+  /// a restarted job's saves of the same steps start afresh.
   expected<std::int64_t> resume();
   /// Loads the checkpoint in `directory` (a `step-<N>` directory); its step.
   expected<std::int64_t> load(const std::filesystem::path& directory);

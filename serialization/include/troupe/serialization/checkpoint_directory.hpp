@@ -10,7 +10,12 @@
 // every tensor, writes the manifest last (fsynced), renames the directory to
 // step-<N> and fsyncs <root>. A crash at any point before the rename leaves
 // only a .tmp directory, which is not a checkpoint: latest_checkpoint()
-// never returns it and the next commit removes it.
+// never returns it and the next commit of a later step removes it. A run
+// restarted after such a crash saves the same steps again, so before its
+// first save it removes every .tmp directory (discard_staging()): a report
+// the dead run left in step-<N>.tmp would otherwise pass for this run's,
+// and the coordinator would commit the dead run's shard and rename the
+// directory while this run's writer still writes into it.
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -61,6 +66,14 @@ expected<std::filesystem::path> commit_checkpoint(const std::filesystem::path& r
 expected<std::vector<checkpoint_tensor>> collect_reports(
   const std::filesystem::path& root, std::uint64_t step, std::span<const std::string> writers,
   std::chrono::milliseconds timeout, const std::function<std::optional<std::string>()>& abandon = {});
+
+/// Removes every staging directory (`step-<N>.tmp`) under `root`: saves
+/// that never committed, of a run that is over. Call it only while no writer
+/// writes (a restarted run's coordinator, before its first save: every other
+/// writer of the run saves after it, see checkpoints::resume()). Nothing to
+/// do when `root` does not exist. Errors: `root` unreadable, a directory that
+/// cannot be removed (naming it).
+expected<void> discard_staging(const std::filesystem::path& root);
 
 /// The newest committed checkpoint under `root` (the highest N of a
 /// `step-<N>` directory whose manifest parses), or nullopt when there is
