@@ -55,6 +55,9 @@ struct data_parallel::impl {
   void reset_pass();
   /// A fresh flat buffer for bucket `b`.
   tensor bucket_buffer(std::size_t b);
+  /// A gradient where its bucket lies: on the host when the ring reduces a
+  /// device's buckets (device_reduction::host_ring).
+  tensor to_bucket(const tensor& grad) const { return uses_nccl() ? grad : grad.to(device::cpu()); }
   /// Reduces one bucket in place (NCCL or the ring).
   expected<void> reduce(std::size_t bucket);
   expected<void> nccl_broadcast(const tensor& flat);
@@ -123,7 +126,7 @@ expected<bool> data_parallel::replicas_identical() {
 expected<data_parallel> data_parallel::create(nn::named_variables parameters, reducer_group& group,
                                               data_parallel_options options) {
   auto dp = std::make_unique<impl>(std::move(parameters), reducer_group_access::share(group), std::move(options));
-  if (dp->where_.kind == device_kind::cuda) {
+  if (dp->where_.kind == device_kind::cuda && dp->options_.reduction == device_reduction::nccl) {
 #ifdef TROUPE_HAVE_NCCL
     // A collective of the group: NCCL's unique id travels over the ring.
     auto nccl = nccl_communicator::create(group, {.where = dp->where_, .timeout = dp->options_.nccl_timeout});
@@ -131,7 +134,9 @@ expected<data_parallel> data_parallel::create(nn::named_variables parameters, re
       return make_error(nccl.error().code(), "{}: {}", dp->name_, nccl.error().message());
     dp->nccl_.emplace(std::move(*nccl));
 #else
-    return make_error(errc::invalid_argument, "{}: the parameters are on {} but this build has no NCCL",
+    return make_error(errc::invalid_argument,
+                      "{}: the parameters are on {} but this build has no NCCL (reduction = "
+                      "device_reduction::host_ring reduces through the host)",
                       dp->name_, dp->where_);
 #endif
   }
@@ -139,12 +144,14 @@ expected<data_parallel> data_parallel::create(nn::named_variables parameters, re
     // Rank 0's values, bucket by bucket, in the same order on every rank.
     for (const auto& bucket : dp->buckets_) {
       auto flat = pack_parameters(bucket, dp->parameters_);
+      if (!dp->uses_nccl())
+        flat = flat.to(device::cpu()); // the ring carries host memory
       auto ok = dp->uses_nccl() ? dp->nccl_broadcast(flat) : broadcast(group, flat, {.root = 0});
       if (!ok)
         return make_error(ok.error().code(), "{}: copying rank 0's parameters failed: {}", dp->name_,
                           ok.error().message());
       if (group.rank() != 0)
-        unpack_parameters(bucket, flat, dp->parameters_);
+        unpack_parameters(bucket, flat.to(dp->where_), dp->parameters_);
     }
   }
   return data_parallel(std::move(dp));
@@ -210,9 +217,10 @@ void data_parallel::impl::reset_pass() {
 }
 
 tensor data_parallel::impl::bucket_buffer(std::size_t b) {
-  // CPU buckets of a same-host group lie in the node's shared arena, where
-  // the other replicas read them in place (reducer_group::buffer).
-  if (!uses_nccl() && where_.kind == device_kind::cpu)
+  // Buckets the ring reduces (CPU ones, and CUDA ones reduced through the
+  // host) lie in the node's shared arena, where the other replicas of a
+  // same-host group read them in place (reducer_group::buffer).
+  if (!uses_nccl())
     return group_.buffer({buckets_[b].numel}, buckets_[b].type);
   return tensor::empty({buckets_[b].numel}, buckets_[b].type, where_);
 }
@@ -232,7 +240,7 @@ void data_parallel::impl::gradient_ready(std::size_t parameter) {
   if (!st.flat.defined())
     st.flat = bucket_buffer(b);
   st.flat.slice(0, slot.offset, slot.offset + slot.numel)
-    .copy_from(parameters_[parameter].second.grad().reshape({slot.numel}));
+    .copy_from(to_bucket(parameters_[parameter].second.grad().reshape({slot.numel})));
   st.filled[s] = true;
   if (--st.pending == 0)
     queue_ready_buckets();
@@ -334,7 +342,7 @@ expected<void> data_parallel::impl::synchronize() {
       auto part = st.flat.slice(0, slot.offset, slot.offset + slot.numel);
       auto grad = parameters_[slot.parameter].second.grad();
       if (grad.defined())
-        part.copy_from(grad.reshape({slot.numel}));
+        part.copy_from(to_bucket(grad.reshape({slot.numel})));
       else
         part.fill(0.0);
       st.filled[s] = true;
@@ -363,6 +371,8 @@ expected<void> data_parallel::impl::synchronize() {
     stats.hidden_ms += ms(std::max(st.started, std::min(st.finished, backward_end)) - st.started);
     for (const auto& slot : buckets_[b].slots) {
       auto averaged = st.flat.slice(0, slot.offset, slot.offset + slot.numel).view(slot.shape);
+      if (averaged.where() != where_)
+        averaged = averaged.to(where_); // reduced on the host
       parameters_[slot.parameter].second.set_grad(std::move(averaged));
     }
   }
@@ -381,10 +391,11 @@ data_parallel_stats data_parallel::last_stats() const {
 expected<bool> replicas_identical(reducer_group& group, const std::vector<autograd::variable>& parameters) {
   bool same = true;
   for (const auto& parameter : parameters) {
-    auto root = parameter.data().contiguous().clone();
+    // Compared in host memory: the ring carries host tensors.
+    const auto mine = parameter.data().contiguous().to(device::cpu());
+    auto root = mine.clone();
     if (auto sent = broadcast(group, root, {.root = 0}); !sent)
       return sent.error();
-    const auto mine = parameter.data().contiguous();
     same = same && std::memcmp(mine.raw_data(), root.raw_data(), mine.nbytes()) == 0;
   }
   auto votes = tensor::full({1}, same ? 1.0 : 0.0, dtype::float64);

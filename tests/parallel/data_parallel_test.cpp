@@ -406,6 +406,64 @@ TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
 #endif
 }
 
+TEST(DataParallelCuda, ReplicasSharingOneGpuReduceThroughTheHostAndEqualOneProcess) {
+  if (cuda_device_count() < 1)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  const auto gpu = device::cuda(0);
+  constexpr std::uint32_t n = 2;
+  auto on_gpu = [&](const batch& b) { return batch{b.inputs.to(gpu), b.targets.to(gpu)}; };
+  // One process on the GPU, batch n·b.
+  std::vector<tensor> want;
+  {
+    auto model = make_model(11);
+    model->to(gpu);
+    optim::sgd opt(model->named_parameters(), sgd());
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      autograd::backward(loss_of(*model, on_gpu(make_batch(s, n * per_replica))));
+      opt.step();
+    }
+    for (auto& p : model->parameters())
+      want.push_back(p.data().to(device::cpu()));
+  }
+  local_ring ring(n);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::vector<tensor>> got(n);
+  std::vector<std::string> errors(n);
+  ring.each([&](std::uint32_t r) {
+    auto replica = make_model(11 + r); // rank 0's values must be broadcast
+    replica->to(gpu);
+    auto options = dp_options({.bucket_bytes = 1024, .first_bucket_bytes = 400, .min_buckets = 1});
+    options.reduction = device_reduction::host_ring;
+    auto dp = data_parallel::create(replica->named_parameters(), *ring.groups[r], options);
+    if (!dp) {
+      errors[r] = dp.error().message();
+      return;
+    }
+    optim::sgd opt(replica->named_parameters(), sgd());
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      auto mine = on_gpu(shard(make_batch(s, n * per_replica), r, per_replica));
+      if (auto ok = dp->backward(loss_of(*replica, mine)); !ok) {
+        errors[r] = ok.error().message();
+        return;
+      }
+      opt.step();
+    }
+    for (auto& p : replica->parameters()) {
+      if (p.data().where() != gpu)
+        errors[r] = fmt::format("a parameter left the GPU: {}", p.data().where());
+      got[r].push_back(p.data().to(device::cpu()));
+    }
+  });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    ASSERT_EQ(errors[r], "") << "replica " << r;
+    expect_close(got[r], want, fmt::format("replica {}", r));
+  }
+  for (std::size_t k = 0; k < got[0].size(); ++k)
+    EXPECT_TRUE(bitwise_equal(got[0][k], got[1][k])) << "parameter " << k << " differs between the replicas";
+}
+
 // ---- across processes -------------------------------------------------------
 
 /// Rank r of a cross-process run: trains and prints its parameters' bytes

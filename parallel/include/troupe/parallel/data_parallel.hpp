@@ -75,6 +75,17 @@ class job;
 
 namespace troupe::parallel {
 
+/// How replicas whose parameters are on a CUDA device reduce their buckets.
+enum class device_reduction {
+  /// NCCL on the device (one GPU per replica).
+  nccl,
+  /// Through the host: each bucket is copied to host memory, reduced by the
+  /// group's ring (shared memory on one host), and copied back. For
+  /// replicas that share a GPU (NCCL refuses two ranks on one device) or a
+  /// build without NCCL; slower than NCCL.
+  host_ring,
+};
+
 struct data_parallel_options {
   bucket_options buckets{};
   /// Copy rank 0's parameters to every replica at creation.
@@ -83,6 +94,8 @@ struct data_parallel_options {
   std::string name{};
   /// CUDA parameters: bound on NCCL's bootstrap and on each collective.
   std::chrono::milliseconds nccl_timeout{60000};
+  /// CUDA parameters: NCCL, or the host ring.
+  device_reduction reduction = device_reduction::nccl;
 };
 
 /// Timings of the last synchronized step (steady clock, milliseconds).
