@@ -4,7 +4,7 @@
 // passed by reference on the device), on a CPU stage feeding a CUDA stage
 // (the CPU<->GPU map PyTorch RPC refuses), and across two processes sharing
 // the GPU (activations and gradients staged through the host and the tensor
-// routers). Skips, visibly, without a device; without one it checks that a
+// routers); and a hybrid, two replicas of two stages all on the GPU. Skips, visibly, without a device; without one it checks that a
 // CUDA place is a usage error naming the device.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,6 +19,7 @@
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/autograd/optim/all.hpp"
 #include "troupe/job.hpp"
+#include "troupe/parallel/hybrid.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/remote.hpp"
 #include "troupe/tensor/cuda.hpp"
@@ -175,6 +176,39 @@ TEST_F(CudaPipeline, ACpuStageFeedingAGpuStageEqualsOneProcess) {
 
 TEST_F(CudaPipeline, AGpuStageFeedingACpuStageEqualsOneProcess) {
   train_and_compare({"worker0/cuda:0", "worker0/cpu"}, schedule_kind::one_f_one_b, 4);
+}
+
+TEST_F(CudaPipeline, TwoReplicasOfTwoStagesOnOneGpuEqualOneProcess) {
+  // Hybrid: each stage's two replicas share cuda:0, so they average their
+  // gradients through the host ring (NCCL takes one GPU per rank).
+  const auto want = train_alone(device::cuda(0));
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node) << node.error().message();
+  register_stage_factory(**node, recipe());
+  hybrid_options o;
+  o.recipe = recipe();
+  o.places = {{"worker0/cuda:0", "worker0/cuda:0"}, {"worker0/cuda:0", "worker0/cuda:0"}};
+  o.pipeline.schedule = schedule_kind::one_f_one_b;
+  o.pipeline.micro_batches = 2;
+  o.pipeline.timeout = 60s;
+  o.bucket_bytes = 4096; // several buckets per stage
+  {
+    auto hybrid = hybrid_pipeline::create(**node, std::move(o));
+    ASSERT_TRUE(hybrid) << hybrid.error().message();
+    std::vector<double> losses;
+    for (int step = 0; step < steps; ++step) {
+      auto b = make_batch(step);
+      auto loss = hybrid->train_step(b.ids, b.targets);
+      ASSERT_TRUE(loss) << loss.error().message();
+      losses.push_back(*loss);
+    }
+    ASSERT_TRUE(hybrid->synchronize());
+    expect_equal_losses(want, losses);
+    // Each replica's trained parameters, seen through its evaluation output.
+    expect_output_of_trained_reference(hybrid->replica(0), want);
+    expect_output_of_trained_reference(hybrid->replica(1), want);
+  }
+  (*node)->stop();
 }
 
 // -- across processes ------------------------------------------------------
