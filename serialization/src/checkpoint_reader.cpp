@@ -1,5 +1,7 @@
 #include "troupe/serialization/checkpoint_reader.hpp"
 
+#include <algorithm>
+
 #include <fmt/ranges.h>
 
 #include "checkpoint_layout.hpp"
@@ -26,6 +28,10 @@ expected<void> check_range(const checkpoint_tensor& t, std::size_t i, const deta
   return {};
 }
 
+/// Bytes read at a time: each part is hashed right after it is read, while
+/// it is still in cache, instead of the whole piece read back afterwards.
+constexpr std::uint64_t read_part_bytes = std::uint64_t{1} << 20;
+
 /// Reads the piece's bytes from `file` and checks their CRC32C.
 expected<tensor> load_piece(const checkpoint_tensor& t, std::size_t i, const detail::read_only_file& file) {
   if (auto ok = check_range(t, i, file); !ok)
@@ -33,9 +39,14 @@ expected<tensor> load_piece(const checkpoint_tensor& t, std::size_t i, const det
   const auto& piece = t.pieces[i];
   auto value = tensor::empty(piece.shape, t.type);
   auto* bytes = static_cast<std::byte*>(value.raw_data());
-  if (auto ok = file.read(bytes, piece.byte_count, piece.byte_offset); !ok)
-    return make_error(ok.error().code(), "{}: {}", describe(t, i), ok.error().message());
-  auto crc = crc32c(0, std::span<const std::byte>(bytes, piece.byte_count));
+  std::uint32_t crc = 0;
+  for (std::uint64_t done = 0; done < piece.byte_count;) {
+    const auto part = std::min(read_part_bytes, piece.byte_count - done);
+    if (auto ok = file.read(bytes + done, part, piece.byte_offset + done); !ok)
+      return make_error(ok.error().code(), "{}: {}", describe(t, i), ok.error().message());
+    crc = crc32c(crc, std::span<const std::byte>(bytes + done, part));
+    done += part;
+  }
   if (crc != piece.crc32c)
     return make_error(errc::checksum_mismatch, "{}: bytes [{}, +{}) hash to CRC32C {:#010x} but the manifest says {:#010x}",
                       describe(t, i), piece.byte_offset, piece.byte_count, crc, piece.crc32c);

@@ -277,6 +277,80 @@ TEST(Elementwise, FusedBackwardsMatchFiniteDifferences) {
   check(tanh, tanh_backward(g, tanh(x)));
 }
 
+// bias_gelu is gelu(x + bias) in one pass: the same bits as the two ops,
+// and its backward the same bits as gelu_backward and the sum over rows.
+// Shapes cut into several sum buffers (n = 129: 63 rows each) and several
+// of the bias gradient's summed blocks (more than 128 rows, not a power of
+// two), a 3-D input, a single row and a width under one vector.
+TEST(Elementwise, BiasGeluIsGeluOfTheSumBitwise) {
+  for (auto type : {dtype::float32, dtype::float64})
+    for (auto approximate : {gelu_approximation::none, gelu_approximation::tanh})
+      for (const auto& shape : {dims{1000, 129}, dims{3, 5, 257}, dims{1, 7}, dims{300, 3}}) {
+        SCOPED_TRACE(fmt::format("{} {} {}", type, approximate == gelu_approximation::tanh ? "tanh" : "exact",
+                                 shape));
+        const auto n = shape.back();
+        auto x = mul(sample(shape, 11, type), 4.0);
+        auto bias = sample({n}, 12, type);
+        auto grad = sample(shape, 13, type);
+        EXPECT_EQ(values(bias_gelu(x, bias, approximate)), values(gelu(add(x, bias), approximate)));
+        auto grads = bias_gelu_backward(grad, x, bias, approximate);
+        auto dx = gelu_backward(grad, add(x, bias), approximate);
+        EXPECT_EQ(values(grads.input), values(dx));
+        EXPECT_EQ(grads.bias.shape(), (dims{n}));
+        EXPECT_EQ(values(grads.bias), values(sum(dx.reshape({-1, n}), {0})));
+      }
+}
+
+TEST(Elementwise, BiasGeluInFloat32StaysNearTheFloat64Values) {
+  // The bound: a few float32 ulps of each term; the bias gradient sums 1000
+  // rows, pairwise, so its error grows with log2(1000) ~ 10 roundings.
+  auto x = mul(sample({1000, 64}, 21), 4.0);
+  auto bias = sample({64}, 22);
+  auto grad = sample({1000, 64}, 23);
+  auto exact = bias_gelu_backward(grad, x, bias);
+  auto single = bias_gelu_backward(grad.to(dtype::float32), x.to(dtype::float32), bias.to(dtype::float32));
+  expect_close(bias_gelu(x.to(dtype::float32), bias.to(dtype::float32)), bias_gelu(x, bias), 1e-6);
+  expect_close(single.input, exact.input, 1e-6);
+  auto got = values(single.bias);
+  auto want = values(exact.bias);
+  for (std::size_t j = 0; j < got.size(); ++j)
+    EXPECT_NEAR(got[j], want[j], 1e-5 * (1.0 + std::abs(want[j]))) << "bias gradient " << j;
+}
+
+TEST(Elementwise, BiasGeluMatchesFiniteDifferences) {
+  auto x = sample({3, 5}, 31);
+  auto bias = sample({5}, 32);
+  auto g = sample({3, 5}, 33);
+  auto grads = bias_gelu_backward(g, x, bias, gelu_approximation::tanh);
+  auto loss_of_x = [&](const tensor& v) { return test::weighted_sum(bias_gelu(v, bias, gelu_approximation::tanh), g); };
+  auto loss_of_bias = [&](const tensor& v) { return test::weighted_sum(bias_gelu(x, v, gelu_approximation::tanh), g); };
+  expect_close(grads.input, test::numeric_gradient(loss_of_x, x), 1e-7);
+  expect_close(grads.bias, test::numeric_gradient(loss_of_bias, bias), 1e-7);
+}
+
+TEST(Elementwise, BiasGeluRejectsABiasThatIsNotTheLastDimension) {
+  auto x = tensor::zeros({4, 6}, dtype::float64);
+  auto message = test::usage_error_of([&] { (void)bias_gelu(x, tensor::zeros({4}, dtype::float64)); });
+  EXPECT_THAT(message, HasSubstr("bias_gelu"));
+  EXPECT_THAT(message, HasSubstr("[6]"));
+  EXPECT_THAT(message, HasSubstr("[4]"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)bias_gelu(x, tensor::zeros({6}, dtype::float32)); }),
+              HasSubstr("float32"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)bias_gelu(tensor::zeros({}, dtype::float64), tensor::zeros({1}, dtype::float64)); }),
+              HasSubstr("scalar"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)bias_gelu_backward(tensor::zeros({4, 5}, dtype::float64), x, tensor::zeros({6}, dtype::float64)); }),
+              HasSubstr("grad [4, 5]"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)bias_gelu(tensor::zeros({2}, dtype::int64), tensor::zeros({2}, dtype::int64)); }),
+              HasSubstr("bias_gelu"));
+}
+
+TEST(Elementwise, BiasGeluOfNoRowsIsEmptyWithAZeroBiasGradient) {
+  auto x = tensor::zeros({0, 3});
+  EXPECT_EQ(bias_gelu(x, tensor::ones({3})).shape(), (dims{0, 3}));
+  auto grads = bias_gelu_backward(x, x, tensor::ones({3}));
+  EXPECT_EQ(values(grads.bias), (std::vector<double>{0, 0, 0}));
+}
+
 TEST(Elementwise, SumToReversesBroadcasting) {
   auto g = sample({2, 3, 4}, 9);
   auto reduced = sum_to(g, {3, 1});
