@@ -15,10 +15,7 @@
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/causal_self_attention.hpp"
 #include "troupe/autograd/nn/embedding.hpp"
-#include "troupe/autograd/nn/gelu.hpp"
 #include "troupe/autograd/nn/layer_norm.hpp"
-#include "troupe/autograd/nn/linear.hpp"
-#include "troupe/autograd/nn/sequential.hpp"
 #include "troupe/autograd/optim/adam.hpp"
 
 using namespace troupe;
@@ -72,14 +69,6 @@ int main(int argc, char** argv) {
   auto parameter = variable(randn({4'800'000}, gen), true);
   optim::adamw adamw(nn::named_variables{{"p", parameter}}, optim::adam_options{.lr = 1e-3, .weight_decay = 0.01});
   parameter.set_grad(randn({4'800'000}, gen));
-  // The MLP's first half: linear [256 -> 1024] then GELU. A sequential runs
-  // the pair fused (the linear without its bias, then one bias_gelu); the
-  // "one by one" case calls the same two layers itself, unfused.
-  auto bias = variable(randn({4 * width}, gen), true);
-  auto fc = nn::make<nn::linear>(nn::linear_options{.in_features = width, .out_features = 4 * width, .seed = 4});
-  auto act = nn::make<nn::gelu>();
-  nn::sequential mlp_half({fc, act});
-  auto tokens_by_width = activations.reshape({tokens, width});
 
   const std::vector<op_case> cases{
     {"gelu [2048, 1024]",
@@ -118,22 +107,6 @@ int main(int argc, char** argv) {
      [&] {
        adamw.step();
        return parameter.data();
-     }},
-    {"bias + gelu [2048, 1024]",
-     [&] {
-       return forward_backward(variable(hidden), [&](const variable& x) { return autograd::bias_gelu(x, bias); },
-                               hidden);
-     }},
-    {"linear + gelu [2048, 256] -> 1024, sequential",
-     [&] {
-       fc->zero_grad();
-       return forward_backward(variable(tokens_by_width), [&](const variable& x) { return mlp_half(x); }, hidden);
-     }},
-    {"linear, gelu one by one (unfused)",
-     [&] {
-       fc->zero_grad();
-       return forward_backward(variable(tokens_by_width), [&](const variable& x) { return (*act)((*fc)(x)); },
-                               hidden);
      }},
   };
 

@@ -242,16 +242,6 @@ variable gelu(const variable& a, gelu_approximation approximate) {
   });
 }
 
-variable bias_gelu(const variable& a, const variable& bias, gelu_approximation approximate) {
-  const auto& x = data_of(a, "bias_gelu", "a");
-  const auto& b = data_of(bias, "bias_gelu", "bias");
-  return record("bias_gelu", troupe::bias_gelu(x, b, approximate), {a, bias},
-                [x, b, approximate](const tensor& g, const needs_mask&) {
-                  auto grads = bias_gelu_backward(g, x, b, approximate);
-                  return std::vector<tensor>{std::move(grads.input), std::move(grads.bias)};
-                });
-}
-
 variable sigmoid(const variable& a) {
   auto out = troupe::sigmoid(data_of(a, "sigmoid", "a"));
   return record("sigmoid", out, {a}, [out](const tensor& g, const needs_mask&) {

@@ -42,14 +42,6 @@ def make_cases():
     parameter.grad = torch.randn(4_800_000, generator=g)
     adamw = torch.optim.AdamW([parameter], lr=1e-3, weight_decay=0.01)
 
-    bias = torch.randn(4 * WIDTH, generator=g).requires_grad_(True)
-    mlp_half = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU())
-    tokens_by_width = activations.reshape(TOKENS, WIDTH)
-
-    def linear_gelu():
-        mlp_half.zero_grad(set_to_none=True)
-        return forward_backward(tokens_by_width, mlp_half, hidden)
-
     def embedding():
         table.zero_grad(set_to_none=True)
         table(ids).backward(activations)
@@ -63,9 +55,6 @@ def make_cases():
         lambda: forward_backward(logits, lambda x: F.cross_entropy(x, targets), torch.tensor(1.0)),
         embedding,
         adamw.step,
-        lambda: forward_backward(hidden, lambda x: F.gelu(x + bias), hidden),
-        linear_gelu,  # troupe's sequential (fused) ...
-        linear_gelu,  # ... and its layers called one by one: PyTorch runs the same either way
     ]
 
 

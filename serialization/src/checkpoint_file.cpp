@@ -65,9 +65,10 @@ std::span<const std::byte> bytes_of(const tensor& dense) {
   return {static_cast<const std::byte*>(dense.raw_data()), dense.nbytes()};
 }
 
+/// Writes the file; `crcs[i]` receives payload i's CRC32C.
 expected<void> write_file(const std::filesystem::path& path, const named_tensors& dense,
                           const std::vector<std::uint64_t>& index,
-                          const std::vector<std::uint64_t>& offsets, const std::vector<std::uint32_t>& crcs,
+                          const std::vector<std::uint64_t>& offsets, std::vector<std::uint32_t>& crcs,
                           std::uint64_t payload_bytes) {
   return detail::write_file_atomically(path, [&](detail::file_sink& out) -> expected<void> {
     std::byte head[preamble_bytes] = {};
@@ -86,8 +87,10 @@ expected<void> write_file(const std::filesystem::path& path, const named_tensors
     for (std::size_t i = 0; i < dense.size(); ++i) {
       if (auto ok = out.pad(offsets[i] - position); !ok)
         return ok;
-      if (auto ok = out.write(bytes_of(dense[i].second), crcs[i]); !ok)
-        return ok;
+      auto crc = out.write_hashed(bytes_of(dense[i].second));
+      if (!crc)
+        return crc.error();
+      crcs[i] = *crc;
       position = offsets[i] + dense[i].second.nbytes();
     }
     if (auto ok = out.pad(payload_bytes - position); !ok)
@@ -151,12 +154,9 @@ save_checkpoint_with_extents(const std::filesystem::path& path, const named_tens
     return make_error(errc::invalid_argument, "save_checkpoint: cannot build the index: {}",
                       e.getDescription().cStr());
   }
-  // Each payload's checksum once: the extents report it and the file's own
-  // checksum combines them.
-  std::vector<std::uint32_t> crcs;
-  crcs.reserve(dense.size());
-  for (const auto& [name, value] : dense)
-    crcs.push_back(crc32c(0, bytes_of(value)));
+  // Each payload's checksum, computed as it is written: the extents report
+  // it and the file's own checksum combines them.
+  std::vector<std::uint32_t> crcs(dense.size());
   if (auto ok = write_file(path, dense, index, offsets, crcs, payload_bytes); !ok)
     return ok.error();
   std::vector<checkpoint_extent> extents;

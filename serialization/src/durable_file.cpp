@@ -1,5 +1,6 @@
 #include "durable_file.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -17,9 +18,17 @@ error os_error(std::string_view what, const std::filesystem::path& path) {
   return make_error(errc::io_error, "{} '{}': {}", what, path.string(), std::strerror(errno));
 }
 
-expected<void> file_sink::write(std::span<const std::byte> bytes, std::uint32_t crc_of_bytes) {
-  crc_ = crc32c_combine(crc_, crc_of_bytes, bytes.size());
-  return write_unchecked(bytes);
+expected<std::uint32_t> file_sink::write_hashed(std::span<const std::byte> bytes) {
+  std::uint32_t crc = 0;
+  for (std::size_t done = 0; done < bytes.size();) {
+    auto part = bytes.subspan(done, std::min(hashed_part_bytes, bytes.size() - done));
+    crc = crc32c(crc, part);
+    if (auto ok = write_unchecked(part); !ok)
+      return ok.error();
+    done += part.size();
+  }
+  crc_ = crc32c_combine(crc_, crc, bytes.size());
+  return crc;
 }
 
 expected<void> file_sink::write(std::span<const std::byte> bytes) {

@@ -25,9 +25,11 @@ public:
   file_sink(int fd, const std::filesystem::path& path) : fd_(fd), path_(path) {}
 
   expected<void> write(std::span<const std::byte> bytes);
-  /// `bytes` whose CRC32C the caller has computed: the running checksum
-  /// combines it instead of reading the bytes again.
-  expected<void> write(std::span<const std::byte> bytes, std::uint32_t crc_of_bytes);
+  /// Writes `bytes` and returns their own CRC32C (a payload's, for its
+  /// extent), hashing each part of `hashed_part_bytes` right before it is
+  /// written, while it is in cache; the running checksum combines it once.
+  expected<std::uint32_t> write_hashed(std::span<const std::byte> bytes);
+  static constexpr std::size_t hashed_part_bytes = std::size_t{1} << 20;
   /// `count` zero bytes (count < 64).
   expected<void> pad(std::size_t count);
   /// CRC32C of everything written so far.

@@ -38,18 +38,6 @@ tensor causal_keep(const tensor& a, std::int64_t queries) {
 
 } // namespace
 
-void backend::bias_activation(const tensor& x, const tensor& bias, unary_op activation, tensor& out) {
-  unary(activation, troupe::add(x, bias), 0.0, out);
-}
-
-void backend::bias_activation_backward(const tensor& grad, const tensor& x, const tensor& bias, unary_op activation,
-                                       tensor& grad_input, tensor& grad_bias) {
-  const auto derivative = activation == unary_op::gelu_tanh ? binary_op::gelu_tanh_backward : binary_op::gelu_backward;
-  binary(derivative, grad, troupe::add(x, bias), grad_input);
-  tensor no_indices;
-  reduce_rows(reduce_op::sum, grad_input.t(), grad_bias, no_indices);
-}
-
 // `where`, not adding a -inf mask, so what lies under the mask is never
 // read (a caller may leave it unwritten).
 void backend::causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) {

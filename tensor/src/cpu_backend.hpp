@@ -4,7 +4,6 @@
 // cpu_linalg.cpp, cpu_index.cpp, cpu_nn.cpp and cpu_random.cpp.
 #include <algorithm>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "troupe/tensor/backend.hpp"
@@ -32,9 +31,6 @@ public:
                         tensor& weights) override;
   void causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights, std::int64_t heads,
                                  double scale, tensor& grad_qkv) override;
-  void bias_activation(const tensor& x, const tensor& bias, unary_op activation, tensor& out) override;
-  void bias_activation_backward(const tensor& grad, const tensor& x, const tensor& bias, unary_op activation,
-                                tensor& grad_input, tensor& grad_bias) override;
   void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss,
                      tensor& log_sum_exp) override;
   void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
@@ -150,38 +146,6 @@ template <class T> void row_sums_side_by_side(const T* x, std::int64_t rows, std
         dst[r] += src[r];
     }
   }
-}
-
-/// The blocks row_sum's halving cuts n summed elements into, in order:
-/// (first, count) pairs, count <= 128. Summing each with row_sum and then
-/// adding neighbours as row_sum does (combine_row_sum_blocks) gives row_sum's
-/// result bitwise, so a kernel can produce the elements block by block and
-/// sum each while it is still in cache.
-inline void row_sum_blocks(std::int64_t first, std::int64_t n, std::vector<std::pair<std::int64_t, std::int64_t>>& out) {
-  if (n > 128) {
-    auto half = n / 2;
-    half -= half % 8;
-    row_sum_blocks(first, half, out);
-    row_sum_blocks(first + half, n - half, out);
-    return;
-  }
-  out.emplace_back(first, n);
-}
-
-/// Adds the blocks' partial sums (`width` side by side per block, in
-/// row_sum_blocks' order from `next` on) as row_sum_blocks(·, n) cut them;
-/// returns the total's `width` values, kept in the first block's slot.
-template <class T> T* combine_row_sum_blocks(std::int64_t n, T* partials, std::int64_t width, std::size_t& next) {
-  if (n > 128) {
-    auto half = n / 2;
-    half -= half % 8;
-    T* left = combine_row_sum_blocks(half, partials, width, next);
-    const T* right = combine_row_sum_blocks(n - half, partials, width, next);
-    for (std::int64_t r = 0; r < width; ++r)
-      left[r] = left[r] + right[r];
-    return left;
-  }
-  return partials + static_cast<std::int64_t>(next++) * width;
 }
 
 } // namespace troupe::detail

@@ -10,7 +10,6 @@
 #include <string_view>
 #include <numbers>
 #include <type_traits>
-#include <vector>
 
 #include "cpu_backend.hpp"
 #include "cpu_vector_math.hpp"
@@ -206,42 +205,6 @@ template <class T> T gelu_tanh_derivative(T x) {
   return g.s + x * (g.s * g.one_minus_s) * ((T(1) + T(3 * 0.044715) * x * x) * two_k);
 }
 
-// -- bias + GELU (bias_activation) -----------------------------------------------------
-//
-// The sum x + bias goes through a buffer of a few rows that stays in cache
-// between the add and the function; the add is binary add's and the
-// function the one unary (or binary, for the gradient) applies to a
-// contiguous array, so the results are bitwise those of the two ops.
-
-/// Elements of the sum buffer: 32 KiB of float.
-constexpr std::int64_t bias_block_elements = 8192;
-
-template <class T> void add_bias(const T* x, const T* bias, T* sum, std::int64_t rows, std::int64_t n) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < n; ++j)
-      sum[r * n + j] = T(x[r * n + j] + bias[j]);
-}
-
-template <class T> void activation(unary_op f, const T* x, T* y, std::int64_t m) {
-  const bool tanh = f == unary_op::gelu_tanh;
-  if (vector_math::available()) {
-    tanh ? vector_math::gelu_tanh(x, y, m) : vector_math::gelu(x, y, m);
-    return;
-  }
-  for (std::int64_t i = 0; i < m; ++i)
-    y[i] = tanh ? x[i] * gelu_tanh_gate(x[i]).s : gelu_of(x[i]);
-}
-
-template <class T> void activation_backward(unary_op f, const T* g, const T* x, T* y, std::int64_t m) {
-  const bool tanh = f == unary_op::gelu_tanh;
-  if (vector_math::available()) {
-    tanh ? vector_math::gelu_tanh_backward(g, x, y, m) : vector_math::gelu_backward(g, x, y, m);
-    return;
-  }
-  for (std::int64_t i = 0; i < m; ++i)
-    y[i] = g[i] * (tanh ? gelu_tanh_derivative(x[i]) : gelu_derivative(x[i]));
-}
-
 } // namespace
 
 void cpu_backend::unary(unary_op op, const tensor& a, double scalar, tensor& out) {
@@ -356,60 +319,6 @@ void cpu_backend::where(const tensor& cond, const tensor& a, const tensor& b, te
                         }
                       });
     });
-  });
-}
-
-void cpu_backend::bias_activation(const tensor& x, const tensor& bias, unary_op f, tensor& out) {
-  const auto rows = x.size(0), n = x.size(1);
-  const auto block = std::max<std::int64_t>(1, bias_block_elements / n);
-  dispatch_floating(x.type(), "bias_activation", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* in = x.data<T>();
-    const T* b = bias.data<T>();
-    T* y = out.data<T>();
-    parallel_for(rows, std::max<std::int64_t>(1, vector_math_grain / n), [&](std::int64_t first, std::int64_t last) {
-      std::vector<T> sum(static_cast<std::size_t>(std::min(block, last - first) * n));
-      for (auto r = first; r < last; r += block) {
-        const auto m = std::min(block, last - r);
-        add_bias(in + r * n, b, sum.data(), m, n);
-        activation(f, sum.data(), y + r * n, m * n);
-      }
-    });
-  });
-}
-
-// dL/dx block by block, each block summed into the bias gradient while it is
-// in cache: row_sum's blocks of at most 128 rows, added up in its order
-// (cpu_backend.hpp), so the bias gradient is what sum over the rows gives.
-void cpu_backend::bias_activation_backward(const tensor& grad, const tensor& x, const tensor& bias, unary_op f,
-                                           tensor& grad_input, tensor& grad_bias) {
-  const auto rows = x.size(0), n = x.size(1);
-  const auto block = std::max<std::int64_t>(1, bias_block_elements / n);
-  std::vector<std::pair<std::int64_t, std::int64_t>> summed;
-  row_sum_blocks(0, rows, summed);
-  dispatch_floating(x.type(), "bias_activation_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* g = grad.data<T>();
-    const T* in = x.data<T>();
-    const T* b = bias.data<T>();
-    T* dx = grad_input.data<T>();
-    std::vector<T> partials(summed.size() * static_cast<std::size_t>(n));
-    const auto count = static_cast<std::int64_t>(summed.size());
-    parallel_for(count, 1, [&](std::int64_t first, std::int64_t last) {
-      std::vector<T> sum(static_cast<std::size_t>(std::min(block, std::int64_t{128}) * n));
-      for (auto k = first; k < last; ++k) {
-        const auto [begin, size] = summed[static_cast<std::size_t>(k)];
-        for (auto r = begin; r < begin + size; r += block) {
-          const auto m = std::min(block, begin + size - r);
-          add_bias(in + r * n, b, sum.data(), m, n);
-          activation_backward(f, g + r * n, sum.data(), dx + r * n, m * n);
-        }
-        row_sums_side_by_side(dx + begin * n, n, size, n, partials.data() + k * n);
-      }
-    });
-    std::size_t next = 0;
-    const T* total = combine_row_sum_blocks(rows, partials.data(), n, next);
-    std::copy(total, total + n, grad_bias.data<T>());
   });
 }
 

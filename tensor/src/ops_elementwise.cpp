@@ -173,58 +173,6 @@ tensor gelu_backward(const tensor& grad, const tensor& input, gelu_approximation
   const auto op = approximate == gelu_approximation::tanh ? binary_op::gelu_tanh_backward : binary_op::gelu_backward;
   return binary_elementwise("gelu_backward", op, grad, input, operand_types::floating);
 }
-namespace {
-
-/// Checks bias_gelu's operands; returns the width n of x [..., n].
-std::int64_t check_bias_gelu(const char* op, const tensor& x, const tensor& bias) {
-  require_defined(op, x, "input");
-  require_defined(op, bias, "bias");
-  require_floating(op, x);
-  require_same_device(op, x, bias);
-  require_same_dtype(op, x, bias);
-  require(x.rank() >= 1, "{}: input must have at least one dimension, got a scalar", op);
-  const auto n = x.size(-1);
-  require(bias.rank() == 1 && bias.size(0) == n, "{}: bias must be [{}] (input {}'s last dimension), got {}", op, n,
-          x.shape(), bias.shape());
-  return n;
-}
-
-unary_op activation_of(gelu_approximation approximate) {
-  return approximate == gelu_approximation::tanh ? unary_op::gelu_tanh : unary_op::gelu;
-}
-
-} // namespace
-
-tensor bias_gelu(const tensor& x, const tensor& bias, gelu_approximation approximate) {
-  const char* op = "bias_gelu";
-  const auto n = check_bias_gelu(op, x, bias);
-  auto input = x.contiguous();
-  auto out = tensor::empty(x.shape(), x.type(), x.where());
-  if (input.numel() > 0) {
-    auto rows = out.view({-1, n});
-    backend_for(x.where(), op).bias_activation(input.view({-1, n}), bias.contiguous(), activation_of(approximate),
-                                               rows);
-  }
-  return out;
-}
-
-bias_gelu_grads bias_gelu_backward(const tensor& grad, const tensor& x, const tensor& bias,
-                                   gelu_approximation approximate) {
-  const char* op = "bias_gelu_backward";
-  const auto n = check_bias_gelu(op, x, bias);
-  require_defined(op, grad, "grad");
-  require_same_device(op, grad, x);
-  require_same_dtype(op, grad, x);
-  require(grad.shape() == x.shape(), "{}: grad {} and input {} differ in shape", op, grad.shape(), x.shape());
-  bias_gelu_grads out{tensor::empty(x.shape(), x.type(), x.where()), tensor::zeros({n}, x.type(), x.where())};
-  if (x.numel() > 0) {
-    auto rows = out.input.view({-1, n});
-    backend_for(x.where(), op).bias_activation_backward(grad.contiguous().view({-1, n}), x.contiguous().view({-1, n}),
-                                                        bias.contiguous(), activation_of(approximate), rows, out.bias);
-  }
-  return out;
-}
-
 tensor sigmoid_backward(const tensor& grad, const tensor& output) {
   return binary_elementwise("sigmoid_backward", binary_op::sigmoid_backward, grad, output,
                             operand_types::floating);

@@ -67,13 +67,6 @@ TEST(FunctionsGradcheck, ElementwiseMath) {
   EXPECT_TRUE(gradcheck([](const inputs& v) { return sigmoid(v[0]); }, {a}));
 }
 
-TEST(FunctionsGradcheck, BiasGeluForTheInputAndTheBias) {
-  auto x = random_tensor({3, 2, 5}, 60, -2.0, 2.0);
-  auto bias = random_tensor({5}, 61);
-  EXPECT_TRUE(gradcheck([](const inputs& v) { return bias_gelu(v[0], v[1]); }, {x, bias}));
-  EXPECT_TRUE(gradcheck([](const inputs& v) { return bias_gelu(v[0], v[1], gelu_approximation::tanh); }, {x, bias}));
-}
-
 // -- reductions -------------------------------------------------------------------------
 
 TEST(FunctionsGradcheck, SumAndMean) {

@@ -7,7 +7,6 @@
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
-#include "troupe/autograd/node.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::nn {
@@ -149,46 +148,6 @@ TEST(NnLayers, ReluAndGeluMatchTheirFormulas) {
   for (double v : {-2.0, -0.5, 0.0, 1.5})
     expected.push_back(0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * v * v * v))));
   expect_near_all(approximate(variable(x)).data(), expected);
-}
-
-// sequential runs linear then gelu as the linear without its bias and one
-// bias_gelu: the same values within float rounding (float64 here), the same
-// gradients, and the fused op in the graph.
-TEST(NnLayers, SequentialFusesLinearThenGeluWithTheSameResults) {
-  for (auto approximate : {gelu_approximation::none, gelu_approximation::tanh}) {
-    auto fc1 = make<linear>(linear_options{.in_features = 6, .out_features = 20, .type = dtype::float64, .seed = 3});
-    auto act = make<gelu>(approximate);
-    auto fc2 = make<linear>(linear_options{.in_features = 20, .out_features = 4, .type = dtype::float64, .seed = 4});
-    auto model = make<sequential>(std::initializer_list<module_ptr>{fc1, act, fc2});
-    generator gen{5, 0};
-    auto x = variable(rand({2, 7, 6}, gen, -2.0, 2.0, dtype::float64));
-
-    auto fused_hidden = (*model)(x);
-    EXPECT_EQ(fused_hidden.grad_fn()->name(), "linear_backward"); // fc2's
-    autograd::backward(autograd::sum(autograd::mul(fused_hidden, fused_hidden)));
-    std::vector<tensor> fused_grads;
-    for (const auto& p : model->parameters())
-      fused_grads.push_back(p.grad().contiguous());
-    model->zero_grad();
-
-    // The same layers one by one: linear (bias in the product), then gelu.
-    auto hidden = (*fc2)((*act)((*fc1)(x)));
-    expect_near_all(fused_hidden.data(), hidden.data().to_vector<double>(), 1e-13);
-    autograd::backward(autograd::sum(autograd::mul(hidden, hidden)));
-    auto parameters = model->parameters();
-    ASSERT_EQ(parameters.size(), fused_grads.size());
-    for (std::size_t i = 0; i < parameters.size(); ++i)
-      expect_near_all(fused_grads[i], parameters[i].grad().to_vector<double>(), 1e-12);
-  }
-  // The fused node is there: fc1 and gelu alone make a bias_gelu.
-  auto pair = make<sequential>(std::initializer_list<module_ptr>{
-      make<linear>(linear_options{.in_features = 3, .out_features = 5, .type = dtype::float64}), make<gelu>()});
-  EXPECT_EQ((*pair)(variable(tensor::ones({2, 3}, dtype::float64))).grad_fn()->name(), "bias_gelu_backward");
-  // A linear without a bias is not fused.
-  auto unbiased = make<sequential>(std::initializer_list<module_ptr>{
-      make<linear>(linear_options{.in_features = 3, .out_features = 5, .bias = false, .type = dtype::float64}),
-      make<gelu>()});
-  EXPECT_EQ((*unbiased)(variable(tensor::ones({2, 3}, dtype::float64))).grad_fn()->name(), "gelu_backward");
 }
 
 TEST(NnLayers, DropoutIsIdentityInEvalAndScalesKeptElementsInTraining) {

@@ -1,12 +1,6 @@
 #include "troupe/autograd/nn/sequential.hpp"
 
 #include <string>
-#include <typeinfo>
-#include <utility>
-
-#include "troupe/autograd/functions.hpp"
-#include "troupe/autograd/nn/gelu.hpp"
-#include "troupe/autograd/nn/linear.hpp"
 
 namespace troupe::nn {
 
@@ -20,39 +14,10 @@ sequential::sequential(const std::vector<module_ptr>& layers) {
     append(layer);
 }
 
-namespace {
-
-/// The pair at `at`, `at + 1` when it is a linear layer with a bias followed
-/// by GELU (exactly those classes: a subclass may compute something else).
-std::pair<const linear*, const gelu*> linear_then_gelu(const std::vector<module_ptr>& layers, std::size_t at) {
-  if (at + 1 >= layers.size())
-    return {};
-  const module& first = *layers[at];
-  const module& second = *layers[at + 1];
-  if (typeid(first) != typeid(linear) || typeid(second) != typeid(gelu))
-    return {};
-  const auto& fc = static_cast<const linear&>(first);
-  if (!fc.bias().defined())
-    return {};
-  return {&fc, &static_cast<const gelu&>(second)};
-}
-
-} // namespace
-
-// Linear then GELU runs as the linear without its bias and one bias_gelu:
-// the biased output is neither stored nor read again (functions.hpp). The
-// values differ from the two layers' only by float rounding (the bias is
-// added after the product instead of before it).
 variable sequential::forward(const variable& input) {
   variable x = input;
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    if (auto [fc, activation] = linear_then_gelu(layers_, i); fc != nullptr) {
-      x = autograd::bias_gelu(autograd::linear(x, fc->weight(), variable()), fc->bias(), activation->approximate());
-      ++i;
-      continue;
-    }
-    x = layers_[i]->forward(x);
-  }
+  for (const auto& layer : layers_)
+    x = layer->forward(x);
   return x;
 }
 

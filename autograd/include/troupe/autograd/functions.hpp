@@ -38,12 +38,6 @@ variable pow(const variable& a, double exponent);
 variable relu(const variable& a);
 /// Exact GELU, or its tanh approximation (PyTorch's approximate='tanh').
 variable gelu(const variable& a, gelu_approximation approximate = gelu_approximation::none);
-/// gelu(a + bias), bias [n] along a's last dimension, as one op (forward and
-/// backward one pass each; ops.hpp's bias_gelu). A linear layer without its
-/// bias followed by this is `linear` then `gelu`, without the biased output
-/// stored or read again: sequential fuses the pair (nn/sequential.hpp).
-variable bias_gelu(const variable& a, const variable& bias,
-                   gelu_approximation approximate = gelu_approximation::none);
 variable sigmoid(const variable& a);
 
 // -- reductions ------------------------------------------------------------------

@@ -144,15 +144,6 @@ public:
   /// dL/dx of row-wise (log-)softmax from dL/dy and y, all contiguous.
   virtual void softmax_backward(const tensor& grad, const tensor& output, bool log,
                                 tensor& out) = 0;
-  /// out = f(x + bias) for contiguous x [rows, n] and bias [n], f being
-  /// `activation` (gelu or gelu_tanh): bitwise what binary add and then
-  /// unary f give, without storing the sum. The default does just that.
-  virtual void bias_activation(const tensor& x, const tensor& bias, unary_op activation, tensor& out);
-  /// Gradients of bias_activation from dL/dy `grad` (all contiguous):
-  /// grad_input = grad * f'(x + bias) and grad_bias [n] its column sums,
-  /// bitwise what f's backward op and reduce_rows' sum over the rows give.
-  virtual void bias_activation_backward(const tensor& grad, const tensor& x, const tensor& bias, unary_op activation,
-                                        tensor& grad_input, tensor& grad_bias);
   /// Causal softmax of contiguous [rows, cols], rows being `queries`-row
   /// matrices stacked: row r gives weight 0 to columns after r % queries and
   /// softmax(scale x) to the others (scale > 0). Elements under the mask are

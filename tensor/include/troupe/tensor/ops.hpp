@@ -73,20 +73,6 @@ tensor gelu_backward(const tensor& grad, const tensor& input,
 tensor sigmoid_backward(const tensor& grad, const tensor& output);
 tensor tanh_backward(const tensor& grad, const tensor& output);
 
-/// gelu(x + bias), bias [n] added along x's last dimension [..., n], in one
-/// pass: the bias of a linear layer whose output feeds GELU (Megatron's
-/// bias_gelu), so the sum x + bias is never stored. Bitwise equal to
-/// gelu(x + bias).
-tensor bias_gelu(const tensor& x, const tensor& bias, gelu_approximation approximate = gelu_approximation::none);
-struct bias_gelu_grads {
-  tensor input; ///< dL/dx = grad * gelu'(x + bias)
-  tensor bias;  ///< dL/dbias [n]: dL/dx summed over every dimension but the last
-};
-/// Both gradients of bias_gelu in one pass over grad and x. Bitwise equal
-/// to gelu_backward(grad, x + bias) and its sum over the leading dimensions.
-bias_gelu_grads bias_gelu_backward(const tensor& grad, const tensor& x, const tensor& bias,
-                                   gelu_approximation approximate = gelu_approximation::none);
-
 // -- reductions --------------------------------------------------------------
 
 /// Sum over `dims_to_reduce` (empty: over all dimensions).

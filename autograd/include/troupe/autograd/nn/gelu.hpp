@@ -10,7 +10,6 @@ class gelu : public module {
 public:
   explicit gelu(gelu_approximation approximate = gelu_approximation::none) : approximate_(approximate) {}
   variable forward(const variable& input) override;
-  gelu_approximation approximate() const noexcept { return approximate_; }
 
 private:
   gelu_approximation approximate_;
