@@ -472,7 +472,7 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
       if (auto ok = ask_shards(i, ps_wire::op::load); !ok)
         return ok.error();
   for (std::size_t i = 0; i < locals.size(); ++i)
-    if (auto ok = apply_training_state(values[i], *locals[i].model, *locals[i].optimizer); !ok)
+    if (auto ok = apply_training_state(std::move(values[i]), *locals[i].model, *locals[i].optimizer); !ok)
       return make_error(ok.error().code(), "checkpoint {}: {}", directory.string(), ok.error().message());
   for (auto& group : pipelines)
     if (auto ok = pipeline_access::state(*group.stages).load_stages(directory, group.sharded); !ok)

@@ -160,9 +160,8 @@ expected<training_state_values> read_training_state(const checkpoint_reader& rea
   return out;
 }
 
-expected<void> apply_training_state(const training_state_values& values, nn::module& model,
-                                    optim::optimizer& optimizer) {
-  if (auto loaded = optimizer.load_state_dict(values.optimizer); !loaded)
+expected<void> apply_training_state(training_state_values values, nn::module& model, optim::optimizer& optimizer) {
+  if (auto loaded = optimizer.load_state_dict(std::move(values.optimizer)); !loaded)
     return loaded;
   return model.load_state_dict(values.model);
 }
@@ -318,7 +317,7 @@ expected<void> load_training_state(nn::module& model, optim::optimizer& optimize
   auto values = sharded ? read_sharded_training_state(*reader, model) : read_training_state(*reader, model, optimizer);
   if (!values)
     return values.error();
-  if (auto loaded = apply_training_state(*values, model, optimizer); !loaded)
+  if (auto loaded = apply_training_state(std::move(*values), model, optimizer); !loaded)
     return located(*reader, loaded.error());
   return {};
 }

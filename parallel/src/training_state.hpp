@@ -103,9 +103,9 @@ struct training_state_values {
 expected<training_state_values> read_training_state(const checkpoint_reader& reader, const nn::module& model,
                                                     const optim::optimizer& optimizer);
 /// Loads what read_training_state read (the optimizer first: its checks
-/// come before any change, and the model's were made by the read).
-expected<void> apply_training_state(const training_state_values& values, nn::module& model,
-                                    optim::optimizer& optimizer);
+/// come before any change, and the model's were made by the read). The
+/// optimizer keeps the values read as its state (no copy).
+expected<void> apply_training_state(training_state_values values, nn::module& model, optim::optimizer& optimizer);
 
 /// Where one writer's part of a save goes and who else holds it.
 struct save_target {

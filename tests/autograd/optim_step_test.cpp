@@ -213,6 +213,41 @@ TEST(OptimStateDict, AdamResumesExactly) {
   });
 }
 
+// Loading from an rvalue (a checkpoint's values, read for this) keeps those
+// tensors as the state; from an lvalue, or a view into a larger buffer, the
+// state is a copy. Either way the run resumes exactly.
+TEST(OptimStateDict, LoadingFromAnRvalueKeepsTheTensorsItWasGiven) {
+  auto straight = make_parameter(initial);
+  adamw uninterrupted({{"layer.weight", straight}}, adam_options{.lr = 0.02});
+  run(uninterrupted, straight, 1, 7);
+
+  auto first = make_parameter(initial);
+  adamw before({{"layer.weight", first}}, adam_options{.lr = 0.02});
+  run(before, first, 1, 3);
+  auto saved = before.state_dict();
+  const void* exp_avg = find_tensor(saved, "layer.weight.exp_avg").raw_data();
+  // exp_avg_sq as a view into a buffer twice its size: copied, not kept.
+  auto wide = tensor::zeros({2 * static_cast<std::int64_t>(initial.size())}, dtype::float64);
+  for (auto& [key, value] : saved)
+    if (key == "layer.weight.exp_avg_sq") {
+      auto half = wide.narrow(0, 0, value.numel());
+      half.copy_from(value);
+      value = half;
+    }
+
+  auto second = make_parameter(first.data().to_vector<double>());
+  adamw after({{"layer.weight", second}}, adam_options{.lr = 0.02});
+  auto copied = after.load_state_dict(saved);
+  ASSERT_TRUE(copied) << copied.error().message();
+  EXPECT_NE(find_tensor(after.state_views(), "layer.weight.exp_avg").raw_data(), exp_avg);
+  auto adopted = after.load_state_dict(std::move(saved));
+  ASSERT_TRUE(adopted) << adopted.error().message();
+  EXPECT_EQ(find_tensor(after.state_views(), "layer.weight.exp_avg").raw_data(), exp_avg);
+  EXPECT_NE(find_tensor(after.state_views(), "layer.weight.exp_avg_sq").raw_data(), wide.raw_data());
+  run(after, second, 4, 4);
+  expect_values(second, straight.data().to_vector<double>());
+}
+
 TEST(OptimStateDict, BadStateIsAnErrorAndChangesNothing) {
   auto p = make_parameter(initial);
   adam opt({{"w", p}});

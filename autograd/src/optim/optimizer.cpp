@@ -63,7 +63,11 @@ named_tensors optimizer::state_views() const {
   return out;
 }
 
-expected<void> optimizer::load_state_dict(const named_tensors& state) {
+expected<void> optimizer::load_state_dict(const named_tensors& state) { return load_state(state, false); }
+
+expected<void> optimizer::load_state_dict(named_tensors&& state) { return load_state(state, true); }
+
+expected<void> optimizer::load_state(const named_tensors& state, bool adopt) {
   auto tensor_names = state_names();
   auto scalar_names = scalar_state_names();
   auto all_names = tensor_names;
@@ -122,8 +126,17 @@ expected<void> optimizer::load_state_dict(const named_tensors& state) {
         return make_error(errc::state_mismatch,
                           "optimizer load_state_dict: dtype mismatch for '{}': state has {} but expected {}", key,
                           value.type(), want_type);
-      // Moments live where the parameter lives; scalars stay on the host.
-      loaded[i].push_back(scalar ? value.reshape({}).clone() : value.to(parameter.data().where()).clone());
+      // Moments live where the parameter lives; scalars stay on the host. An
+      // adopted tensor is kept when it is a whole contiguous buffer (it was
+      // read for this); a copy to the parameter's device is a fresh tensor.
+      if (scalar) {
+        loaded[i].push_back(value.reshape({}).clone());
+        continue;
+      }
+      auto placed = value.to(parameter.data().where());
+      const bool keep = adopt && placed.is_contiguous() && placed.offset() == 0 &&
+                        placed.memory()->bytes() == placed.nbytes();
+      loaded[i].push_back(keep ? placed : placed.clone());
     }
   }
   state_ = std::move(loaded);

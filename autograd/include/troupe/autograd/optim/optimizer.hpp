@@ -55,6 +55,10 @@ public:
   /// modified unless every entry validates. A parameter with no entries has
   /// no state yet (it never had a gradient).
   expected<void> load_state_dict(const named_tensors& state);
+  /// The same, keeping the given tensors as the state instead of copies of
+  /// them (those already on their parameter's device): for values read to
+  /// be loaded, such as a checkpoint's. The caller must not use them after.
+  expected<void> load_state_dict(named_tensors&& state);
 
   /// The learning rate (schedulers change it between steps).
   virtual double learning_rate() const = 0;
@@ -74,6 +78,10 @@ protected:
                       std::vector<tensor>& state) = 0;
 
 private:
+  /// load_state_dict's checks and loading; `adopt`: keep the tensors
+  /// themselves where they can serve as the state.
+  expected<void> load_state(const named_tensors& state, bool adopt);
+
   named_variables parameters_;
   /// Per parameter: empty (no state yet) or all its state tensors.
   std::vector<std::vector<tensor>> state_;
