@@ -22,9 +22,8 @@
 // training proceeds the activations grow, and a kernel whose cost depends
 // on its inputs' magnitude (glibc's erff did) slows the step. The two are
 // timed alternately in the same minute (a second copy of the model trained
-// to step 90, then 20 steps of each in turn), because this VM's own speed
-// moves by a third for minutes at a time (median step time per 100 steps
-// of one run: 18.3 to 33.2 ms, up and down).
+// to step 90, then 20 steps of each in turn), because a VM's own speed can
+// move for minutes at a time (docs/performance.md, 2026-11-27 (fourth)).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -46,14 +46,21 @@ std::array<std::uint32_t, 32> squared(const std::array<std::uint32_t, 32>& matri
   return out;
 }
 
+/// The map "append one zero bit": shift right, folding in the polynomial
+/// when a one leaves.
+std::array<std::uint32_t, 32> one_zero_bit() {
+  std::array<std::uint32_t, 32> map{};
+  map[0] = castagnoli_reflected;
+  for (std::size_t i = 1; i < 32; ++i)
+    map[i] = std::uint32_t{1} << (i - 1);
+  return map;
+}
+
 #if defined(__x86_64__)
 /// The map "append `bytes` zero bytes" on a CRC register (no pre- or
 /// post-conditioning), `bytes` a power of two.
 std::array<std::uint32_t, 32> zeros_operator(std::size_t bytes) {
-  std::array<std::uint32_t, 32> map{};
-  map[0] = castagnoli_reflected; // one zero bit: shift right, folding in the polynomial
-  for (std::size_t i = 1; i < 32; ++i)
-    map[i] = std::uint32_t{1} << (i - 1);
+  auto map = one_zero_bit();
   for (int i = 0; i < 3; ++i) // 2, 4, 8 bits: one byte
     map = squared(map);
   for (std::size_t n = 1; n < bytes; n *= 2)
@@ -118,11 +125,7 @@ std::uint32_t crc32c(std::uint32_t crc, std::span<const std::byte> bytes) noexce
 std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t length_b) noexcept {
   if (length_b == 0)
     return crc_a;
-  // One zero bit: shift right, folding in the polynomial when a one leaves.
-  std::array<std::uint32_t, 32> odd{};
-  odd[0] = castagnoli_reflected;
-  for (std::size_t i = 1; i < 32; ++i)
-    odd[i] = std::uint32_t{1} << (i - 1);
+  auto odd = one_zero_bit();
   auto even = squared(odd); // two zero bits
   odd = squared(even);      // four
   // Apply 8 * length_b zero bits to crc_a, squaring the map bit by bit of the length.
