@@ -248,7 +248,7 @@ expected<void> pipeline::state::start() {
         spec.bucket_bytes = options_.replication->bucket_bytes;
         spec.ring_timeout_ms = static_cast<std::uint64_t>(options_.timeout.count());
       }
-      auto spawned = node_.spawn_remote(places_[i], stage_factory_name, to_message(spec));
+      auto spawned = node_.spawn_remote(places_[i], stage_factory_, to_message(spec));
       if (!spawned)
         return make_error(spawned.error_value().code(), "pipeline: stage {} ({}) could not start: {}",
                           i, names_[i], spawned.error_value().message());

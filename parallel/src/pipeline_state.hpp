@@ -84,6 +84,9 @@ struct pipeline::state {
   struct driver;
   actors::node& node_;
   pipeline_options options_;
+  /// The node factory that builds a stage in another process: the stage
+  /// recipe's (remote.hpp), or a tensor_parallel_pipeline's, set before start().
+  std::string stage_factory_ = stage_factory_name;
   finish_hook finish_hook_;
   bool shut_down_ = false;
   std::unique_ptr<driver> driver_;

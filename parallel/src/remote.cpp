@@ -30,6 +30,32 @@ tensor_sender routed_tensor_sender(std::shared_ptr<actors::tensor_router> router
   };
 }
 
+std::shared_ptr<stage_options> stage_from_spec(const stage_spec& spec, const actors::place& where,
+                                               actors::node& node, std::shared_ptr<nn::sequential> layers,
+                                               const optimizer_factory& optimizer, loss_function loss) {
+  auto stage = std::make_shared<stage_options>();
+  stage->index = spec.index;
+  stage->stages = spec.stages;
+  stage->layers = std::move(layers);
+  stage->device = where.device;
+  stage->layers->to(stage->device);
+  stage->optimizer = optimizer(stage->layers->named_parameters());
+  stage->loss = std::move(loss);
+  stage->rematerialize = spec.rematerialize;
+  stage->defer_weight_gradients = spec.defer_weight_gradients;
+  stage->fill_idle_with_weight_gradients = spec.fill_idle_with_weight_gradients;
+  stage->policy = schedule_policy{.credits = spec.credits, .backward_first = spec.backward_first,
+                                  .micro_batches = spec.micro_batches, .fixed_order = spec.fixed_order};
+  stage->sender = routed_tensor_sender(node.router(), where.to_string());
+  stage->name = where.to_string();
+  stage->replication.ring = *ring_places(spec); // validated by stage_spec_from
+  stage->replication.rank = static_cast<std::uint32_t>(spec.replica_rank);
+  stage->replication.node = &node;
+  stage->replication.bucket_bytes = spec.bucket_bytes;
+  stage->replication.timeout = std::chrono::milliseconds(spec.ring_timeout_ms);
+  return stage;
+}
+
 void register_stage_factory(actors::node& node, stage_recipe recipe) {
   require(static_cast<bool>(recipe.model) && static_cast<bool>(recipe.optimizer) &&
             static_cast<bool>(recipe.loss),
@@ -51,26 +77,8 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
             errc::invalid_argument,
             fmt::format("pipeline stage {}: layers [{}, {}) but this process's model has {}",
                         where.to_string(), spec->begin, spec->end, model ? model->size() : 0));
-        auto stage = std::make_shared<stage_options>();
-        stage->index = spec->index;
-        stage->stages = spec->stages;
-        stage->layers = model->slice(spec->begin, spec->end);
-        stage->device = where.device;
-        stage->layers->to(stage->device);
-        stage->optimizer = recipe.optimizer(stage->layers->named_parameters());
-        stage->loss = recipe.loss;
-        stage->rematerialize = spec->rematerialize;
-        stage->defer_weight_gradients = spec->defer_weight_gradients;
-        stage->fill_idle_with_weight_gradients = spec->fill_idle_with_weight_gradients;
-        stage->policy = schedule_policy{.credits = spec->credits, .backward_first = spec->backward_first,
-                                        .micro_batches = spec->micro_batches, .fixed_order = spec->fixed_order};
-        stage->sender = routed_tensor_sender(owner->router(), where.to_string());
-        stage->name = where.to_string();
-        stage->replication.ring = *ring_places(*spec); // validated by stage_spec_from
-        stage->replication.rank = static_cast<std::uint32_t>(spec->replica_rank);
-        stage->replication.node = owner;
-        stage->replication.bucket_bytes = spec->bucket_bytes;
-        stage->replication.timeout = std::chrono::milliseconds(spec->ring_timeout_ms);
+        auto stage = stage_from_spec(*spec, where, *owner, model->slice(spec->begin, spec->end), recipe.optimizer,
+                                     recipe.loss);
         return system.spawn<caf::detached>(stage_actor, std::move(stage));
       } catch (const std::exception& e) {
         return actors::make_caf_error(errc::invalid_argument,

@@ -190,6 +190,14 @@ expected<stage_spec> stage_spec_from(const caf::message& message);
 /// The spec's ring, split and validated (empty when not replicated).
 expected<std::vector<std::string>> ring_places(const stage_spec& spec);
 
+/// A stage in this process built from a spec received from the driver: its
+/// `layers` (already sliced) moved to the place's device, their optimizer,
+/// the routed sender, the spec's schedule and replication. For the node
+/// factories of remote.cpp and tensor_parallel_pipeline.cpp.
+std::shared_ptr<stage_options> stage_from_spec(const stage_spec& spec, const actors::place& where,
+                                               actors::node& node, std::shared_ptr<nn::sequential> layers,
+                                               const optimizer_factory& optimizer, loss_function loss);
+
 /// stage_stats (pipeline.hpp): of the last step, reset by p_begin.
 
 /// The stage actor's behaviour; spawn it detached:

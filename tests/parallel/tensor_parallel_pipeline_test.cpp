@@ -102,18 +102,66 @@ TEST(TensorTimesPipelineLayout, TheMeshNamesTheGroupsTensorInnermost) {
   EXPECT_THROW((void)made->model(2, 0), usage_error);
 }
 
-TEST(TensorTimesPipelineLayout, StagesInOtherProcessesAreRefusedNamingWhy) {
+// Across processes every rank of the mesh is a process of the job
+// (examples/check_tensor_parallel_demo.sh trains such layouts); a layout
+// the job's processes do not fill, or stages in other processes on a node of
+// the program's own, is refused naming why.
+TEST(TensorTimesPipelineLayout, LayoutsTheProcessesDoNotFitAreRefusedNamingWhy) {
   auto job = troupe::job::local().value();
+  const tensor_parallel_pipeline_options across{
+    .tensor = 2,
+    .model = [&](reducer_group& group) { return std::make_shared<parallel_gpt>(config, group); },
+    .loss = vocab_parallel_loss,
+    .pipeline = {.optimizer = sgd_factory({.lr = 0.1})}};
   try {
-    (void)tensor_parallel_pipeline::create(
-        job, {.tensor = 2,
-                     .model = [&](reducer_group& group) { return std::make_shared<parallel_gpt>(config, group); },
-                     .loss = vocab_parallel_loss,
-                     .pipeline = {.places = {"worker0/cpu"}, .optimizer = sgd_factory({.lr = 0.1})}});
-    ADD_FAILURE() << "accepted remote stages";
+    (void)tensor_parallel_pipeline::create(job, across);
+    ADD_FAILURE() << "2 tensor ranks were accepted in a job of one process";
   } catch (const usage_error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("set in_this_process"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("1 processes for 2 tensor ranks x 1 replicas"));
   }
+  auto places = across;
+  places.tensor = 1;
+  places.pipeline.places = {"worker0/cpu", "worker0/cpu"};
+  try {
+    (void)tensor_parallel_pipeline::create(job, places);
+    ADD_FAILURE() << "two places for a job of one process were accepted";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("2 places for 1 processes"));
+  }
+  try {
+    (void)tensor_parallel_pipeline::create(job.node(), across);
+    ADD_FAILURE() << "remote stages on the program's own node were accepted";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("set in_this_process, or create it from the job on every rank"));
+  }
+}
+
+// One process is a mesh of one rank: the stage is prepared, the driver
+// starts it through the node factory as it would in another process, and
+// training equals nn::gpt's; digests are the driver's view of the pieces.
+TEST(TensorTimesPipelineLayout, OneProcessJobRunsTheAcrossProcessesPath) {
+  const auto one_process = test::train_gpt(config, steps, token_ids);
+  auto job = troupe::job::local().value();
+  auto made = tensor_parallel_pipeline::create(
+      job, {.tensor = 1,
+                   .model = [&](reducer_group& group) { return std::make_shared<parallel_gpt>(config, group); },
+                   .loss = vocab_parallel_loss,
+                   .pipeline = {.micro_batches = 2, .optimizer = sgd_factory({.lr = 0.1})}});
+  ASSERT_TRUE(made) << made.error_value().message();
+  for (int s = 0; s < steps; ++s) {
+    auto loss = made->train_step(token_ids(s, 0), token_ids(s, 1));
+    ASSERT_TRUE(loss) << loss.error_value().message();
+    EXPECT_NEAR(*loss, one_process.losses[s], 1e-10 * (1 + one_process.losses[s])) << "step " << s;
+  }
+  auto digests = made->parameter_digests(0, 0);
+  ASSERT_TRUE(digests) << digests.error_value().message();
+  ASSERT_EQ(digests->size(), 1u);
+  double want = 0;
+  for (const auto& [name, value] : one_process.parameters)
+    for (double v : value.to_vector<double>())
+      want += v + v * v;
+  EXPECT_NEAR((*digests)[0], want, 1e-9 * std::abs(want));
+  EXPECT_THROW((void)made->model(0, 0), usage_error);
 }
 
 } // namespace

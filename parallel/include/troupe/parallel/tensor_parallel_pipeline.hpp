@@ -40,11 +40,25 @@
 // stages x 2 tensor ranks, and x 2 replicas, sequence parallelism on and
 // off, against nn::gpt).
 //
-// What it does not do yet: stages in other processes (in_this_process is
-// required: a remote stage would need the group joined in the stage's
-// process before its model is built, which the stage recipe does not do),
-// and the builds are whole models, P per tensor rank (the parameters of
-// the layers a stage does not keep are built and dropped).
+// Across processes (in_this_process unset, created from the job): every
+// rank of the job calls create() with the same options and is one rank of
+// the mesh, so the processes number D x P x T and fix P. Each rank joins
+// its tensor-parallel group, builds the model over it and keeps its stage;
+// once every rank has, the driver (rank 0) starts the D x T pipelines,
+// whose stages are the ranks' prepared ones, and the other ranks serve:
+// From examples/tensor_parallel_demo.cpp:
+//
+//   auto tp = job.must(parallel::tensor_parallel_pipeline::create(
+//     job, {.tensor = std::uint32_t(tensor_ranks), .data = std::uint32_t(replicas),
+//           .model = [&](parallel::reducer_group& group) {
+//           ...
+//           .pipeline = {.micro_batches = std::size_t(micro), .optimizer = corpus.recipe().optimizer}}),
+//     "tensor_parallel_pipeline");
+//   if (!job.is_driver()) return job.serve();
+//
+// Every build is a whole model (P per tensor rank in one process, one per
+// process across processes): the parameters of the layers a stage does not
+// keep are built and dropped.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -79,8 +93,9 @@ struct tensor_parallel_pipeline_options {
   tensor_parallel_loss_factory loss{};
   /// What every pipeline runs: one place per stage (their count is the
   /// "pipeline" axis), split, schedule, micro-batches, optimizer, timeout.
-  /// Leave model, loss, name and replication unset; in_this_process must
-  /// be set (above).
+  /// Leave model, loss, name and replication unset. In one process
+  /// (in_this_process): one place per stage. Across processes: every
+  /// rank's place by rank, or none (the job's).
   pipeline_options pipeline{};
 };
 
@@ -91,6 +106,9 @@ public:
   /// stage that does not start is an error value.
   static expected<tensor_parallel_pipeline> create(actors::node& node, tensor_parallel_pipeline_options options);
   /// The same on the job's node; the job stops the pipelines at finish().
+  /// Without in_this_process every rank calls it (above); a rank whose
+  /// group or stage does not start, or that waits longer than the
+  /// pipeline's timeout for the others, gets an error value.
   static expected<tensor_parallel_pipeline> create(troupe::job& job, tensor_parallel_pipeline_options options);
 
   ~tensor_parallel_pipeline();
@@ -108,12 +126,19 @@ public:
   const mesh& layout() const;
   /// What replica `data`'s tensor rank `tensor` trains: its pieces of every
   /// stage's layers, by the whole model's names (pieces_equal compares it).
+  /// In one process only (usage_error across processes).
   nn::sequential& model(std::uint32_t data, std::uint32_t tensor);
+  /// Per stage, the sum of p + p^2 over replica `data`'s tensor rank
+  /// `tensor`'s pieces (pipeline::parameter_digests): compares pieces held
+  /// in other processes without moving them. On the driver.
+  expected<std::vector<double>> parameter_digests(std::uint32_t data, std::uint32_t tensor);
 
 private:
   friend struct tensor_parallel_pipeline_access; // checkpoints reach the pipelines (parallel/src)
   struct state;
   explicit tensor_parallel_pipeline(std::unique_ptr<state> st);
+  static expected<tensor_parallel_pipeline> create_across_processes(troupe::job& job,
+                                                                    tensor_parallel_pipeline_options options);
   /// "replica d, tensor rank t" of pipeline d T + t, for errors.
   std::string name(std::size_t k) const;
   std::unique_ptr<state> state_;
