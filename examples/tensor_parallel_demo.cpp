@@ -16,11 +16,14 @@
 // Flags: --steps, --print-every, --tensor (1-8), --replicas (1-8),
 // --micro-batches, --sequence-parallel=1 (layer norms and dropout on a
 // piece of the sequence each: reduce-scatter and all-gather instead of the
-// allreduces).
+// allreduces). --checkpoint-dir=DIR with --checkpoint-every=N (default 20):
+// every stage saves its pieces with their global shapes every N steps, and
+// a run resumes after the latest checkpoint in DIR, at whatever layout.
 #include <fmt/format.h>
 
 #include "license_corpus.hpp"
 #include "troupe/job.hpp"
+#include "troupe/parallel/checkpoints.hpp"
 #include "troupe/parallel/tensor_parallel_pipeline.hpp"
 #include "troupe/parallel/tensor_parallel_transformer.hpp"
 #include "troupe/parallel/vocab_parallel.hpp"
@@ -34,6 +37,8 @@ int main(int argc, char** argv) {
   const auto replicas = job.flag("replicas", 1, 1, 8);
   const auto micro = job.flag("micro-batches", 2, 1, 16);
   const auto sequence_parallel = job.flag("sequence-parallel", 0, 0, 1);
+  const auto directory = job.flag("checkpoint-dir", ""); // none: no checkpoints
+  const auto every = job.flag("checkpoint-every", 20, 1, 1'000'000);
   examples::license_corpus corpus;
   job.start();
   constexpr std::int64_t batch = 16, seq = 64; // the whole batch, shared by the replicas
@@ -68,9 +73,16 @@ int main(int argc, char** argv) {
              config.n_layer + 2, job.world_size() / per_stage, tensor_ranks, replicas, micro,
              sequence_parallel == 1 ? ", sequence parallel" : "");
   generator data{2};
-  for (auto step : job.steps(steps)) {
+  auto ckpt = job.must(parallel::checkpoints::create(job, {.directory = directory, .every = every}));
+  ckpt.track(tp);
+  ckpt.track("data", data); // the data order goes on where it stopped
+  const auto done = job.must(ckpt.resume(), "resume");
+
+  for (auto step : job.steps(steps, done)) {
     auto [x, y] = corpus.batch(data, batch, seq);
     step.report(job.must(tp.train_step(x, y), fmt::format("step {}", step.number())), batch);
+    job.must(ckpt.save_if_due(step), fmt::format("checkpoint at step {}", step.number()));
   }
+  job.must(ckpt.wait(), "the last checkpoint");
   return job.finish(0);
 }
