@@ -2,7 +2,7 @@
 # The parameter-server demo (master, server, 2 data-parallel trainers over 4
 # processes), traced, in synchronous mode equals one process training the
 # same model on the same batches: every trainer's loss at every step within
-# float rounding. Bad flags exit 2.
+# float rounding, also after resuming from a checkpoint. Bad flags exit 2.
 #   examples/check_parameter_server_demo.sh BIN_DIR DEMO
 set -uo pipefail
 bin=$1 demo=$2
@@ -24,6 +24,28 @@ if ! paste -d' ' <(losses "$dir/one.txt") <(losses "$dir/four.txt") |
   head "$dir/diff.txt"; echo "FAIL: the 4-process losses differ from one process"; exit 1
 fi
 grep -E "trainer 0 step +(1|$((epochs * 10))) " "$dir/one.txt"
+# Checkpoints: a job saving every 25 steps stops at step 50; a new job
+# resumes from it (the server loads its table and optimizer state, the
+# trainers their layer, trainer 0 coordinating) and prints the one-process
+# losses of steps 51-100.
+half=$((epochs * 5))
+if ! timeout -s INT 120 "$bin/troupe-launch" -n 4 -- "$demo" --epochs=$((epochs / 2)) --checkpoint-dir="$dir/ckpt" \
+  --checkpoint-every=25 >"$dir/save.txt" 2>&1; then
+  tail -20 "$dir/save.txt"; echo "FAIL: the saving job failed"; exit 1
+fi
+[[ -d "$dir/ckpt/step-$half" ]] || { ls "$dir/ckpt"; echo "FAIL: no checkpoint of step $half"; exit 1; }
+if ! timeout -s INT 120 "$bin/troupe-launch" -n 4 -- "$demo" --epochs=$epochs --checkpoint-dir="$dir/ckpt" \
+  >"$dir/resumed.txt" 2>&1; then
+  tail -20 "$dir/resumed.txt"; echo "FAIL: the resuming job failed"; exit 1
+fi
+after() { losses "$1" | awk -v h=$half '$4 > h'; }
+[[ $(after "$dir/resumed.txt" | wc -l) -eq $((2 * half)) && $(losses "$dir/resumed.txt" | wc -l) -eq $((2 * half)) ]] ||
+  { head "$dir/resumed.txt"; echo "FAIL: the resumed job printed other steps than $((half + 1))-$((2 * half))"; exit 1; }
+if ! paste -d' ' <(after "$dir/one.txt") <(after "$dir/resumed.txt") |
+  awk '$2 != $8 || $4 != $10 || ($6 - $12 > 2e-5) || ($12 - $6 > 2e-5) { print; bad = 1 } END { exit bad }' >"$dir/diff.txt"; then
+  head "$dir/diff.txt"; echo "FAIL: the resumed losses differ from one process's"; exit 1
+fi
+echo "resumed from step $half: steps $((half + 1))-$((2 * half)) equal one process's"
 "$bin/troupe-trace" summary "$dir/trace" >"$dir/summary" || { echo "FAIL: the trace does not merge"; exit 1; }
 grep -q "ps0" "$dir/summary" || { cat "$dir/summary"; echo "FAIL: no parameter-server flow in the trace"; exit 1; }
 "$demo" --consistency=sometimes >"$dir/bad.txt" 2>&1

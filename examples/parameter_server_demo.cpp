@@ -12,6 +12,9 @@
 // batches in one process, the average of both trainers' losses per step,
 // and prints the same lines: in synchronous mode they agree to float
 // rounding (examples/check_parameter_server_demo.sh compares them).
+// --checkpoint-dir=DIR with --checkpoint-every=N (default 50): the server
+// saves its table and its optimizer state, the trainers their layer, every
+// N steps; a run resumes after the latest checkpoint in DIR.
 #include <chrono>
 
 #include <fmt/format.h>
@@ -21,6 +24,7 @@
 #include "troupe/autograd/nn/linear.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/job.hpp"
+#include "troupe/parallel/checkpoints.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/parameter_server.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -32,11 +36,14 @@ namespace {
 constexpr std::int64_t rows = 100, dim = 16, classes = 8;
 constexpr std::uint64_t table_seed = 0, dense_seed = 1;
 
-/// The tutorial's random batches: 20..50 ids, bags of 1..10, 8 classes.
+/// The tutorial's random batches: 20..50 ids, bags of 1..10, 8 classes;
+/// trainer t's batch of step s comes from its own seed, so a resumed run
+/// draws the batches it would have drawn.
 struct batch {
   tensor ids, offsets, targets;
 };
-batch next_batch(generator& gen) {
+batch next_batch(std::uint32_t trainer, std::int64_t step) {
+  generator gen{1000 + 2 * static_cast<std::uint64_t>(step) + trainer};
   auto draw = [&](std::int64_t low, std::int64_t high) { return randint({1}, gen, low, high).to_vector<std::int64_t>()[0]; };
   auto n = draw(20, 51);
   auto ids = randint({n}, gen, 0, rows);
@@ -59,13 +66,12 @@ int one_process(std::int64_t steps) {
   nn::linear fc(dim, classes, dense_seed);
   optim::sgd table_opt({{"table", table}}, {.lr = 0.05});
   optim::sgd fc_opt(fc.named_parameters(), {.lr = 0.05});
-  generator data[2] = {generator{1000}, generator{1001}};
   for (std::int64_t step = 1; step <= steps; ++step) {
     table_opt.zero_grad();
     fc_opt.zero_grad();
     autograd::variable losses[2];
-    for (int i = 0; i < 2; ++i) {
-      auto b = next_batch(data[i]);
+    for (std::uint32_t i = 0; i < 2; ++i) {
+      auto b = next_batch(i, step);
       losses[i] = autograd::cross_entropy(fc(autograd::embedding_bag(table, b.ids, b.offsets, bag_mode::sum)), b.targets);
     }
     autograd::backward((losses[0] + losses[1]) * 0.5);
@@ -89,6 +95,8 @@ int main(int argc, char** argv) {
   // timed steps' rate (as the PyTorch peer times its loop after a warm-up).
   const auto warmup = job.flag("warmup", 0, 0, 100'000);
   const auto print_losses = job.flag("print-losses", 1, 0, 1);
+  const auto directory = job.flag("checkpoint-dir", ""); // none: no checkpoints
+  const auto every = job.flag("checkpoint-every", 50, 1, 1'000'000);
   const auto steps = epochs * 10;
   job.start();
   if (one == 1) {
@@ -126,12 +134,17 @@ int main(int argc, char** argv) {
   parallel::remote_embedding_bag emb(client, "emb", bag_mode::sum);
   parallel::distributed_optimizer optimizer(std::make_unique<optim::sgd>(fc->named_parameters(), optim::sgd_options{.lr = 0.05}),
                                             {&client});
-  generator data{1000 + trainer};
+  // Trainer 0 (rank 2) coordinates: it writes the manifest and commits; the
+  // server writes its table and optimizer state from its own process.
+  auto ckpt = job.must(parallel::checkpoints::create(job, {.directory = directory, .every = every, .coordinator = 2}));
+  ckpt.track(*fc, *optimizer.local(), dp);
+  ckpt.track(client);
+  const auto done = job.must(ckpt.resume(), "resume");
   auto timed_from = std::chrono::steady_clock::now();
-  for (std::int64_t step = 1; step <= warmup + steps; ++step) {
-    if (step == warmup + 1)
+  for (std::int64_t step = done + 1; step <= warmup + steps; ++step) {
+    if (step == std::max(done, warmup) + 1)
       timed_from = std::chrono::steady_clock::now();
-    auto b = next_batch(data);
+    auto b = next_batch(trainer, step);
     optimizer.zero_grad();
     autograd::variable loss;
     try { // a lookup that fails (a lost server) throws from the forward pass
@@ -143,8 +156,12 @@ int main(int argc, char** argv) {
     job.must(optimizer.step(), fmt::format("step {}", step));
     if (print_losses == 1)
       print_loss(trainer, step, loss.item());
+    job.must(ckpt.save_if_due(step), fmt::format("checkpoint at step {}", step));
   }
+  job.must(ckpt.wait(), "the last checkpoint");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_from).count();
-  fmt::print("trainer {}: timed {} iterations in {:.4f} s ({:.1f} it/s)\n", trainer, steps, seconds, steps / seconds);
+  const auto timed = warmup + steps - std::max(done, warmup);
+  fmt::print("trainer {}: timed {} iterations in {:.4f} s ({:.1f} it/s)\n", trainer, timed, seconds,
+             static_cast<double>(timed) / seconds);
   return job.finish(0);
 }

@@ -118,7 +118,9 @@ struct checkpoints::impl {
   /// Declared last: destroyed (its write finished) before what it reads.
   background_writer thread;
 
-  bool coordinator() const { return rank == 0; }
+  /// In a job, checkpoint_options::coordinator; else 0.
+  std::uint32_t coordinator_rank = 0;
+  bool coordinator() const { return rank == coordinator_rank; }
   /// No directory: checkpointing is off.
   bool off() const;
 
@@ -138,7 +140,11 @@ expected<checkpoints> checkpoints::create(troupe::job& job, checkpoint_options o
   auto made = create(std::move(options));
   if (made) {
     auto& state = *made->impl_;
+    require(state.options.coordinator < job.world_size(),
+            "checkpoints: options.coordinator is rank {} but the job has {} ranks", state.options.coordinator,
+            job.world_size());
     state.rank = job.rank();
+    state.coordinator_rank = state.options.coordinator;
     state.in_job = true;
     state.node = &job.node();
     state.peer_lost_handler = state.node->on_peer_lost([watch = state.losses](const actors::peer_lost& lost) {
@@ -166,9 +172,9 @@ const checkpoint_options& checkpoints::options() const noexcept { return impl_->
 
 void checkpoints::track(nn::module& model, optim::optimizer& optimizer) {
   require(impl_->coordinator(),
-          "checkpoints: rank {} tracks a model of its own; only the coordinator (rank 0) may, other ranks "
+          "checkpoints: rank {} tracks a model of its own; only the coordinator (rank {}) may, other ranks "
           "track replicas (track(model, optimizer, data_parallel)) or serve pipeline stages",
-          impl_->rank);
+          impl_->rank, impl_->coordinator_rank);
   // Its names are the model's: a second model of this process's own would
   // save the same names.
   require(std::none_of(impl_->locals.begin(), impl_->locals.end(), [](const auto& l) { return l.holders.empty(); }),
@@ -183,7 +189,8 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, data_par
   if (!impl_->in_job) // replicas as threads of one program: replica 0 coordinates
     impl_->rank = group.rank();
   require(!impl_->coordinator() || group.rank() == 0,
-          "checkpoints: the coordinator (rank 0) is replica {} of its group; it must be replica 0", group.rank());
+          "checkpoints: the coordinator (rank {}) is replica {} of its group; it must be replica 0",
+          impl_->coordinator_rank, group.rank());
   // Every replica names the writers alike: by the order in which its
   // data-parallel groups were tracked, and the replicas' ranks.
   auto holders = numbered(fmt::format("data-parallel-{}.replica-", impl_->replica_groups++), group.size());
@@ -196,8 +203,8 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_
   if (!impl_->in_job) // members as threads of one program: member 0 coordinates
     impl_->rank = tensor_group.rank();
   require(!impl_->coordinator() || tensor_group.rank() == 0,
-          "checkpoints: the coordinator (rank 0) is member {} of its tensor-parallel group; it must be member 0",
-          tensor_group.rank());
+          "checkpoints: the coordinator (rank {}) is member {} of its tensor-parallel group; it must be member 0",
+          impl_->coordinator_rank, tensor_group.rank());
   auto members = numbered(fmt::format("tensor-parallel-{}.rank-", impl_->tensor_groups++), tensor_group.size());
   if (impl_->coordinator())
     impl_->add_writers(members);
@@ -212,9 +219,9 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_
   if (!impl_->in_job) // ranks as threads of one program: member 0 of replica 0 coordinates
     impl_->rank = t == 0 && r == 0 ? 0 : 1;
   require(!impl_->coordinator() || (t == 0 && r == 0),
-          "checkpoints: the coordinator (rank 0) is tensor-parallel member {} of replica {}; it must be member 0 "
+          "checkpoints: the coordinator (rank {}) is tensor-parallel member {} of replica {}; it must be member 0 "
           "of replica 0",
-          t, r);
+          impl_->coordinator_rank, t, r);
   const auto group = impl_->tensor_groups++;
   auto name = [&](std::uint32_t member, std::uint32_t replica) {
     return fmt::format("tensor-parallel-{}.rank-{}.replica-{}", group, member, replica);
@@ -231,8 +238,8 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_
 }
 
 void checkpoints::track(pipeline& stages) {
-  require(impl_->coordinator(), "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does",
-          impl_->rank);
+  require(impl_->coordinator() && impl_->coordinator_rank == 0,
+          "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does, and coordinates", impl_->rank);
   auto& state = pipeline_access::state(stages);
   auto writers = state.checkpoint_writers();
   impl_->add_writers(writers);
@@ -241,8 +248,8 @@ void checkpoints::track(pipeline& stages) {
 }
 
 void checkpoints::track(hybrid_pipeline& replicas) {
-  require(impl_->coordinator(), "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does",
-          impl_->rank);
+  require(impl_->coordinator() && impl_->coordinator_rank == 0,
+          "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does, and coordinates", impl_->rank);
   std::vector<std::vector<std::string>> per_replica;
   for (std::size_t k = 0; k < replicas.replicas(); ++k)
     per_replica.push_back(pipeline_access::state(replicas.replica(k)).checkpoint_writers());
@@ -259,7 +266,8 @@ void checkpoints::track(hybrid_pipeline& replicas) {
 }
 
 void checkpoints::track(tensor_parallel_pipeline& stages) {
-  require(impl_->coordinator(), "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does", impl_->rank);
+  require(impl_->coordinator() && impl_->coordinator_rank == 0,
+          "checkpoints: rank {} tracks a pipeline; the driver (rank 0) does, and coordinates", impl_->rank);
   auto pipelines = tensor_parallel_pipeline_access::pipelines(stages);
   const auto T = tensor_parallel_pipeline_access::tensor(stages);
   std::vector<std::vector<std::string>> writers; // by d T + t, then stage

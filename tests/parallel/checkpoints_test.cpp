@@ -913,5 +913,22 @@ TEST(CheckpointsUsage, MistakesAreUsageErrorsNamingTheValue) {
   fs::remove_all(o.directory);
 }
 
+// The coordinator is a rank of the job: by default rank 0, which may then
+// track a model of its own (examples/check_parameter_server_demo.sh runs a
+// job whose trainer 0, rank 2, coordinates).
+TEST(CheckpointsUsage, TheCoordinatorMustBeARankOfTheJob) {
+  auto job = troupe::job::local().value();
+  try {
+    (void)checkpoints::create(job, {.directory = "/tmp/troupe-unused", .coordinator = 1});
+    ADD_FAILURE() << "coordinator 1 of a job of one rank was accepted";
+  } catch (const usage_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("options.coordinator is rank 1 but the job has 1 ranks"));
+  }
+  auto ckpt = checkpoints::create(job, {.directory = "/tmp/troupe-unused"}).value();
+  auto model = make_mlp();
+  auto opt = adam()(model->named_parameters());
+  ckpt.track(*model, *opt); // rank 0 coordinates by default
+}
+
 } // namespace
 } // namespace troupe::parallel

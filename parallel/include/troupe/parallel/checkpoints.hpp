@@ -22,8 +22,9 @@
 // data-parallel replica a share of the replicated state (spread over the
 // replicas by name, not all by rank 0), each parameter-server shard its
 // rows and sparse optimizer state (`parameter_server.<table>`,
-// `optimizer.parameter_server.<table>.<state>`) in its own process. The coordinator (the job's rank 0)
-// then commits: it waits for every writer's report, writes the manifest
+// `optimizer.parameter_server.<table>.<state>`) in its own process. The
+// coordinator (the job's rank 0, or checkpoint_options::coordinator) then
+// commits: it waits for every writer's report, writes the manifest
 // last and renames the directory (checkpoint_directory.hpp), keeping the
 // newest `keep_last`. A save cut short (a killed rank) leaves no checkpoint,
 // and the previous one stays loadable. Writers and coordinator share only
@@ -44,7 +45,9 @@
 // hashed, whatever sharding saved it.
 //
 // Parameter servers: every trainer tracks its parameter_client, and the
-// coordinator must be a trainer. A save holds the shards' state of the
+// coordinator must be a trainer (examples/parameter_server_demo.cpp sets
+// `.coordinator` to trainer 0's rank; its rank 0 is a master that trains
+// nothing). A save holds the shards' state of the
 // trainers' last step: each shard copies its tables once every synchronous
 // table has applied that step (the saving trainer pushes no later step
 // before the copy, so none can be applied meanwhile; later rows other
@@ -96,11 +99,17 @@ struct checkpoint_options {
   /// Bound on the coordinator's wait for every writer's report, and on each
   /// stage's reply.
   std::chrono::milliseconds timeout{120000};
+  /// The job's rank that coordinates (writes the manifest, commits, saves
+  /// its random streams): the driver for pipelines, trainer 0's rank when
+  /// parameter servers are tracked and rank 0 is no trainer. The same on
+  /// every rank.
+  std::uint32_t coordinator = 0;
 };
 
 class checkpoints {
 public:
-  /// This rank's checkpoints of the job's state; rank 0 coordinates.
+  /// This rank's checkpoints of the job's state; options.coordinator (rank
+  /// 0 unless set) coordinates.
   static expected<checkpoints> create(troupe::job& job, checkpoint_options options);
   /// Without a job: a program of one process, the coordinator; or one of
   /// a program's data-parallel replicas (threads), where replica 0 of the
