@@ -5,7 +5,8 @@
 # checkpoint, and prints the losses of an uninterrupted run. Then a save cut
 # short: a rank killed while the job saves every step leaves the previous
 # checkpoint loadable (troupe-checkpoint verify), and the restarted job
-# resumes from it. Prints the time from the kill to the first resumed step.
+# resumes from it; and a rank killed half-way through writing its shard.
+# Prints the time from the kill to the first resumed step.
 #   examples/check_restart.sh BIN_DIR DEMO RANKS
 set -uo pipefail
 bin=$1 demo=$2 ranks=$3
@@ -34,21 +35,27 @@ export OPENBLAS_NUM_THREADS=1
   { tail "$dir/plain"; echo "FAIL: the uninterrupted run failed"; exit 1; }
 
 # run_case NAME EVERY WAIT_FOR: kill rank 1 once WAIT_FOR exists under the
-# checkpoint directory, then require a restart that resumes with the
-# uninterrupted losses.
+# checkpoint directory (WAIT_FOR "self": rank 1 kills itself through the
+# TROUPE_CHECKPOINT_TEST_KILL_* hook in the environment), then require a
+# restart that resumes with the uninterrupted losses.
 run_case() {
   local name=$1 every=$2 wait_for=$3 ck="$dir/ck-$1" out="$dir/out-$1"
   "$bin/troupe-launch" -n "$ranks" --restarts 1 -- "$demo" --steps=$steps --print-every=1 \
     --checkpoint-dir="$ck" --checkpoint-every="$every" --troupe.heartbeat-timeout=3s >"$out" 2>&1 &
   launcher=$!
-  for _ in $(seq 1 1200); do [[ -e $ck/$wait_for ]] && break; sleep 0.05; done
-  [[ -e $ck/$wait_for ]] || { tail "$out"; echo "FAIL ($name): no $wait_for"; exit 1; }
-  local target
-  target=$(rank_pid "$launcher" 1)
-  [[ -n $target ]] || { echo "FAIL ($name): no process for rank 1"; exit 1; }
   local killed_at
-  killed_at=$(now)
-  kill -KILL "$target"
+  if [[ $wait_for == self ]]; then
+    for _ in $(seq 1 1200); do grep -q "restarting the job" "$out" && break; sleep 0.05; done
+    killed_at=$(now)
+  else
+    for _ in $(seq 1 1200); do [[ -e $ck/$wait_for ]] && break; sleep 0.05; done
+    [[ -e $ck/$wait_for ]] || { tail "$out"; echo "FAIL ($name): no $wait_for"; exit 1; }
+    local target
+    target=$(rank_pid "$launcher" 1)
+    [[ -n $target ]] || { echo "FAIL ($name): no process for rank 1"; exit 1; }
+    killed_at=$(now)
+    kill -KILL "$target"
+  fi
   # The first step printed by the restarted job (after the launcher's line).
   local resumed_at=""
   for _ in $(seq 1 1200); do
@@ -84,4 +91,16 @@ run_case during-saves 1 step-8
 latest=$(ls -d "$dir"/ck-during-saves/step-* | grep -v '\.tmp$' | sort -t- -k2 -n | tail -1)
 "$bin/troupe-checkpoint" verify "$latest" >/dev/null ||
   { echo "FAIL: the latest checkpoint $latest does not verify"; exit 1; }
-echo "OK: both restarts resumed from the latest complete checkpoint with the uninterrupted losses"
+# Rank 1 killed by the hook half-way through writing its shard of step 20
+# (its first 100,000 bytes written): step 20 never commits, the restarted
+# job resumes from step 10, and the checkpoints it then keeps verify.
+TROUPE_CHECKPOINT_TEST_KILL_AFTER_BYTES=100000 TROUPE_CHECKPOINT_TEST_KILL_RANK=1 TROUPE_CHECKPOINT_TEST_KILL_STEP=20 \
+  run_case mid-shard 10 self
+grep -q "rank 1 (worker1) was killed by signal 9" "$dir/out-mid-shard" ||
+  { tail "$dir/out-mid-shard"; echo "FAIL (mid-shard): rank 1 was not killed by the hook"; exit 1; }
+[[ $(awk '/restarting the job/ {seen = 1} seen' "$dir/out-mid-shard" | grep -m1 -E '^\[0\] step ' | awk '{ print $3 }') -eq 11 ]] ||
+  { echo "FAIL (mid-shard): the restarted job did not resume after step 10"; exit 1; }
+for c in "$dir"/ck-mid-shard/step-*; do
+  "$bin/troupe-checkpoint" verify "$c" >/dev/null || { echo "FAIL: $c of the mid-shard case does not verify"; exit 1; }
+done
+echo "OK: the three restarts resumed from the latest complete checkpoint with the uninterrupted losses"

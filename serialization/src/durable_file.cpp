@@ -5,6 +5,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -38,15 +40,31 @@ expected<void> file_sink::write(std::span<const std::byte> bytes) {
 
 namespace {
 
+/// The environment variable `name`, or `fallback` when it is unset.
+std::string_view environment_or(const char* name, std::string_view fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string_view(value) : fallback;
+}
+
 /// The test hook TROUPE_CHECKPOINT_TEST_KILL_AFTER_BYTES=<n>: a process
 /// writing a shard file (`*.shard`) past its n-th byte writes the first n
 /// and kills itself with SIGKILL, leaving the file half written, as a rank
 /// killed in the middle of a save would (tests/parallel/checkpoints_test.cpp).
+/// In a job, TROUPE_CHECKPOINT_TEST_KILL_RANK=<r> limits it to rank r in
+/// the job's first run (not after troupe-launch --restarts), and
+/// TROUPE_CHECKPOINT_TEST_KILL_STEP=<s> to the save of step s
+/// (examples/check_restart.sh).
 /// How many bytes of `bytes` to write before that, or nullopt to write all.
 std::optional<std::size_t> bytes_before_kill(const std::filesystem::path& path, std::uint64_t at,
                                              std::span<const std::byte> bytes) {
   const char* limit = std::getenv("TROUPE_CHECKPOINT_TEST_KILL_AFTER_BYTES");
   if (limit == nullptr || path.filename().string().find(".shard") == std::string::npos)
+    return std::nullopt;
+  if (const char* rank = std::getenv("TROUPE_CHECKPOINT_TEST_KILL_RANK");
+      rank != nullptr && (environment_or("TROUPE_RANK", "0") != rank || environment_or("TROUPE_RESTART", "0") != "0"))
+    return std::nullopt;
+  if (const char* step = std::getenv("TROUPE_CHECKPOINT_TEST_KILL_STEP");
+      step != nullptr && path.parent_path().filename().string() != "step-" + std::string(step) + ".tmp")
     return std::nullopt;
   const auto n = std::strtoull(limit, nullptr, 10);
   if (at + bytes.size() <= n)
