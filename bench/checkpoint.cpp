@@ -12,8 +12,10 @@
 //   build/bench/checkpoint [--json] [--mib=1024] [--width=2048] [--stages=4] [--rounds=2]
 //                          [--dir=/tmp/troupe-bench-checkpoint] [--no-peers]
 //
-// Reads hit the page cache on both sides (nothing drops it between the
-// write and the read); the writes are fsynced on both sides.
+// The writes are fsynced on both sides. Each load is timed twice: warm
+// (the files still in the page cache, beside a read of the cached file)
+// and cold (the files' cached pages dropped with POSIX_FADV_DONTNEED first,
+// beside a read of the file dropped alike: the disk's own read rate).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -68,9 +70,45 @@ parallel::stage_recipe recipe(const settings& s) {
   return {model, parallel::adam_factory({.lr = 1e-4}), parallel::mse_loss_function()};
 }
 
-/// Seconds to write `bytes` to one new file in `dir` and fsync it, and to
-/// read it back: the disk's own rate for this amount.
-std::pair<double, double> disk_rate(const fs::path& dir, std::uint64_t bytes) {
+/// Drops the page cache's clean pages of the file, or of every file under
+/// the directory, `path` (written and fsynced): the next read comes from
+/// the disk.
+void drop_cached_pages(const fs::path& path) {
+  auto drop = [](const fs::path& file) {
+    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      throw std::runtime_error(fmt::format("cannot open {}", file.string()));
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  };
+  if (!fs::is_directory(path))
+    return drop(path);
+  for (const auto& entry : fs::recursive_directory_iterator(path))
+    if (entry.is_regular_file())
+      drop(entry.path());
+}
+
+/// Seconds to read the file at `path` in 8 MiB blocks.
+double read_seconds(const fs::path& path) {
+  std::vector<char> block(8 << 20);
+  const double start = bench::now_seconds();
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw std::runtime_error(fmt::format("cannot open {}", path.string()));
+  while (::read(fd, block.data(), block.size()) > 0) {
+  }
+  ::close(fd);
+  return bench::now_seconds() - start;
+}
+
+struct disk_seconds {
+  double write = 0, cold_read = 0, warm_read = 0;
+};
+
+/// Seconds to write `bytes` to one new file in `dir` and fsync it, to read
+/// it back from the disk (its cached pages dropped) and again from the
+/// page cache: the disk's own rates for this amount.
+disk_seconds disk_rate(const fs::path& dir, std::uint64_t bytes) {
   const auto path = dir / "disk-rate";
   std::vector<char> block(8 << 20, 1);
   const double start = bench::now_seconds();
@@ -85,19 +123,21 @@ std::pair<double, double> disk_rate(const fs::path& dir, std::uint64_t bytes) {
   }
   ::fsync(fd);
   ::close(fd);
-  const double written = bench::now_seconds() - start;
-  const double read_start = bench::now_seconds();
-  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  while (::read(fd, block.data(), block.size()) > 0) {
-  }
-  ::close(fd);
-  const double read = bench::now_seconds() - read_start;
+  disk_seconds out;
+  out.write = bench::now_seconds() - start;
+  drop_cached_pages(path);
+  out.cold_read = read_seconds(path);
+  out.warm_read = read_seconds(path);
   fs::remove(path);
-  return {written, read};
+  return out;
 }
 
-/// torch.save and torch.load seconds of the same state, or nullopt.
-std::optional<std::pair<double, double>> torch_peer(const settings& s, bench::report& out) {
+struct peer_seconds {
+  double save = 0, warm_load = 0, cold_load = 0;
+};
+
+/// torch.save and torch.load (warm and cold) seconds of the same state, or nullopt.
+std::optional<peer_seconds> torch_peer(const settings& s, bench::report& out) {
   auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/checkpoint_torch.py";
   auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --layers {} --width {} --path {}/torch.pt",
                                                script, s.layers(), s.width, s.dir),
@@ -105,11 +145,12 @@ std::optional<std::pair<double, double>> torch_peer(const settings& s, bench::re
   bench::settle_after_peer();
   auto save = bench::json_number(output, "save_seconds");
   auto load = bench::json_number(output, "load_seconds");
-  if (!save || !load) {
+  auto cold = bench::json_number(output, "cold_load_seconds");
+  if (!save || !load || !cold) {
     out.note("the PyTorch peer gave no figure (python3-torch missing?): {}", output);
     return std::nullopt;
   }
-  return std::pair{*save, *load};
+  return peer_seconds{*save, *load, *cold};
 }
 
 std::uint64_t checkpoint_bytes(const fs::path& directory) {
@@ -168,8 +209,8 @@ int parent(int argc, char** argv) {
     auto sync = make(false);
     auto async = make(true);
     std::int64_t at = 0;
-    std::vector<double> save_s, load_s, block_s, async_total_s, disk_write_s, disk_read_s, torch_save_s,
-      torch_load_s;
+    std::vector<double> save_s, load_s, cold_load_s, block_s, async_total_s, disk_write_s, disk_read_s,
+      disk_cold_read_s, torch_save_s, torch_load_s, torch_cold_load_s;
     // An untimed save first: the checkpoint's size, for the disk's rate
     // before the first timed save.
     if (auto ok = sync.save(++at); !ok)
@@ -179,7 +220,7 @@ int parent(int argc, char** argv) {
       // The disk's write rate right before and right after the save (a VM's
       // disk drifts by tens of percent within minutes): the mean of the two
       // is the save's baseline.
-      const auto [write_before, read_before] = disk_rate(s.dir, bytes);
+      const auto before = disk_rate(s.dir, bytes);
       double t = bench::now_seconds();
       if (auto ok = sync.save(++at); !ok)
         throw std::runtime_error(ok.error().message());
@@ -190,6 +231,11 @@ int parent(int argc, char** argv) {
       if (auto ok = sync.load(saved); !ok)
         throw std::runtime_error(ok.error().message());
       load_s.push_back(bench::now_seconds() - t);
+      drop_cached_pages(saved);
+      t = bench::now_seconds();
+      if (auto ok = sync.load(saved); !ok)
+        throw std::runtime_error(ok.error().message());
+      cold_load_s.push_back(bench::now_seconds() - t);
 
       // The asynchronous save: what the loop waits for, then the write's end.
       t = bench::now_seconds();
@@ -200,13 +246,15 @@ int parent(int argc, char** argv) {
         throw std::runtime_error(ok.error().message());
       async_total_s.push_back(bench::now_seconds() - t);
 
-      auto [w, rd] = disk_rate(s.dir, bytes);
-      disk_write_s.push_back((write_before + w) / 2);
-      disk_read_s.push_back((read_before + rd) / 2);
+      const auto after = disk_rate(s.dir, bytes);
+      disk_write_s.push_back((before.write + after.write) / 2);
+      disk_read_s.push_back((before.warm_read + after.warm_read) / 2);
+      disk_cold_read_s.push_back((before.cold_read + after.cold_read) / 2);
       if (!no_peers)
         if (auto peer = torch_peer(s, out)) {
-          torch_save_s.push_back(peer->first);
-          torch_load_s.push_back(peer->second);
+          torch_save_s.push_back(peer->save);
+          torch_load_s.push_back(peer->warm_load);
+          torch_cold_load_s.push_back(peer->cold_load);
         }
     }
     const double gb = static_cast<double>(bytes) / 1e9;
@@ -215,9 +263,13 @@ int parent(int argc, char** argv) {
     out.add({"save", "GB/s", rate(save_s), "GB/s", "disk write+fsync", rate(disk_write_s), ""});
     if (!torch_save_s.empty())
       out.add({"save", "GB/s", rate(save_s), "GB/s", "torch.save+fsync", rate(torch_save_s), ""});
-    out.add({"load", "GB/s", rate(load_s), "GB/s", "disk read", rate(disk_read_s), ""});
+    out.add({"load, page cache warm", "GB/s", rate(load_s), "GB/s", "cached read", rate(disk_read_s), ""});
     if (!torch_load_s.empty())
-      out.add({"load", "GB/s", rate(load_s), "GB/s", "torch.load", rate(torch_load_s), ""});
+      out.add({"load, page cache warm", "GB/s", rate(load_s), "GB/s", "torch.load", rate(torch_load_s), ""});
+    out.add({"load, page cache dropped", "GB/s", rate(cold_load_s), "GB/s", "disk read", rate(disk_cold_read_s), ""});
+    if (!torch_cold_load_s.empty())
+      out.add({"load, page cache dropped", "GB/s", rate(cold_load_s), "GB/s", "torch.load",
+               rate(torch_cold_load_s), ""});
     out.add({"asynchronous save", "blocked s", bench::median(block_s), "s", "synchronous save",
              bench::median(save_s), fmt::format("written in {:.2f} s", bench::median(async_total_s))});
   }

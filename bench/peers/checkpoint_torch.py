@@ -2,7 +2,8 @@
 linear layers of width `width` (float32 weight and bias) and Adam's
 exp_avg and exp_avg_sq for each, plus the step, in one process. The file is
 fsynced after torch.save (troupe's shards are), and read back with
-torch.load. Prints one JSON line: bytes, save_seconds, load_seconds.
+torch.load twice: from the page cache, then with the file's cached pages
+dropped (POSIX_FADV_DONTNEED). Prints one JSON line: bytes, save_seconds, load_seconds, cold_load_seconds.
 
   /usr/bin/python3 bench/peers/checkpoint_torch.py --layers 64 --width 2048 --path /tmp/x.pt
 """
@@ -41,8 +42,18 @@ def main():
     loaded = torch.load(args.path)
     load_seconds = time.perf_counter() - start
     assert torch.equal(loaded["model"]["0.weight"], model["0.weight"])
+    del loaded
+    # Cold: the file's cached pages dropped first, as bench/checkpoint does.
+    fd = os.open(args.path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    start = time.perf_counter()
+    loaded = torch.load(args.path)
+    cold_load_seconds = time.perf_counter() - start
+    assert torch.equal(loaded["model"]["0.weight"], model["0.weight"])
     os.remove(args.path)
-    print(json.dumps({"bytes": total, "save_seconds": saved, "load_seconds": load_seconds}))
+    print(json.dumps({"bytes": total, "save_seconds": saved, "load_seconds": load_seconds,
+                      "cold_load_seconds": cold_load_seconds}))
 
 
 if __name__ == "__main__":
