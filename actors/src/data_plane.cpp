@@ -79,6 +79,9 @@
 //  - spin_while_transferring (1 ms since the last progress): a sleeping
 //    thread resumes late when the socket drains mid-transfer (tcp 16 MiB
 //    faster).
+//  - To other hosts, eager up to 4 MiB (network_eager_bytes): a handshake
+//    waits behind the data queued on the same TCP connection, which halved
+//    a ring's busbw on a 1 Gbit/s link (docs/scaling.md).
 //  - Kept: the 64 KiB rendezvous threshold (eager at 1 MiB was slower) and
 //    UCX's defaults; not kept: the sending thread posting eager sends itself
 //    under a worker mutex (no faster round trip, 4 KiB throughput halved).
@@ -213,8 +216,8 @@ expected<void> data_plane::impl::init() {
 
 // -- calls from any thread ----------------------------------------------------
 
-expected<peer_id> data_plane::impl::connect(std::string name,
-                                           std::span<const std::byte> address) {
+expected<peer_id> data_plane::impl::connect(std::string name, std::span<const std::byte> address,
+                                           bool on_another_host) {
   if (name.empty() || name.size() > data_plane_wire::max_name_bytes)
     return make_error(errc::invalid_argument, "data plane: peer name '{}' is empty or too long",
                       name);
@@ -223,8 +226,8 @@ expected<peer_id> data_plane::impl::connect(std::string name,
   auto result = std::make_shared<std::promise<expected<peer_id>>>();
   auto future = result->get_future();
   std::vector<std::byte> copy(address.begin(), address.end());
-  if (auto ok = post([this, name, copy = std::move(copy), result]() mutable {
-        result->set_value(do_connect(std::move(name), copy));
+  if (auto ok = post([this, name, copy = std::move(copy), result, on_another_host]() mutable {
+        result->set_value(do_connect(std::move(name), copy, on_another_host));
       });
       !ok)
     return ok.error();
@@ -412,18 +415,19 @@ bool data_plane::impl::drain() {
 
 // -- peers (transport thread) -------------------------------------------------
 
-expected<peer_id> data_plane::impl::do_connect(std::string name,
-                                              const std::vector<std::byte>& address) {
+expected<peer_id> data_plane::impl::do_connect(std::string name, const std::vector<std::byte>& address,
+                                              bool on_another_host) {
   peer* p = nullptr;
   {
     std::lock_guard guard(mutex_);
     for (auto& q : peers_)
       if (q->name == name)
         p = q.get();
-    if (p && p->own_ep)
-      return p->id;
     if (!p)
       p = add_peer(name);
+    p->on_another_host = on_another_host;
+    if (p->own_ep)
+      return p->id;
   }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -596,8 +600,9 @@ data_plane::~data_plane() { close(); }
 
 std::vector<std::byte> data_plane::address() const { return impl_->address(); }
 
-expected<peer_id> data_plane::connect(std::string peer_name, std::span<const std::byte> address) {
-  return impl_->connect(std::move(peer_name), address);
+expected<peer_id> data_plane::connect(std::string peer_name, std::span<const std::byte> address,
+                                      bool on_another_host) {
+  return impl_->connect(std::move(peer_name), address, on_another_host);
 }
 
 expected<peer_id> data_plane::find_peer(const std::string& name) const {

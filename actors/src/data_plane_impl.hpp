@@ -60,6 +60,7 @@ public:
     trace::name_id trace_name; // the peer's node name, interned once
     detail::send_queue sends;
     bool closed = false; // mutex_
+    bool on_another_host = false; // mutex_; set by connect()
     // transport thread
     ucp_ep_h own_ep = nullptr;   // created by connect(); we close it
     ucp_ep_h reply_ep = nullptr; // the peer's endpoint towards us (from its hello)
@@ -92,7 +93,7 @@ public:
 
   // -- calls from any thread --------------------------------------------------
 
-  expected<peer_id> connect(std::string name, std::span<const std::byte> address);
+  expected<peer_id> connect(std::string name, std::span<const std::byte> address, bool on_another_host);
   expected<void> send(peer_id to, tensor_message message, completion_callback done);
   expected<void> send_by_reference(peer_id to, tensor_message message, const arena_ref& region,
                                    completion_callback done);
@@ -135,7 +136,7 @@ private:
   }
   bool work_waiting();
   bool drain();
-  expected<peer_id> do_connect(std::string name, const std::vector<std::byte>& address);
+  expected<peer_id> do_connect(std::string name, const std::vector<std::byte>& address, bool on_another_host);
   peer* add_peer(std::string name); // requires mutex_
   void send_control(ucp_ep_h ep, unsigned id, std::vector<std::byte> header);
   void drop_peer(peer& p, std::string_view why, bool force_close);

@@ -96,6 +96,13 @@ expected<void> data_plane::impl::enqueue(std::unique_ptr<send_op> op) {
       return make_error(errc::invalid_argument, "data plane: no peer {}", to);
     if (p->closed)
       return make_error(errc::io_error, "data plane: peer '{}' is closed", p->name);
+    // To another host, a rendezvous handshake queues behind the data already
+    // on the connection (data_plane_options::network_eager_bytes).
+    if (p->on_another_host && op->am_id == data_plane_wire::data_am &&
+        op->encoded.payload().size() <= options_.network_eager_bytes) {
+      op->rendezvous = false;
+      op->eager = true;
+    }
     if (p->sends.full()) {
       ++stats_.back_pressure_refusals;
       return make_error(errc::size_limit_exceeded,
@@ -156,6 +163,8 @@ void data_plane::impl::post_send(std::unique_ptr<send_op> op) {
   param.flags = UCP_AM_SEND_FLAG_REPLY;
   if (op->rendezvous)
     param.flags |= UCP_AM_SEND_FLAG_RNDV;
+  if (op->eager)
+    param.flags |= UCP_AM_SEND_FLAG_EAGER;
   param.cb.send = &impl::on_send_done;
   param.user_data = op.get();
   if (op->am_id == data_plane_wire::arena_am)

@@ -28,6 +28,7 @@ struct send_op {
   encoded_message encoded;
   std::size_t credit_bytes = 0;
   bool rendezvous = false; // takes one of send_queue's rendezvous slots
+  bool eager = false;      // UCX must not choose rendezvous either (a peer on another host)
   completion_callback done;
   std::int64_t start_ns = 0; // trace: when send() took it
   std::uint64_t flow = 0;

@@ -251,7 +251,10 @@ struct tensor_router::impl {
               address.remove_prefix(end + 1);
             }
           }
-          auto id = plane->connect(node, std::as_bytes(std::span(address.data(), address.size())));
+          // Each node publishes its host key when it has an arena; without
+          // both keys the peer counts as on this host (rendezvous as before).
+          const bool on_another_host = !host.empty() && !options.host_key.empty() && host != options.host_key;
+          auto id = plane->connect(node, std::as_bytes(std::span(address.data(), address.size())), on_another_host);
           if (!id) {
             std::deque<queued> failed;
             {

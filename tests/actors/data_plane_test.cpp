@@ -165,7 +165,9 @@ int child_round_trip() {
   auto plane = data_plane::start(options);
   if (!plane)
     return 10;
-  auto parent = (*plane)->connect("parent", from_hex(env_or("TROUPE_DP_ADDRESS")));
+  // EXTRA "another host": the parent counts as a node on another host.
+  auto parent = (*plane)->connect("parent", from_hex(env_or("TROUPE_DP_ADDRESS")),
+                                  env_or("TROUPE_DP_EXTRA") == "another host");
   if (!parent)
     return 11;
   std::vector<std::uint64_t> sums;
@@ -665,6 +667,23 @@ INSTANTIATE_TEST_SUITE_P(Transports, DataPlaneRoundTrip, ::testing::Values("tcp"
                          [](const auto& info) {
                            return std::string(info.param[0] == 't' ? "Tcp" : "SharedMemory");
                          });
+
+// To a peer on another host, payloads up to network_eager_bytes (4 MiB) go
+// eagerly, larger ones still by rendezvous; the echoes from the parent, which
+// did not say so of the child, go by rendezvous from 64 KiB as before.
+TEST(DataPlane, APeerOnAnotherHostGetsPayloadsUpToTheEagerLimitEagerly) {
+  parent_plane parent("tcp");
+  ASSERT_TRUE(parent.plane);
+  parent.handler = [&](peer_id from, tensor_message&& m) { EXPECT_TRUE(parent.plane->send(from, std::move(m))); };
+  child_process child("round_trip", parent.plane->address(), "tcp", "another host");
+  ASSERT_TRUE(child.started());
+  EXPECT_EQ(child.wait(25s), 0);
+  auto stats = parent.plane->stats();
+  EXPECT_EQ(stats.messages_received, round_trip_sizes.size());
+  // 1 MiB eagerly (a rendezvous before), 16 MiB by rendezvous.
+  EXPECT_EQ(stats.rendezvous_receives, 1u);
+  EXPECT_GE(stats.eager_receives, 3u);
+}
 
 /// CPU time this process has used so far (every thread), in ms.
 double process_cpu_ms() {

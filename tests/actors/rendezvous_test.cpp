@@ -132,6 +132,16 @@ TEST(NodeOptions, ArenaSizeAndCopyThreshold) {
   EXPECT_EQ(options->arena_copy_min_bytes, 1048576u);
 }
 
+TEST(NodeOptions, NetworkEagerBytesIsAByteCountUpTo1GiB) {
+  EXPECT_EQ(node_options{}.network_eager_bytes, 4u << 20);
+  auto options = from({"--troupe.network-eager-bytes=0"}, {});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->network_eager_bytes, 0u);
+  EXPECT_EQ(error_of({"--troupe.network-eager-bytes=4M"}), "--troupe.network-eager-bytes=\"4M\" is not a byte count");
+  EXPECT_EQ(error_of({"--troupe.network-eager-bytes=1073741825"}),
+            "--troupe.network-eager-bytes=\"1073741825\" is above 1 GiB");
+}
+
 TEST(NodeOptions, DataPlaneSpinTakesMicrosecondsAndIsBounded) {
   EXPECT_EQ(node_options{}.data_plane_spin, 50us);
   auto options = from({"--troupe.data-plane-spin=20us"}, {});

@@ -113,7 +113,9 @@ public:
   /// Connects to a peer's worker address (from its address()), says hello
   /// with this job's token, and returns the id to send to. Connecting twice
   /// to the same name returns the same id. Bounded wait (5 s).
-  expected<peer_id> connect(std::string peer_name, std::span<const std::byte> address);
+  /// `on_another_host`: sends to it follow network_eager_bytes.
+  expected<peer_id> connect(std::string peer_name, std::span<const std::byte> address,
+                            bool on_another_host = false);
 
   /// A peer known by name (connected to, or one that connected here and
   /// said hello); errc::invalid_argument when there is none.

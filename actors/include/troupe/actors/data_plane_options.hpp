@@ -55,6 +55,14 @@ struct data_plane_options {
   /// Payloads of at least this many bytes go by rendezvous (the receiver
   /// pulls them into its own buffer); smaller ones go eagerly.
   std::size_t rendezvous_threshold = std::size_t{64} << 10;
+  /// To a peer on another host (connect(..., on_another_host)), payloads
+  /// up to this many bytes go eagerly instead. Over TCP a rendezvous
+  /// handshake rides the same connection as the data, so when both
+  /// directions are busy (a ring allreduce) each handshake waits behind
+  /// the data queued before it; on a 1 Gbit/s link that halved the ring's
+  /// busbw (docs/scaling.md, "Eager to other hosts"). 0:
+  /// rendezvous_threshold for every peer.
+  std::size_t network_eager_bytes = std::size_t{4} << 20;
   /// Rendezvous sends per peer handed to UCX and not yet completed (the
   /// receiver has not pulled the payload yet); more wait in the queue even
   /// when the credit window has room. Over tcp on two cores 4 outran 64 at

@@ -75,6 +75,10 @@ struct node_options {
   /// sleeps (data_plane_options::spin_before_sleep); 0: never poll, not
   /// even while a large transfer is under way (spin_while_transferring).
   std::chrono::microseconds data_plane_spin{50};
+  /// Tensors to a node on another host up to this many bytes go eagerly,
+  /// not by rendezvous (data_plane_options::network_eager_bytes); 0: by
+  /// rendezvous from 64 KiB, as on this host. At most 1 GiB.
+  std::uint64_t network_eager_bytes = std::uint64_t{4} << 20;
   /// Threads one CPU op of this process may use (intra_op_threads.hpp); 0
   /// leaves the process's setting (1 unless the program changed it).
   std::uint32_t intra_op_threads = 0;
@@ -93,7 +97,7 @@ struct node_options {
   /// (durations: 500ms, 5s, 1.5s, 2m; a bare number is milliseconds),
   /// tls.certificate, tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy,
   /// scheduler.max-threads, middleman.workers, arena-bytes,
-  /// arena-copy-min-bytes (byte counts), data-plane-spin (a duration, `50us`;
+  /// arena-copy-min-bytes, network-eager-bytes (byte counts), data-plane-spin (a duration, `50us`;
   /// at most 10ms), intra-op-threads (1 to 1024), device-map.<node>
   /// (`cpu->cpu,cuda:0->cuda:1`) and config (a file of `key = value` lines
   /// with the same keys; also TROUPE_CONFIG). Every bad value is an
