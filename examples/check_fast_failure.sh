@@ -22,11 +22,7 @@ trap cleanup EXIT
 now() { date +%s.%N; }
 elapsed() { echo "$(now) - $1" | bc; } # seconds since $1, as a decimal
 
-rank_pid() { # launcher pid, rank -> that rank's pid
-  for p in $(pgrep -P "$1"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TROUPE_RANK=$2" && { echo "$p"; return; }
-  done
-}
+source "$(dirname "$0")/demo_checks.sh"
 
 # one case: RANKS SIGNAL RANK BOUND_S DEMO ARGS...: start the job, wait until
 # it trains, send SIGNAL to RANK, and require the launcher to exit non-zero

@@ -16,11 +16,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-rank_pid() { # launcher pid, rank -> that rank's pid
-  for p in $(pgrep -P "$1"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TROUPE_RANK=$2" && { echo "$p"; return; }
-  done
-}
+source "$(dirname "$0")/demo_checks.sh"
 
 # one run: stop rank $1, expect a line matching $2 within 30 s
 run_and_stop() {

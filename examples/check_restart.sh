@@ -22,11 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT
 now() { date +%s.%N; }
-rank_pid() { # launcher pid, rank -> that rank's pid
-  for p in $(pgrep -P "$1"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TROUPE_RANK=$2" && { echo "$p"; return; }
-  done
-}
+source "$(dirname "$0")/demo_checks.sh"
 losses() { grep -E '^\[0\] step +[0-9]+  loss' "$1" | sed -E 's/^\[0\] step +([0-9]+)  loss ([0-9.]+).*/\1 \2/'; }
 
 steps=60

@@ -10,6 +10,7 @@
 # not fit the processes exits 2.
 #   examples/check_tensor_parallel_demo.sh BIN_DIR DEMO
 set -uo pipefail
+source "$(dirname "$0")/demo_checks.sh"
 bin=$1 demo=$2
 dir=$(mktemp -d)
 launcher=""
@@ -72,10 +73,7 @@ launcher=$!
 for _ in $(seq 1 600); do grep -q '^\[0\] step ' "$dir/kill.txt" && break; sleep 0.1; done
 grep -q '^\[0\] step ' "$dir/kill.txt" || { tail "$dir/kill.txt"; echo "FAIL: the job did not train"; exit 1; }
 pids=$(pgrep -P "$launcher" | tr '\n' ' ')
-target=""
-for p in $pids; do
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TROUPE_RANK=3" && target=$p
-done
+target=$(rank_pid "$launcher" 3)
 [[ -n $target ]] || { echo "FAIL: no process for rank 3"; exit 1; }
 start=$(date +%s.%N)
 kill -STOP "$target"

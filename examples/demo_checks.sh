@@ -44,3 +44,11 @@ summarize_trace() {
   "$bin/troupe-trace" svg -o "$dir/t.svg" "$dir/trace"
   [ -s "$dir/t.svg" ] && grep -q "<svg" "$dir/t.svg" || { echo "FAIL: empty SVG"; exit 1; }
 }
+
+# rank_pid LAUNCHER_PID RANK: the pid of the launcher's child that runs RANK
+# (from its TROUPE_RANK), or nothing.
+rank_pid() { # launcher pid, rank -> that rank's pid
+  for p in $(pgrep -P "$1"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TROUPE_RANK=$2" && { echo "$p"; return; }
+  done
+}

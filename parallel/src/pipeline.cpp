@@ -168,12 +168,21 @@ void pipeline::state::validate(pipeline_options& options) {
   }
 }
 
-expected<pipeline> pipeline::create(actors::node& node, pipeline_options options) {
-  state::validate(options);
+expected<std::unique_ptr<pipeline::state>> pipeline::state::started(actors::node& node, pipeline_options options,
+                                                                    std::string stage_factory) {
+  validate(options);
   auto st = std::make_unique<state>(node, std::move(options));
-  if (auto started = st->start(); !started)
-    return started.error_value();
-  return pipeline(std::move(st));
+  st->stage_factory_ = std::move(stage_factory);
+  if (auto ok = st->start(); !ok)
+    return ok.error_value();
+  return st;
+}
+
+expected<pipeline> pipeline::create(actors::node& node, pipeline_options options) {
+  auto st = state::started(node, std::move(options));
+  if (!st)
+    return st.error_value();
+  return pipeline(std::move(*st));
 }
 
 std::vector<std::vector<std::string>> pipeline::state::replica_rings() const {

@@ -27,6 +27,13 @@ struct pipeline::state {
   /// partition when it is empty.
   static void validate(pipeline_options& options);
 
+  /// Validates the options and starts the stages; those in other processes
+  /// through the node factory `stage_factory` (remote.hpp's, or a
+  /// tensor_parallel_pipeline's). pipeline::create, and whoever wraps the
+  /// result in a pipeline, take it from here.
+  static expected<std::unique_ptr<state>> started(actors::node& node, pipeline_options options,
+                                                  std::string stage_factory = stage_factory_name);
+
   state(actors::node& node, pipeline_options options);
   /// Forgets the job's finish hook and stops the stages.
   ~state();
@@ -84,8 +91,7 @@ struct pipeline::state {
   struct driver;
   actors::node& node_;
   pipeline_options options_;
-  /// The node factory that builds a stage in another process: the stage
-  /// recipe's (remote.hpp), or a tensor_parallel_pipeline's, set before start().
+  /// The node factory that builds a stage in another process (started()).
   std::string stage_factory_ = stage_factory_name;
   finish_hook finish_hook_;
   bool shut_down_ = false;

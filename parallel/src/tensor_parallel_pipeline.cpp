@@ -303,14 +303,12 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create_across_proce
         r.tag = fmt::format("t{}", tt);
         o.replication = std::move(r);
       }
-      pipeline::state::validate(o);
-      auto driver = std::make_unique<pipeline::state>(job.node(), std::move(o));
-      driver->stage_factory_ = tensor_parallel_stage_factory;
-      if (auto started = driver->start(); !started)
-        return make_error(started.error_value().code(), "tensor_parallel_pipeline: replica {}, tensor rank {}: {}", dd,
-                          tt, started.error_value().message());
-      driver->stop_with(job);
-      st->pipelines.push_back(pipeline(std::move(driver)));
+      auto driver = pipeline::state::started(job.node(), std::move(o), tensor_parallel_stage_factory);
+      if (!driver)
+        return make_error(driver.error_value().code(), "tensor_parallel_pipeline: replica {}, tensor rank {}: {}", dd,
+                          tt, driver.error_value().message());
+      (*driver)->stop_with(job);
+      st->pipelines.push_back(pipeline(std::move(*driver)));
     }
   return tensor_parallel_pipeline(std::move(st));
 }
