@@ -4,12 +4,16 @@
 // parameters; the mesh names which ranks share a group along each axis.
 #include "troupe/parallel/tensor_parallel_pipeline.hpp"
 
+#include "stage.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "gpt_reference.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/place.hpp"
 #include "troupe/job.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/parallel/tensor_parallel_transformer.hpp"
@@ -162,6 +166,17 @@ TEST(TensorTimesPipelineLayout, OneProcessJobRunsTheAcrossProcessesPath) {
       want += v + v * v;
   EXPECT_NEAR((*digests)[0], want, 1e-9 * std::abs(want));
   EXPECT_THROW((void)made->model(0, 0), usage_error);
+
+  // The prepared stage's factory takes specs from other processes: one that
+  // asks for another stage, or other layers, is refused naming both.
+  stage_spec wrong;
+  wrong.end = 1;
+  auto spawned = job.node().spawn_remote(*actors::place::parse_named("worker0/cpu/d0.t1.stage0"),
+                                         "troupe.tensor_parallel_stage", to_message(wrong));
+  ASSERT_FALSE(spawned);
+  EXPECT_THAT(spawned.error().message(),
+              ::testing::HasSubstr("tensor-parallel stage worker0/cpu/d0.t1.stage0 with layers [0, 1) was asked for, "
+                                   "but this process prepared d0.t0.stage0 with layers [0, 4)"));
 }
 
 } // namespace
