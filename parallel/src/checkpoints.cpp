@@ -12,6 +12,7 @@
 
 #include "pipeline_state.hpp"
 #include "ps_checkpoint.hpp"
+#include "remote_module_checkpoint.hpp"
 #include "tensor_parallel_pipeline_access.hpp"
 #include "training_state.hpp"
 #include "troupe/actors/node.hpp"
@@ -21,6 +22,7 @@
 #include "troupe/parallel/hybrid.hpp"
 #include "troupe/parallel/parameter_server.hpp"
 #include "troupe/parallel/reducer_group.hpp"
+#include "troupe/parallel/remote_module.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
 #include "troupe/tensor/error.hpp"
@@ -84,6 +86,11 @@ struct checkpoints::impl {
     std::uint16_t index;
   };
 
+  /// A remote module's host, reached through a caller's handle.
+  struct module_host {
+    remote_module* module;
+  };
+
   /// The first rank the job lost, if any: the coordinator stops waiting for
   /// reports then (that rank's will never come).
   struct loss_watch {
@@ -107,6 +114,7 @@ struct checkpoints::impl {
   std::vector<local_state> locals;
   std::vector<stage_group> pipelines;
   std::vector<server_group> servers;
+  std::vector<module_host> modules;
   std::vector<std::pair<std::string, generator*>> streams;
   /// Coordinator: every writer of the checkpoint (this process's and the
   /// others'); the stages' optimizers' step is held alike by all stages.
@@ -123,6 +131,20 @@ struct checkpoints::impl {
   bool coordinator() const { return rank == coordinator_rank; }
   /// No directory: checkpointing is off.
   bool off() const;
+
+  /// Whether a model of this process (`model.<name>`) and a remote
+  /// module (`model.<module>.`) would save the same names.
+  void check_parts_apart() const {
+    for (const auto& m : modules) {
+      const auto& part = remote_module_access::options(*m.module).name;
+      for (const auto& local : locals)
+        for (const auto& [name, value] : local.model->state_dict())
+          require(!name.starts_with(part + "."),
+                  "checkpoints: the model's '{}' and remote module '{}' would be saved under the same name "
+                  "'model.{}'; name the remote module apart",
+                  name, part, name);
+    }
+  }
 
   void add_writers(const std::vector<std::string>& names) {
     for (const auto& name : names) {
@@ -182,6 +204,7 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer) {
   auto writer = fmt::format("rank-{}", impl_->rank);
   impl_->add_writers({writer});
   impl_->locals.push_back({&model, &optimizer, std::move(writer), {}});
+  impl_->check_parts_apart();
 }
 
 void checkpoints::track(nn::module& model, optim::optimizer& optimizer, data_parallel& replicas) {
@@ -197,6 +220,7 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, data_par
   if (impl_->coordinator())
     impl_->add_writers(holders);
   impl_->locals.push_back({&model, &optimizer, holders[group.rank()], holders});
+  impl_->check_parts_apart();
 }
 
 void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group) {
@@ -301,6 +325,20 @@ void checkpoints::track(parameter_client& client) {
   impl_->servers.push_back({&client, index});
 }
 
+void checkpoints::track(remote_module& module) {
+  const auto caller = remote_module_access::caller(module);
+  if (!impl_->in_job) // callers as threads of one program: caller 0 coordinates
+    impl_->rank = caller;
+  const auto& name = remote_module_access::options(module).name;
+  for (const auto& other : impl_->modules)
+    require(remote_module_access::options(*other.module).name != name,
+            "checkpoints: remote module '{}' is tracked twice", name);
+  if (impl_->coordinator())
+    impl_->add_writers({remote_module_writer(name)});
+  impl_->modules.push_back({&module});
+  impl_->check_parts_apart();
+}
+
 void checkpoints::track(std::string name, generator& stream) {
   require(impl_->coordinator(), "checkpoints: rank {} tracks random stream '{}'; only the coordinator's are saved",
           impl_->rank, name);
@@ -390,6 +428,18 @@ expected<void> checkpoints::impl::save(std::int64_t step) {
                                                table_step);
       metadata.insert(metadata.end(), entries.begin(), entries.end());
     }
+  // Each remote module's host copies its module once it has applied the
+  // coordinator's last step, and writes it from its own process.
+  if (coordinator())
+    for (auto& [module] : modules) {
+      const auto module_step = remote_module_access::last_step(*module);
+      const ps_wire::checkpoint_request request{.asynchronous = asynchronous, .checkpoint_step = at,
+                                                .table_step = module_step, .directory = root_text};
+      if (auto saved = remote_module_access::ask_host(*module, ps_wire::op::save, request, options.timeout); !saved)
+        return make_error(saved.error().code(), "checkpoint of step {}: {}", step, saved.error().message());
+      metadata.emplace_back(remote_module_step_key(remote_module_access::options(*module).name),
+                            std::to_string(module_step));
+    }
   for (const auto& [name, stream] : streams)
     metadata.emplace_back(std::string(generator_prefix) + name, fmt::format("{} {}", stream->seed, stream->offset));
 
@@ -442,6 +492,13 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
       return table_step.error();
     table_steps.push_back(*table_step);
   }
+  std::vector<std::uint64_t> module_steps;
+  for (const auto& [module] : modules) {
+    auto module_step = saved_module_step(*reader, remote_module_access::options(*module).name);
+    if (!module_step)
+      return module_step.error();
+    module_steps.push_back(*module_step);
+  }
   std::vector<generator> restored;
   for (const auto& [name, stream] : streams) {
     auto key = std::string(generator_prefix) + name;
@@ -475,10 +532,25 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
       return make_error(ok.error().code(), "checkpoint {}: {}", directory_text, ok.error().message());
     return {};
   };
-  if (coordinator())
+  // Every remote module's host reads and checks its state first, too.
+  auto ask_hosts = [&](ps_wire::op kind) -> expected<void> {
+    for (std::size_t i = 0; i < modules.size(); ++i) {
+      const ps_wire::checkpoint_request request{.checkpoint_step = reader->step(), .table_step = module_steps[i],
+                                                .directory = kind == ps_wire::op::load
+                                                               ? std::string_view(directory_text)
+                                                               : std::string_view{}};
+      if (auto ok = remote_module_access::ask_host(*modules[i].module, kind, request, options.timeout); !ok)
+        return make_error(ok.error().code(), "checkpoint {}: {}", directory_text, ok.error().message());
+    }
+    return {};
+  };
+  if (coordinator()) {
     for (std::size_t i = 0; i < servers.size(); ++i)
       if (auto ok = ask_shards(i, ps_wire::op::load); !ok)
         return ok.error();
+    if (auto ok = ask_hosts(ps_wire::op::load); !ok)
+      return ok.error();
+  }
   for (std::size_t i = 0; i < locals.size(); ++i)
     if (auto ok = apply_training_state(std::move(values[i]), *locals[i].model, *locals[i].optimizer); !ok)
       return make_error(ok.error().code(), "checkpoint {}: {}", directory.string(), ok.error().message());
@@ -492,6 +564,13 @@ expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& dire
       return ok.error();
     parameter_server_access::continue_after(*servers[i].client, table_steps[i]);
   }
+  // The hosts hold a caller's forwards of later steps until they applied
+  // the load.
+  if (coordinator())
+    if (auto ok = ask_hosts(ps_wire::op::apply_load); !ok)
+      return ok.error();
+  for (std::size_t i = 0; i < modules.size(); ++i)
+    remote_module_access::continue_after(*modules[i].module, module_steps[i]);
   for (std::size_t i = 0; i < streams.size(); ++i)
     *streams[i].second = restored[i];
   last_step = static_cast<std::int64_t>(reader->step());

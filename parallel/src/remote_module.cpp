@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -21,8 +22,10 @@
 #include "actor_places.hpp"
 #include "finish_hook.hpp"
 #include "mailbox_thread.hpp"
-#include "reply_endpoint.hpp"
 #include "ps_wire.hpp"
+#include "remote_module_checkpoint.hpp"
+#include "reply_endpoint.hpp"
+#include "training_state.hpp"
 
 namespace troupe::parallel {
 
@@ -105,6 +108,23 @@ struct remote_module_host::state {
   std::deque<held> held_forwards;
   std::vector<std::optional<std::string>> lost;
 
+  // checkpoints (remote_module_checkpoint.hpp)
+  struct held_request {
+    actors::tensor_message message;
+    ps_wire::checkpoint_request request; ///< its directory points into message.value
+    std::uint32_t caller = 0;
+    clock_type::time_point since;
+  };
+  std::optional<held_request> held_save;
+  struct staged_state {
+    std::uint64_t checkpoint_step = 0;
+    std::uint64_t module_step = 0;
+    training_state_values values;
+  };
+  std::optional<staged_state> staged_load;
+  /// Declared after the module: destroyed (its write finished) first.
+  background_writer checkpoint_writer;
+
   void reply(std::uint32_t caller, message_kind kind, const actors::tensor_message& to, tensor value) {
     if (caller >= options.callers.size())
       return;
@@ -115,6 +135,10 @@ struct remote_module_host::state {
   void fail(std::uint32_t caller, const actors::tensor_message& to, const std::string& why) {
     fmt::print(stderr, "troupe: {}: {}\n", place, why);
     reply(caller, message_kind::control, to, ps_wire::encode_text(fmt::format("{}: {}", place, why)));
+  }
+
+  void reply_ok(std::uint32_t caller, const actors::tensor_message& to) {
+    reply(caller, message_kind::parameters, to, ps_wire::encode_text("ok"));
   }
 
   void handle_item(item& i) {
@@ -154,7 +178,9 @@ struct remote_module_host::state {
         reply(caller, message_kind::backward_gradient, m, registry.take_received_grad(key));
         return;
       }
-      case message_kind::control:
+      case message_kind::control: // a step's end (float32) or a checkpoint request (uint8)
+        if (m.value.type() == dtype::uint8)
+          return handle_checkpoint(caller, m);
         return step_done(caller, m);
       default:
         return fail(caller, m, fmt::format("an unexpected {} message", name_of(m.meta.kind)));
@@ -188,7 +214,13 @@ struct remote_module_host::state {
       contexts.erase(done);
       stepped.erase(done);
       ++applied;
+      try_save(); // before the next step can change the module
     }
+    release_held_forwards();
+  }
+
+  /// Runs the held forwards that the steps applied so far allow.
+  void release_held_forwards() {
     for (auto it = held_forwards.begin(); it != held_forwards.end();) {
       if (it->message.meta.step <= applied + 1) {
         forward(caller_of(it->message.meta.context_id), it->message);
@@ -197,6 +229,83 @@ struct remote_module_host::state {
         ++it;
       }
     }
+  }
+
+  // A request's directory and steps come from another process: the directory
+  // is only opened or written under (a failure is the answer), a step past
+  // the module's is refused.
+  void handle_checkpoint(std::uint32_t caller, const actors::tensor_message& m) {
+    auto decoded = ps_wire::decode(m.value);
+    if (!decoded)
+      return fail(caller, m, fmt::format("a malformed checkpoint request: {}", decoded.error().message()));
+    const auto& r = decoded->checkpoint;
+    switch (decoded->kind) {
+      case ps_wire::op::save:
+        if (held_save)
+          return fail(caller, m, fmt::format("the save of step {} still waits; the save of step {} cannot start",
+                                             held_save->request.table_step, r.table_step));
+        held_save = held_request{m, r, caller, clock_type::now()};
+        return try_save();
+      case ps_wire::op::load: {
+        auto reader = checkpoint_reader::open(std::filesystem::path(std::string(r.directory)));
+        if (!reader)
+          return fail(caller, m, reader.error().message());
+        auto values = read_training_state(*reader, *module, *optimizer, state_names::of_part(options.name));
+        if (!values)
+          return fail(caller, m, values.error().message());
+        staged_load = staged_state{r.checkpoint_step, r.table_step, std::move(*values)};
+        return reply_ok(caller, m);
+      }
+      case ps_wire::op::apply_load:
+        return apply_load(caller, m, r);
+      default:
+        return fail(caller, m, fmt::format("a checkpoint request of op {}, which a remote module does not serve",
+                                           static_cast<int>(decoded->kind)));
+    }
+  }
+
+  /// Saves the held request's step once the module has applied it.
+  void try_save() {
+    if (!held_save || applied < held_save->request.table_step)
+      return;
+    auto held = std::move(*held_save);
+    held_save.reset();
+    const auto& r = held.request;
+    if (applied > r.table_step)
+      return fail(held.caller, held.message,
+                  fmt::format("remote module '{}' has applied step {}, past step {} being saved", options.name,
+                              applied, r.table_step));
+    // Asynchronous: copies now, on this thread, so the next step's update
+    // cannot reach what is written.
+    auto shares = training_shares(*module, *optimizer, {}, {}, r.asynchronous, state_names::of_part(options.name));
+    auto write = [shares = std::move(shares), root = std::filesystem::path(std::string(r.directory)),
+                  at = r.checkpoint_step, writer = remote_module_writer(options.name)] {
+      return write_shares(root, at, writer, shares);
+    };
+    auto done = r.asynchronous ? checkpoint_writer.submit(std::move(write)) : checkpoint_writer.wait();
+    if (done && !r.asynchronous)
+      done = write();
+    if (!done)
+      return fail(held.caller, held.message, done.error().message());
+    reply_ok(held.caller, held.message);
+  }
+
+  void apply_load(std::uint32_t caller, const actors::tensor_message& m, const ps_wire::checkpoint_request& r) {
+    if (!staged_load || staged_load->checkpoint_step != r.checkpoint_step || staged_load->module_step != r.table_step)
+      return fail(caller, m, fmt::format("no load of checkpoint step {} was read", r.checkpoint_step));
+    auto staged = std::move(*staged_load);
+    staged_load.reset();
+    if (auto ok = apply_training_state(std::move(staged.values), *module, *optimizer); !ok)
+      return fail(caller, m, ok.error().message());
+    optimizer->zero_grad();
+    for (auto& [step, ids] : contexts)
+      for (auto context : ids)
+        registry.release_context(context);
+    contexts.clear();
+    stepped.clear();
+    applied = staged.module_step;
+    reply_ok(caller, m);
+    release_held_forwards();
   }
 
   std::optional<std::string> lost_caller_reason() const {
@@ -213,20 +322,35 @@ struct remote_module_host::state {
     for (auto& h : held_forwards)
       fail(caller_of(h.message.meta.context_id), h.message, *lost_caller_reason());
     held_forwards.clear();
+    if (held_save) {
+      fail(held_save->caller, held_save->message, *lost_caller_reason());
+      held_save.reset();
+    }
+  }
+
+  /// The callers that have not ended step applied + 1, named.
+  std::string late_callers() {
+    std::string missing;
+    for (std::uint32_t c = 0; c < options.callers.size(); ++c)
+      if (!stepped[applied + 1].count(c))
+        missing += fmt::format("{}caller {} ({})", missing.empty() ? "" : ", ", c, options.callers[c]);
+    return missing;
   }
 
   void expire_held() {
     auto now = clock_type::now();
     while (!held_forwards.empty() && now - held_forwards.front().since >= options.timeout) {
       auto& h = held_forwards.front();
-      std::string missing;
-      for (std::uint32_t c = 0; c < options.callers.size(); ++c)
-        if (!stepped[applied + 1].count(c))
-          missing += fmt::format("{}caller {} ({})", missing.empty() ? "" : ", ", c, options.callers[c]);
       fail(caller_of(h.message.meta.context_id), h.message,
            fmt::format("a forward for step {} waited {} ms for step {} to end at {}", h.message.meta.step,
-                       options.timeout.count(), applied + 1, missing));
+                       options.timeout.count(), applied + 1, late_callers()));
       held_forwards.pop_front();
+    }
+    if (held_save && now - held_save->since >= options.timeout) {
+      fail(held_save->caller, held_save->message,
+           fmt::format("the save of step {} waited {} ms for step {} to end at {}", held_save->request.table_step,
+                       options.timeout.count(), applied + 1, late_callers()));
+      held_save.reset();
     }
   }
 };
@@ -415,6 +539,46 @@ remote_module& remote_module::operator=(remote_module&& other) noexcept {
 }
 
 void remote_module::shutdown() { state_->stop(); }
+
+// -- checkpoints (remote_module_checkpoint.hpp) --------------------------------------------------
+
+const remote_module_options& remote_module_access::options(const remote_module& module) {
+  return module.state_->options;
+}
+
+std::uint32_t remote_module_access::caller(const remote_module& module) { return module.state_->caller; }
+
+std::uint64_t remote_module_access::last_step(const remote_module& module) { return module.current_step() - 1; }
+
+expected<void> remote_module_access::ask_host(remote_module& module, ps_wire::op kind,
+                                              const ps_wire::checkpoint_request& request,
+                                              std::chrono::milliseconds timeout) {
+  auto& st = *module.state_;
+  std::uint64_t context = 0;
+  {
+    std::lock_guard lock(st.mutex);
+    context = (std::uint64_t{st.caller} << 48) | (st.next_call++ & ((std::uint64_t{1} << 48) - 1));
+  }
+  if (auto ok = st.replies->expect(context); !ok)
+    return ok.error();
+  if (auto sent = st.router->send(st.host, make_message(message_kind::control, 0, 0, context,
+                                                        ps_wire::encode_checkpoint(kind, request)));
+      !sent) {
+    st.replies->forget({context});
+    return make_error(errc::io_error, "remote module '{}': sending a checkpoint request to {} failed: {}",
+                      st.options.name, st.host.to_string(), sent.error().message());
+  }
+  auto answer = st.replies->wait({context}, timeout,
+                                 fmt::format("remote module '{}' ({})", st.options.name, st.host.to_string()));
+  if (!answer)
+    return answer.error();
+  return {};
+}
+
+void remote_module_access::continue_after(remote_module& module, std::uint64_t module_step) {
+  std::lock_guard lock(module.state_->mutex);
+  module.state_->step = module_step + 1;
+}
 
 std::uint64_t remote_module::current_step() const {
   std::lock_guard lock(state_->mutex);

@@ -49,11 +49,12 @@ expected<void> check_like(const checkpoint_reader& reader, const std::string& na
 
 /// `optimizer.step`, the optimizer's step count; its absence means the
 /// checkpoint holds no optimizer state.
-expected<tensor> read_step_count(const checkpoint_reader& reader) {
-  if (reader.find(step_name) == nullptr)
+expected<tensor> read_step_count(const checkpoint_reader& reader, std::string_view step = step_name) {
+  const std::string name(step);
+  if (reader.find(name) == nullptr)
     return make_error(errc::state_mismatch, "checkpoint {} has no optimizer state ('{}')",
-                      reader.directory().string(), step_name);
-  auto count = reader.read(step_name);
+                      reader.directory().string(), name);
+  auto count = reader.read(name);
   if (!count)
     return located(reader, count.error());
   return count;
@@ -79,24 +80,30 @@ expected<tensor> read_like(const checkpoint_reader& reader, const std::string& n
 
 } // namespace
 
-std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot) {
+state_names state_names::of_part(std::string_view part) {
+  return {fmt::format("{}{}.", model_prefix, part), fmt::format("{}{}.", optimizer_prefix, part),
+          fmt::format("{}{}.step", optimizer_prefix, part)};
+}
+
+std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot, const state_names& names) {
   std::vector<tensor_piece> out;
   for (const auto& [name, value] : model.state_dict())
-    out.push_back(whole(std::string(model_prefix) + name, value, snapshot));
+    out.push_back(whole(names.model + name, value, snapshot));
   return out;
 }
 
-std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer, bool snapshot) {
+std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer, bool snapshot,
+                                           const state_names& names) {
   std::vector<tensor_piece> out;
   for (const auto& [key, value] : optimizer.state_views())
     if (key != "step")
-      out.push_back(whole(std::string(optimizer_prefix) + key, value, snapshot));
+      out.push_back(whole(names.optimizer + key, value, snapshot));
   return out;
 }
 
-tensor_piece optimizer_step_piece(const optim::optimizer& optimizer) {
+tensor_piece optimizer_step_piece(const optim::optimizer& optimizer, const state_names& names) {
   auto count = tensor::scalar(static_cast<double>(optimizer.step_count()), dtype::int64);
-  return whole(std::string(step_name), count, false);
+  return whole(names.step, count, false);
 }
 
 expected<void> write_shares(const std::filesystem::path& root, std::uint64_t step, const std::string& writer,
@@ -123,32 +130,32 @@ expected<void> write_shares(const std::filesystem::path& root, std::uint64_t ste
   return {};
 }
 
-expected<void> check_model(const checkpoint_reader& reader, const nn::module& model) {
+expected<void> check_model(const checkpoint_reader& reader, const nn::module& model, const state_names& names) {
   for (const auto& [name, value] : model.state_dict())
-    if (auto ok = check_like(reader, std::string(model_prefix) + name, value, "model"); !ok)
+    if (auto ok = check_like(reader, names.model + name, value, "model"); !ok)
       return ok;
   return {};
 }
 
 expected<training_state_values> read_training_state(const checkpoint_reader& reader, const nn::module& model,
-                                                    const optim::optimizer& optimizer) {
+                                                    const optim::optimizer& optimizer, const state_names& names) {
   training_state_values out;
   for (const auto& [name, value] : model.state_dict()) {
-    auto saved = read_like(reader, std::string(model_prefix) + name, value, "model");
+    auto saved = read_like(reader, names.model + name, value, "model");
     if (!saved)
       return saved.error();
     out.model.emplace_back(name, std::move(*saved));
   }
-  auto count = read_step_count(reader);
+  auto count = read_step_count(reader, names.step);
   if (!count)
     return count.error();
   std::set<std::string, std::less<>> parameters;
   for (const auto& [name, variable] : optimizer.parameters())
     parameters.insert(name);
   for (const auto& t : reader.manifest().tensors) {
-    if (!t.name.starts_with(optimizer_prefix) || t.name == step_name)
+    if (!t.name.starts_with(names.optimizer) || t.name == names.step)
       continue;
-    std::string_view key = std::string_view(t.name).substr(optimizer_prefix.size());
+    std::string_view key = std::string_view(t.name).substr(names.optimizer.size());
     if (!parameters.contains(parameter_of(key)))
       continue;
     auto value = reader.read(t.name);
@@ -276,14 +283,15 @@ expected<training_state_values> read_sharded_training_state(const checkpoint_rea
 
 std::vector<state_share> training_shares(const nn::module& model, const optim::optimizer& optimizer,
                                          std::vector<std::string> state_holders,
-                                         std::vector<std::string> step_holders, bool snapshot) {
+                                         std::vector<std::string> step_holders, bool snapshot,
+                                         const state_names& names) {
   std::vector<state_share> shares(2);
-  shares[0].pieces = model_pieces(model, snapshot);
-  auto state = optimizer_pieces(optimizer, snapshot);
+  shares[0].pieces = model_pieces(model, snapshot, names);
+  auto state = optimizer_pieces(optimizer, snapshot, names);
   shares[0].pieces.insert(shares[0].pieces.end(), std::make_move_iterator(state.begin()),
                           std::make_move_iterator(state.end()));
   shares[0].holders = std::move(state_holders);
-  shares[1].pieces.push_back(optimizer_step_piece(optimizer));
+  shares[1].pieces.push_back(optimizer_step_piece(optimizer, names));
   shares[1].holders = std::move(step_holders);
   return shares;
 }

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,14 +71,27 @@ struct state_share {
   std::vector<std::string> holders;
 };
 
+/// Where a model's state lies among a checkpoint's names. The job's model
+/// (one process, a stage, a replica): `model.`, `optimizer.` and the step
+/// count `optimizer.step`. A remote module `head` is a part of the job's
+/// model that keeps an optimizer of its own: `model.head.`,
+/// `optimizer.head.` and `optimizer.head.step`.
+struct state_names {
+  std::string model = "model.";
+  std::string optimizer = "optimizer.";
+  std::string step = "optimizer.step";
+  static state_names of_part(std::string_view part);
+};
+
 /// The model's state_dict as whole-tensor pieces; `snapshot` copies them
 /// (an asynchronous save writes while training changes the originals).
-std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot);
+std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot, const state_names& names = {});
 /// The optimizer's state but its step count, as whole-tensor pieces;
 /// `snapshot` copies them.
-std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer, bool snapshot);
+std::vector<tensor_piece> optimizer_pieces(const optim::optimizer& optimizer, bool snapshot,
+                                           const state_names& names = {});
 /// `optimizer.step` alone (held alike by every stage and replica).
-tensor_piece optimizer_step_piece(const optim::optimizer& optimizer);
+tensor_piece optimizer_step_piece(const optim::optimizer& optimizer, const state_names& names = {});
 
 /// Writes `shares` as `writer`'s shard and report of step `step` under
 /// `root`; on failure, reports it (shard_writer::report_failure) so the
@@ -88,7 +102,7 @@ expected<void> write_shares(const std::filesystem::path& root, std::uint64_t ste
 /// Whether `reader`'s checkpoint has every tensor of `model`'s state_dict
 /// with its dtype and shape (reads no shard): errc::state_mismatch naming
 /// the first that it lacks or that differs.
-expected<void> check_model(const checkpoint_reader& reader, const nn::module& model);
+expected<void> check_model(const checkpoint_reader& reader, const nn::module& model, const state_names& names = {});
 /// A model's and its optimizer's state read from a checkpoint, not yet
 /// loaded: everything is read (and every piece's checksum checked) before
 /// anything changes, so a model is never half-loaded.
@@ -101,7 +115,7 @@ struct training_state_values {
 /// that differs) and the optimizer state of `optimizer`'s parameters with
 /// `optimizer.step`.
 expected<training_state_values> read_training_state(const checkpoint_reader& reader, const nn::module& model,
-                                                    const optim::optimizer& optimizer);
+                                                    const optim::optimizer& optimizer, const state_names& names = {});
 /// Loads what read_training_state read (the optimizer first: its checks
 /// come before any change, and the model's were made by the read). The
 /// optimizer keeps the values read as its state (no copy).
@@ -131,7 +145,8 @@ struct save_target {
 /// `snapshot` copies the model's tensors.
 std::vector<state_share> training_shares(const nn::module& model, const optim::optimizer& optimizer,
                                          std::vector<std::string> state_holders,
-                                         std::vector<std::string> step_holders, bool snapshot);
+                                         std::vector<std::string> step_holders, bool snapshot,
+                                         const state_names& names = {});
 
 /// A tensor-parallel model's pieces (parameter_shards: tensor_parallel.hpp):
 /// a split parameter's piece and its optimizer state held alike by

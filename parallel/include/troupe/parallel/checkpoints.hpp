@@ -22,7 +22,8 @@
 // data-parallel replica a share of the replicated state (spread over the
 // replicas by name, not all by rank 0), each parameter-server shard its
 // rows and sparse optimizer state (`parameter_server.<table>`,
-// `optimizer.parameter_server.<table>.<state>`) in its own process. The
+// `optimizer.parameter_server.<table>.<state>`) in its own process, each
+// remote module's host its module as the part `<name>` of the model. The
 // coordinator (the job's rank 0, or checkpoint_options::coordinator) then
 // commits: it waits for every writer's report, writes the manifest
 // last and renames the directory (checkpoint_directory.hpp), keeping the
@@ -81,6 +82,7 @@ class hybrid_pipeline;
 class data_parallel;
 class reducer_group;
 class parameter_client;
+class remote_module;
 class tensor_parallel_pipeline;
 
 struct checkpoint_options {
@@ -159,6 +161,13 @@ public:
   /// resume() loads the tables at any shard count and sharding, and each
   /// trainer continues at the step after the saved one.
   void track(parameter_client& client);
+  /// A remote module (remote_module.hpp): every caller tracks its handle,
+  /// and the coordinator must be one of them (caller 0 of callers as
+  /// threads of one program). On save, the host writes the module and its
+  /// optimizer state (`model.<name>.`, `optimizer.<name>.`) from its own
+  /// process once it has applied the coordinator's last step; on resume it
+  /// loads them, and every caller continues at the step after that one.
+  void track(remote_module& module);
   /// A random stream of the coordinator's (the data order, dropout): its
   /// seed and position go into the metadata and are restored by resume().
   /// Other ranks make their data a function of the step instead.

@@ -34,6 +34,10 @@
 // gradient to the host, and the distributed optimizer steps the module
 // where it lives together with the caller's own parameters.
 //
+// Checkpoints: every caller tracks its handle (checkpoints.hpp) and one of
+// them coordinates; the host saves the module and its optimizer state from
+// its own process as the part `<name>` of the job's model.
+//
 // Steps are synchronous: the host applies its optimizer for step t once
 // every caller's step() for t arrived (gradients averaged over the callers
 // by default, as data parallelism does), and holds a forward of step t+1
@@ -139,6 +143,7 @@ public:
   struct state;
 
 private:
+  friend struct remote_module_access; // checkpoints of the host (parallel/src)
   explicit remote_module(std::shared_ptr<state> s) : state_(std::move(s)) {}
   std::shared_ptr<state> state_;
 };
