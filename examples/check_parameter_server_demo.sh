@@ -6,6 +6,7 @@
 #   examples/check_parameter_server_demo.sh BIN_DIR DEMO
 set -uo pipefail
 bin=$1 demo=$2
+source "$(dirname "$0")/demo_checks.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 epochs=10
@@ -15,14 +16,9 @@ if ! TROUPE_TRACE_DIR="$dir/trace" timeout -s INT 120 "$bin/troupe-launch" -n 4 
   >"$dir/four.txt" 2>&1; then
   tail -20 "$dir/four.txt"; echo "FAIL: the 4-process job failed"; exit 1
 fi
-losses() { grep -E 'trainer [01] step' "$1" | sed 's/^\[[0-9]*\] //' | sort; }
-n=$(losses "$dir/one.txt" | wc -l)
+n=$(trainer_losses "$dir/one.txt" | wc -l)
 [[ $n -eq $((epochs * 20)) ]] || { echo "FAIL: $n loss lines in one process"; exit 1; }
-[[ $(losses "$dir/four.txt" | wc -l) -eq $n ]] || { echo "FAIL: the job printed $(losses "$dir/four.txt" | wc -l) of $n losses"; exit 1; }
-if ! paste -d' ' <(losses "$dir/one.txt") <(losses "$dir/four.txt") |
-  awk '$2 != $8 || $4 != $10 || ($6 - $12 > 2e-5) || ($12 - $6 > 2e-5) { print; bad = 1 } END { exit bad }' >"$dir/diff.txt"; then
-  head "$dir/diff.txt"; echo "FAIL: the 4-process losses differ from one process"; exit 1
-fi
+same_losses "$dir/one.txt" "$dir/four.txt" "the 4-process job"
 grep -E "trainer 0 step +(1|$((epochs * 10))) " "$dir/one.txt"
 # Checkpoints: a job saving every 25 steps stops at step 50; a new job
 # resumes from it (the server loads its table and optimizer state, the
@@ -38,13 +34,8 @@ if ! timeout -s INT 120 "$bin/troupe-launch" -n 4 -- "$demo" --epochs=$epochs --
   >"$dir/resumed.txt" 2>&1; then
   tail -20 "$dir/resumed.txt"; echo "FAIL: the resuming job failed"; exit 1
 fi
-after() { losses "$1" | awk -v h=$half '$4 > h'; }
-[[ $(after "$dir/resumed.txt" | wc -l) -eq $((2 * half)) && $(losses "$dir/resumed.txt" | wc -l) -eq $((2 * half)) ]] ||
-  { head "$dir/resumed.txt"; echo "FAIL: the resumed job printed other steps than $((half + 1))-$((2 * half))"; exit 1; }
-if ! paste -d' ' <(after "$dir/one.txt") <(after "$dir/resumed.txt") |
-  awk '$2 != $8 || $4 != $10 || ($6 - $12 > 2e-5) || ($12 - $6 > 2e-5) { print; bad = 1 } END { exit bad }' >"$dir/diff.txt"; then
-  head "$dir/diff.txt"; echo "FAIL: the resumed losses differ from one process's"; exit 1
-fi
+trainer_losses "$dir/one.txt" | awk -v h=$half '$4 > h' >"$dir/one_after.txt"
+same_losses "$dir/one_after.txt" "$dir/resumed.txt" "the resumed job"
 echo "resumed from step $half: steps $((half + 1))-$((2 * half)) equal one process's"
 "$bin/troupe-trace" summary "$dir/trace" >"$dir/summary" || { echo "FAIL: the trace does not merge"; exit 1; }
 grep -q "ps0" "$dir/summary" || { cat "$dir/summary"; echo "FAIL: no parameter-server flow in the trace"; exit 1; }

@@ -52,3 +52,20 @@ rank_pid() { # launcher pid, rank -> that rank's pid
     tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "TROUPE_RANK=$2" && { echo "$p"; return; }
   done
 }
+
+# trainer_losses FILE: the "trainer T step S  loss L" lines, without the
+# launcher's [rank] prefix, sorted.
+trainer_losses() { grep -E 'trainer [0-9]+ step' "$1" | sed 's/^\[[0-9]*\] //' | sort; }
+
+# same_losses EXPECTED OTHER WHAT: OTHER printed the same trainers' steps as
+# EXPECTED (a file of trainer_losses lines, or a demo's output), every loss
+# within 2e-5.
+same_losses() {
+  local n m diffs
+  n=$(trainer_losses "$1" | wc -l) m=$(trainer_losses "$2" | wc -l)
+  [[ $n -gt 0 && $m -eq $n ]] || { echo "FAIL: $3 printed $m losses, one process $n"; exit 1; }
+  if ! diffs=$(paste -d' ' <(trainer_losses "$1") <(trainer_losses "$2") |
+    awk '$2 != $8 || $4 != $10 || ($6 - $12 > 2e-5) || ($12 - $6 > 2e-5) { print; bad = 1 } END { exit bad }'); then
+    head <<<"$diffs"; echo "FAIL: $3's losses differ from one process's"; exit 1
+  fi
+}
