@@ -69,3 +69,40 @@ same_losses() {
     head <<<"$diffs"; echo "FAIL: $3's losses differ from one process's"; exit 1
   fi
 }
+
+# stop_rank_midway BIN_DIR DIR RANKS RANK READY EXPECT DEMO [ARGS...]: runs
+# the demo through the launcher and, once its output matches READY, stops
+# rank RANK (SIGSTOP). The job must end within 30 s, with a status other
+# than 0 and a line matching EXPECT. A script using it calls
+# release_stopped_rank from its EXIT trap.
+launcher="" stopped=""
+release_stopped_rank() {
+  [[ -n $stopped ]] && kill -CONT "$stopped" 2>/dev/null
+  [[ -n $launcher ]] && kill -TERM "$launcher" 2>/dev/null && wait "$launcher" 2>/dev/null
+}
+stop_rank_midway() {
+  local bin=$1 dir=$2 ranks=$3 rank=$4 ready=$5 expect=$6
+  shift 6
+  local out="$dir/stop$rank.txt" status=0 start
+  OPENBLAS_NUM_THREADS=1 "$bin/troupe-launch" -n "$ranks" -- "$@" >"$out" 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 200); do grep -q -- "$ready" "$out" && break; sleep 0.1; done
+  grep -q -- "$ready" "$out" || { tail "$out"; echo "FAIL: the job did not train"; exit 1; }
+  stopped=$(rank_pid "$launcher" "$rank")
+  [[ -n $stopped ]] || { echo "FAIL: no process for rank $rank"; exit 1; }
+  start=$SECONDS
+  kill -STOP "$stopped"
+  for _ in $(seq 1 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$launcher" 2>/dev/null; then
+    tail "$out"; echo "FAIL: the job still runs 30 s after rank $rank stopped"; exit 1
+  fi
+  wait "$launcher" || status=$?
+  launcher=""
+  kill -CONT "$stopped" 2>/dev/null; stopped=""
+  [[ $status -ne 0 ]] || { echo "FAIL: the job exited 0 with rank $rank stopped"; exit 1; }
+  if ! grep -E "$expect" "$out" >"$out.matched"; then
+    tail -15 "$out"; echo "FAIL: nothing matched '$expect'"; exit 1
+  fi
+  head -2 "$out.matched"
+  echo "rank $rank stopped: the job ended after $((SECONDS - start)) s with status $status"
+}

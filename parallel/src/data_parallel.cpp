@@ -312,7 +312,18 @@ expected<void> data_parallel::impl::nccl_broadcast([[maybe_unused]] const tensor
 expected<void> data_parallel::impl::backward(const autograd::variable& loss) {
   const auto started = clock::now();
   trace::handler_start(trace_name_, trace::message_info(trace_backward_));
-  autograd::backward(loss);
+  try {
+    autograd::backward(loss);
+  } catch (const std::exception& e) {
+    // A node of the graph failed (a remote module's host was lost): the
+    // pass is half reduced, and the replica cannot go on.
+    trace::handler_end(trace_name_, trace_backward_);
+    auto why = make_error(errc::io_error, "{}: backward failed: {}", name_, e.what());
+    std::lock_guard lock(mutex_);
+    if (!failure_)
+      failure_ = why;
+    return why;
+  }
   trace::handler_end(trace_name_, trace_backward_);
   const auto backward_ms = ms(clock::now() - started);
   auto ok = synchronize();

@@ -19,6 +19,7 @@
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
+#include "troupe/autograd/node.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -324,6 +325,33 @@ TEST(DataParallelUse, ReplicasOutliveTheGroupHandlesTheyWereMadeOn) {
     t.join();
   ASSERT_TRUE(grads[0].defined() && grads[1].defined());
   EXPECT_TRUE(bitwise_equal(grads[0], grads[1])) << "the replicas averaged through the ring";
+}
+
+/// A graph node whose backward throws, as a remote module's does when its
+/// host is lost.
+class lost_host_backward final : public autograd::node {
+public:
+  explicit lost_host_backward(const autograd::variable& input) { set_next_edges({autograd::gradient_edge(input)}); }
+  std::vector<tensor> apply(std::vector<tensor>) override {
+    throw std::runtime_error("remote module 'head' (worker1/cpu/module_head) was lost");
+  }
+  std::string name() const override { return "lost_host_backward"; }
+};
+
+TEST(DataParallelUse, ABackwardThatThrowsIsTheCallsErrorNotACrash) {
+  local_ring ring(2);
+  ASSERT_TRUE(ring.node);
+  ring.each([&](std::uint32_t r) {
+    auto model = make_model(3);
+    auto dp = data_parallel::create(model->named_parameters(), *ring.groups[r]);
+    ASSERT_TRUE(dp) << dp.error().message();
+    auto b = make_batch(r, 4);
+    auto y = model->forward(autograd::variable(b.inputs));
+    auto through_host = autograd::variable::make_result(y.data().clone(), std::make_shared<lost_host_backward>(y));
+    auto ok = dp->backward(autograd::mse_loss(through_host, autograd::variable(b.targets)));
+    ASSERT_FALSE(ok);
+    EXPECT_THAT(ok.error().message(), HasSubstr(fmt::format("replica {}: backward failed: remote module 'head'", r)));
+  });
 }
 
 TEST(DataParallelUse, SecondBackwardWithoutSynchronizeIsAUsageError) {

@@ -144,7 +144,8 @@ public:
 
   /// autograd::backward(loss) with buckets reducing as it runs, then
   /// synchronize(). Records both in the trace (kinds "backward" and
-  /// "allreduce") when tracing is on.
+  /// "allreduce") when tracing is on. A backward that throws (a remote
+  /// module's host lost) is this call's error, and the replica's from then on.
   expected<void> backward(const autograd::variable& loss);
 
   /// Waits for every bucket of this pass (queuing the ones backward did not
