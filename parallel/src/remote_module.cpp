@@ -72,6 +72,7 @@ struct remote_module_host::state {
   std::shared_ptr<actors::tensor_router> router;
   remote_module_options options;
   std::string place;
+  trace::name_id trace_name; ///< the place's, for its receives and sends
   caf::actor handle;
   std::shared_ptr<nn::module> module;
   std::unique_ptr<optim::optimizer> optimizer;
@@ -129,7 +130,7 @@ struct remote_module_host::state {
     if (caller >= options.callers.size())
       return;
     (void)router->send(*actors::place::parse_named(caller_place(options, caller)),
-                       make_message(kind, to.meta.step, 0, to.meta.context_id, std::move(value)));
+                       make_message(kind, to.meta.step, 0, to.meta.context_id, std::move(value)), {}, trace_name);
   }
 
   void fail(std::uint32_t caller, const actors::tensor_message& to, const std::string& why) {
@@ -144,6 +145,7 @@ struct remote_module_host::state {
   void handle_item(item& i) {
     if (i.lost_caller)
       return caller_lost(*i.lost_caller, i.reason);
+    actors::tensor_receive_scope traced(trace_name, i.message);
     try {
       handle_message(i.message);
     } catch (const std::exception& e) {
@@ -373,6 +375,7 @@ expected<remote_module_host> remote_module_host::host(actors::node& node, remote
   st->router = node.router();
   st->options = std::move(options);
   st->place = host_place(st->options);
+  st->trace_name = trace::intern(st->place);
   st->module = st->options.factory();
   if (!st->module)
     return make_error(errc::invalid_argument, "remote module '{}': the factory built nothing", st->options.name);
@@ -445,7 +448,8 @@ struct remote_module::state {
   tensor call(message_kind kind, std::uint64_t step_of_call, std::uint64_t context, tensor value) {
     if (auto ok = replies->expect(context); !ok)
       throw std::runtime_error(ok.error().message());
-    auto sent = router->send(host, make_message(kind, step_of_call, 0, context, std::move(value)));
+    auto sent = router->send(host, make_message(kind, step_of_call, 0, context, std::move(value)), {},
+                             replies->trace_name());
     if (!sent) {
       replies->forget({context});
       throw std::runtime_error(fmt::format("remote module '{}': sending to {} failed: {}", options.name,
@@ -561,8 +565,10 @@ expected<void> remote_module_access::ask_host(remote_module& module, ps_wire::op
   }
   if (auto ok = st.replies->expect(context); !ok)
     return ok.error();
-  if (auto sent = st.router->send(st.host, make_message(message_kind::control, 0, 0, context,
-                                                        ps_wire::encode_checkpoint(kind, request)));
+  if (auto sent = st.router->send(st.host,
+                                  make_message(message_kind::control, 0, 0, context,
+                                               ps_wire::encode_checkpoint(kind, request)),
+                                  {}, st.replies->trace_name());
       !sent) {
     st.replies->forget({context});
     return make_error(errc::io_error, "remote module '{}': sending a checkpoint request to {} failed: {}",
@@ -607,8 +613,10 @@ expected<void> remote_module::step() {
     std::lock_guard lock(st.mutex);
     step = st.step++;
   }
-  auto sent = st.router->send(st.host, make_message(message_kind::control, step, 0,
-                                                    std::uint64_t{st.caller} << 48, tensor::zeros({1})));
+  auto sent = st.router->send(st.host,
+                              make_message(message_kind::control, step, 0, std::uint64_t{st.caller} << 48,
+                                           tensor::zeros({1})),
+                              {}, st.replies->trace_name());
   if (!sent)
     return make_error(errc::io_error, "remote module '{}': ending step {} at {} failed: {}", st.options.name, step,
                       st.host.to_string(), sent.error().message());

@@ -4,6 +4,7 @@
 
 #include "actor_places.hpp"
 #include "ps_wire.hpp"
+#include "troupe/actors/tensor_router.hpp"
 
 namespace troupe::parallel::detail {
 
@@ -106,6 +107,7 @@ void reply_endpoint::close(std::string why) {
 }
 
 void reply_endpoint::on_reply(const actors::tensor_message& m) {
+  actors::tensor_receive_scope traced(trace_name_, m);
   {
     std::lock_guard lock(mutex_);
     auto it = replies_.find(m.meta.context_id);

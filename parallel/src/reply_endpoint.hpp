@@ -19,6 +19,7 @@
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/peer_monitor.hpp"
 #include "troupe/actors/tensor_message.hpp"
+#include "troupe/actors/trace.hpp"
 #include "troupe/tensor/expected.hpp"
 #include "troupe/tensor/tensor.hpp"
 
@@ -52,9 +53,12 @@ public:
 
   /// Unregisters the place and fails what still waits (idempotent).
   void close(std::string why);
+  /// The place's name in the trace: the sender to give the requests' sends.
+  trace::name_id trace_name() const noexcept { return trace_name_; }
 
 private:
-  reply_endpoint(actors::node& node, std::string place) : node_(node), place_(std::move(place)) {}
+  reply_endpoint(actors::node& node, std::string place)
+      : node_(node), place_(std::move(place)), trace_name_(trace::intern(place_)) {}
   void on_reply(const actors::tensor_message& m);
 
   struct reply {
@@ -64,6 +68,7 @@ private:
   };
   actors::node& node_;
   std::string place_;
+  trace::name_id trace_name_;
   caf::actor handle_;
   std::uint64_t peer_lost_handler_ = 0;
   mutable std::mutex mutex_;
