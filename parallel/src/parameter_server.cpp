@@ -109,6 +109,7 @@ struct shard_actor {
   const parameter_server_options& options;
   std::uint32_t index;
   std::string place;
+  trace::name_id trace_name; ///< the place's, for its receives and sends
   std::shared_ptr<actors::tensor_router> router;
   std::vector<table_shard> tables;
   std::vector<table_state> states;
@@ -142,7 +143,8 @@ struct shard_actor {
   background_writer checkpoint_writer;
 
   shard_actor(const parameter_server_options& o, std::uint32_t k, std::shared_ptr<actors::tensor_router> r)
-      : options(o), index(k), place(shard_place(o, k)), router(std::move(r)), lost(o.trainers.size()) {
+      : options(o), index(k), place(shard_place(o, k)), trace_name(trace::intern(place)), router(std::move(r)),
+        lost(o.trainers.size()) {
     for (const auto& spec : o.tables) {
       tables.emplace_back(spec, k, static_cast<std::uint32_t>(o.servers.size()));
       table_state s;
@@ -159,10 +161,12 @@ struct shard_actor {
   void start() {
     mailbox.start(
         [this](item& i) {
-          if (i.lost_trainer)
+          if (i.lost_trainer) {
             trainer_lost(*i.lost_trainer, i.lost_reason);
-          else
-            handle_message(i.message);
+            return;
+          }
+          actors::tensor_receive_scope traced(trace_name, i.message);
+          handle_message(i.message);
         },
         [this] {
           expire_waiting();
@@ -173,7 +177,8 @@ struct shard_actor {
   void send_ok(std::uint32_t trainer, const actors::tensor_message& request) {
     (void)router->send(*actors::place::parse_named(client_place(options, trainer)),
                        detail::make_message(message_kind::parameters, request.meta.step, index,
-                                            request.meta.context_id, ps_wire::encode_text("ok")));
+                                            request.meta.context_id, ps_wire::encode_text("ok")),
+                       {}, trace_name);
   }
 
   void send_error(std::uint32_t trainer, const actors::tensor_message& request, const std::string& why) {
@@ -182,7 +187,8 @@ struct shard_actor {
       return;
     (void)router->send(*actors::place::parse_named(client_place(options, trainer)),
                        detail::make_message(message_kind::control, request.meta.step, index, request.meta.context_id,
-                                     ps_wire::encode_text(fmt::format("{}: {}", place, why))));
+                                            ps_wire::encode_text(fmt::format("{}: {}", place, why))),
+                       {}, trace_name);
   }
 
   void handle_message(const actors::tensor_message& m) {
@@ -258,7 +264,8 @@ struct shard_actor {
     ++stats.lookups;
     stats.ids_looked_up += r.ids.size();
     (void)router->send(*actors::place::parse_named(client_place(options, r.trainer)),
-                       detail::make_message(message_kind::parameters, m.meta.step, index, m.meta.context_id, std::move(out)));
+                       detail::make_message(message_kind::parameters, m.meta.step, index, m.meta.context_id, std::move(out)),
+                       {}, trace_name);
   }
 
   void receive_gradients(const actors::tensor_message& m, const ps_wire::gradients_request& r) {
@@ -886,7 +893,8 @@ static expected<tensor> lookup_rows(parameter_client::state& st, const std::stri
       continue;
     auto bytes = ps_wire::encode_lookup(*t, st.trainer, shard_offsets[k], shard_ids[k], shard_weights[k]);
     auto sent = st.router->send(st.shard_places[k],
-                                detail::make_message(message_kind::parameters, step, k, requests[k], std::move(bytes)));
+                                detail::make_message(message_kind::parameters, step, k, requests[k], std::move(bytes)),
+                                {}, st.replies->trace_name());
     if (!sent) {
       st.replies->forget(waiting);
       return make_error(errc::io_error, "table '{}': sending a lookup to shard {} ({}) failed: {}", table, k,
@@ -1034,7 +1042,8 @@ expected<void> parameter_client::step() {
     }
     for (std::uint32_t k = 0; k < map.shards; ++k) {
       auto sent = st.router->send(st.shard_places[k],
-                                  detail::make_message(message_kind::parameters, step, k, 0, std::move(buffers[k].bytes)));
+                                  detail::make_message(message_kind::parameters, step, k, 0, std::move(buffers[k].bytes)),
+                                  {}, st.replies->trace_name());
       if (!sent)
         return make_error(errc::io_error, "table '{}': sending step {}'s gradients to shard {} ({}) failed: {}",
                           st.options.tables[t].name, step, k, st.shard_places[k].to_string(), sent.error().message());
@@ -1072,7 +1081,8 @@ expected<void> parameter_server_access::ask_every_shard(parameter_client& client
   for (std::uint32_t k = 0; k < shards; ++k) {
     auto sent = st.router->send(st.shard_places[k],
                                 detail::make_message(message_kind::parameters, request.table_step, k, waiting[k],
-                                                     ps_wire::encode_checkpoint(kind, mine)));
+                                                     ps_wire::encode_checkpoint(kind, mine)),
+                                {}, st.replies->trace_name());
     if (!sent) {
       st.replies->forget(waiting);
       return make_error(errc::io_error, "parameter server: sending a checkpoint request to shard {} ({}) failed: {}",
