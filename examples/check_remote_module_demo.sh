@@ -5,7 +5,7 @@
 # job saving every 10 steps stops at step 20, and a new job resumes from it
 # (the host loads the head and its Adam state, the trainers their body,
 # trainer 0 coordinating) with the one-process losses of steps 21-40. The
-# trace shows the host handling every call. A bad flag exits 2.
+# trace shows the host handling the calls. A bad flag exits 2.
 #   examples/check_remote_module_demo.sh BIN_DIR DEMO
 set -uo pipefail
 bin=$1 demo=$2
@@ -18,11 +18,13 @@ steps=40 half=20
 [[ $(trainer_losses "$dir/one.txt" | wc -l) -eq $((2 * steps)) ]] || { cat "$dir/one.txt"; echo "FAIL: one process's losses"; exit 1; }
 if ! (run_traced "$bin" 3 "$dir" "$demo" --steps=$steps >"$dir/traced.txt"); then cat "$dir/traced.txt"; exit 1; fi
 same_losses "$dir/one.txt" "$dir/out" "the 3-process job"
-# The trace merges, the host is an actor that handled the calls, and every
-# call to it is matched with its receipt.
+# The trace merges, the host is an actor that handled the calls, and each
+# caller's messages to it are matched with their receipts (all but the last
+# step's end, which the job may finish before the host takes it).
 "$bin/troupe-trace" summary "$dir/trace" >"$dir/summary" || { echo "FAIL: the trace does not merge"; exit 1; }
 grep -qE "^worker2/cpu/module_head +worker2 +[1-9]" "$dir/summary" &&
-  grep -qE "^worker0/cpu/module_head_caller0 -> worker2/cpu/module_head +([0-9]+) +[0-9]+ +\1 " "$dir/summary" ||
+  awk '$2 == "->" && $3 == "worker2/cpu/module_head" { n++; if ($4 < 2 * '"$steps"' || $6 < $4 - 1) bad = 1 }
+       END { exit !(n == 2 && !bad) }' "$dir/summary" ||
   { cat "$dir/summary"; echo "FAIL: the trace lacks the host's handling or its calls' receipts"; exit 1; }
 grep -E "trainer 0 step +(1|$steps) " "$dir/one.txt"
 if ! timeout -s INT 100 "$bin/troupe-launch" -n 3 -- "$demo" --steps=$half --checkpoint-dir="$dir/ckpt" \
