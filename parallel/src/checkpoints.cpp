@@ -146,6 +146,13 @@ struct checkpoints::impl {
     }
   }
 
+  /// Every model of this process is tracked here, so that none saves a
+  /// remote module's names.
+  void add_local(local_state local) {
+    locals.push_back(std::move(local));
+    check_parts_apart();
+  }
+
   void add_writers(const std::vector<std::string>& names) {
     for (const auto& name : names) {
       require(std::find(writers.begin(), writers.end(), name) == writers.end(),
@@ -203,8 +210,7 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer) {
           "checkpoints: this process tracks a second model of its own; checkpoints save one model by its names");
   auto writer = fmt::format("rank-{}", impl_->rank);
   impl_->add_writers({writer});
-  impl_->locals.push_back({&model, &optimizer, std::move(writer), {}});
-  impl_->check_parts_apart();
+  impl_->add_local({&model, &optimizer, std::move(writer), {}});
 }
 
 void checkpoints::track(nn::module& model, optim::optimizer& optimizer, data_parallel& replicas) {
@@ -219,8 +225,7 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, data_par
   auto holders = numbered(fmt::format("data-parallel-{}.replica-", impl_->replica_groups++), group.size());
   if (impl_->coordinator())
     impl_->add_writers(holders);
-  impl_->locals.push_back({&model, &optimizer, holders[group.rank()], holders});
-  impl_->check_parts_apart();
+  impl_->add_local({&model, &optimizer, holders[group.rank()], holders});
 }
 
 void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group) {
@@ -232,7 +237,7 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_
   auto members = numbered(fmt::format("tensor-parallel-{}.rank-", impl_->tensor_groups++), tensor_group.size());
   if (impl_->coordinator())
     impl_->add_writers(members);
-  impl_->locals.push_back({&model, &optimizer, members[tensor_group.rank()], members, true});
+  impl_->add_local({&model, &optimizer, members[tensor_group.rank()], members, true});
 }
 
 void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_group& tensor_group,
@@ -258,7 +263,7 @@ void checkpoints::track(nn::module& model, optim::optimizer& optimizer, reducer_
     mine.push_back(name(t, replica));
   if (impl_->coordinator())
     impl_->add_writers(everyone);
-  impl_->locals.push_back({&model, &optimizer, name(t, r), everyone, true, mine});
+  impl_->add_local({&model, &optimizer, name(t, r), everyone, true, mine});
 }
 
 void checkpoints::track(pipeline& stages) {
@@ -462,9 +467,7 @@ expected<void> checkpoints::impl::save(std::int64_t step) {
       return committed.error();
     return {};
   };
-  if (asynchronous)
-    return thread.submit(std::move(write));
-  return write();
+  return thread.write(std::move(write), asynchronous);
 }
 
 expected<std::int64_t> checkpoints::impl::load(const std::filesystem::path& directory) {

@@ -493,15 +493,7 @@ struct shard_actor {
                   at = r.checkpoint_step, writer = parameter_server_writer(r.server, index)]() {
       return write_shares(root, at, writer, shares);
     };
-    expected<void> done;
-    if (r.asynchronous) {
-      done = checkpoint_writer.submit(std::move(write));
-    } else {
-      done = checkpoint_writer.wait();
-      if (done)
-        done = write();
-    }
-    if (!done)
+    if (auto done = checkpoint_writer.write(std::move(write), r.asynchronous); !done)
       return send_error(r.trainer, held.message, done.error().message());
     send_ok(r.trainer, held.message);
   }

@@ -284,10 +284,7 @@ struct remote_module_host::state {
                   at = r.checkpoint_step, writer = remote_module_writer(options.name)] {
       return write_shares(root, at, writer, shares);
     };
-    auto done = r.asynchronous ? checkpoint_writer.submit(std::move(write)) : checkpoint_writer.wait();
-    if (done && !r.asynchronous)
-      done = write();
-    if (!done)
+    if (auto done = checkpoint_writer.write(std::move(write), r.asynchronous); !done)
       return fail(held.caller, held.message, done.error().message());
     reply_ok(held.caller, held.message);
   }
@@ -444,22 +441,39 @@ struct remote_module::state {
   /// Unregisters the reply actor; later calls fail (idempotent).
   void stop() { replies->close(fmt::format("remote module '{}': the caller was shut down", options.name)); }
 
+  /// A context no other call of this caller has: the caller's index in the
+  /// top 16 bits, so the host can tell callers' calls apart.
+  std::uint64_t next_context() {
+    std::lock_guard lock(mutex);
+    return (std::uint64_t{caller} << 48) | (next_call++ & ((std::uint64_t{1} << 48) - 1));
+  }
+
   /// Sends `value` for call `context` and waits (bounded) for the host's answer.
-  tensor call(message_kind kind, std::uint64_t step_of_call, std::uint64_t context, tensor value) {
+  expected<tensor> request(message_kind kind, std::uint64_t step_of_call, std::uint64_t context, tensor value,
+                           std::chrono::milliseconds timeout) {
     if (auto ok = replies->expect(context); !ok)
-      throw std::runtime_error(ok.error().message());
+      return ok.error();
     auto sent = router->send(host, make_message(kind, step_of_call, 0, context, std::move(value)), {},
                              replies->trace_name());
     if (!sent) {
       replies->forget({context});
-      throw std::runtime_error(fmt::format("remote module '{}': sending to {} failed: {}", options.name,
-                                           host.to_string(), sent.error().message()));
+      return make_error(errc::io_error, "remote module '{}': sending to {} failed: {}", options.name,
+                        host.to_string(), sent.error().message());
     }
-    auto answer = replies->wait({context}, 2 * options.timeout,
+    auto answer = replies->wait({context}, timeout,
                                 fmt::format("remote module '{}' ({})", options.name, host.to_string()));
     if (!answer)
-      throw std::runtime_error(answer.error().message());
+      return answer.error();
     return std::move(answer->front());
+  }
+
+  /// A forward or backward: as `request`, and a failure throws out of the
+  /// autograd graph (data_parallel::backward returns it as its error).
+  tensor call(message_kind kind, std::uint64_t step_of_call, std::uint64_t context, tensor value) {
+    auto answer = request(kind, step_of_call, context, std::move(value), 2 * options.timeout);
+    if (!answer)
+      throw std::runtime_error(answer.error().message());
+    return std::move(*answer);
   }
 };
 
@@ -558,24 +572,8 @@ expected<void> remote_module_access::ask_host(remote_module& module, ps_wire::op
                                               const ps_wire::checkpoint_request& request,
                                               std::chrono::milliseconds timeout) {
   auto& st = *module.state_;
-  std::uint64_t context = 0;
-  {
-    std::lock_guard lock(st.mutex);
-    context = (std::uint64_t{st.caller} << 48) | (st.next_call++ & ((std::uint64_t{1} << 48) - 1));
-  }
-  if (auto ok = st.replies->expect(context); !ok)
-    return ok.error();
-  if (auto sent = st.router->send(st.host,
-                                  make_message(message_kind::control, 0, 0, context,
-                                               ps_wire::encode_checkpoint(kind, request)),
-                                  {}, st.replies->trace_name());
-      !sent) {
-    st.replies->forget({context});
-    return make_error(errc::io_error, "remote module '{}': sending a checkpoint request to {} failed: {}",
-                      st.options.name, st.host.to_string(), sent.error().message());
-  }
-  auto answer = st.replies->wait({context}, timeout,
-                                 fmt::format("remote module '{}' ({})", st.options.name, st.host.to_string()));
+  auto answer = st.request(message_kind::control, 0, st.next_context(), ps_wire::encode_checkpoint(kind, request),
+                           timeout);
   if (!answer)
     return answer.error();
   return {};
@@ -593,12 +591,12 @@ std::uint64_t remote_module::current_step() const {
 
 autograd::variable remote_module::operator()(const autograd::variable& input) {
   auto& st = *state_;
-  std::uint64_t step = 0, context = 0;
+  std::uint64_t step = 0;
   {
     std::lock_guard lock(st.mutex);
     step = st.step;
-    context = (std::uint64_t{st.caller} << 48) | (st.next_call++ & ((std::uint64_t{1} << 48) - 1));
   }
+  auto context = st.next_context();
   auto output = st.call(message_kind::forward_activation, step, context, input.data().contiguous());
   auto fn = std::make_shared<remote_call_backward>(state_, step, context, input);
   return autograd::variable::make_result(std::move(output), std::move(fn));

@@ -366,6 +366,14 @@ expected<void> background_writer::submit(std::function<expected<void>()> write) 
   return submit_copy([write = std::move(write)]() mutable { return std::move(write); });
 }
 
+expected<void> background_writer::write(std::function<expected<void>()> write, bool asynchronous) {
+  if (asynchronous)
+    return submit(std::move(write));
+  if (auto previous = wait(); !previous)
+    return previous;
+  return write();
+}
+
 expected<void> background_writer::submit_copy(std::function<std::function<expected<void>()>()> copy) {
   std::unique_lock lock(mutex_);
   if (auto idle = wait_idle(lock); !idle)

@@ -41,6 +41,10 @@ public:
   /// Waits for the previous write, then starts `write`. Returns the
   /// previous write's error, if it failed (and does not start `write`).
   expected<void> submit(std::function<expected<void>()> write);
+  /// A save's write: started on the thread (as `submit`) when the save is
+  /// asynchronous, else run here after the previous write, whose error
+  /// comes first.
+  expected<void> write(std::function<expected<void>()> write, bool asynchronous);
   /// Waits for the previous write, then runs `copy` on the thread and then
   /// the write it returns; returns at once. Until `copy` has returned,
   /// wait_for_copy() blocks: what is about to change the state being copied
