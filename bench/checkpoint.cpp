@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,15 @@ double read_seconds(const fs::path& path) {
   return bench::now_seconds() - start;
 }
 
+/// The process's peak resident memory in MiB (VmHWM), or 0 when unknown.
+double peak_mib(pid_t pid) {
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  for (std::string line; std::getline(status, line);)
+    if (line.starts_with("VmHWM:"))
+      return std::stod(line.substr(6)) / 1024.0; // kB
+  return 0;
+}
+
 struct disk_seconds {
   double write = 0, cold_read = 0, warm_read = 0;
 };
@@ -175,7 +185,8 @@ int parent(int argc, char** argv) {
   out.note("{} linear layers of width {} (float32) with Adam's state, over {} stage processes; checkpoints in {}",
            s.layers(), s.width, n, s.dir);
 
-  // Every stage process builds the whole model before keeping its slice.
+  // Every stage process builds the whole model and keeps its slice; only
+  // the slice gets values (nn::deferred_init).
   auto node = bench::start_rank_zero(n, std::chrono::minutes(5));
   parallel::register_stage_factory(*node, recipe(s));
   auto children = bench::start_ranks(*node, n, "stage", {fmt::format("--width={}", s.width),
@@ -188,9 +199,11 @@ int parent(int argc, char** argv) {
     options.places.push_back(fmt::format("worker{}/cpu", k));
   options.timeout = std::chrono::seconds(300);
   {
+    const double start = bench::now_seconds();
     auto pipe = parallel::pipeline::create(*node, std::move(options));
     if (!pipe)
       throw std::runtime_error(pipe.error().message());
+    const double started = bench::now_seconds() - start;
     generator data{1};
     auto x = randn({4, s.width}, data);
     auto y = randn({4, s.width}, data);
@@ -200,6 +213,15 @@ int parent(int argc, char** argv) {
         throw std::runtime_error(loss.error().message());
     };
     step(); // Adam's state exists from the first step on
+    // A stage process holds its layers' parameters, gradients and Adam's two
+    // moments: four copies of a 1/n share of the model, at its peak.
+    double stage_peak = 0;
+    for (const auto& child : children)
+      stage_peak = std::max(stage_peak, peak_mib(child->pid()));
+    const double model_mib = 4.0 * static_cast<double>(s.layers() * s.width * (s.width + 1)) / (1 << 20);
+    out.add({"stage process peak memory", "MiB", stage_peak, "MiB", "4 x its share of the parameters",
+             4 * model_mib / n, fmt::format("the whole model is {:.0f} MiB", model_mib)});
+    out.add({"pipeline start (the stages build)", "s", started, "", "", std::nullopt, ""});
     auto make = [&](bool asynchronous) {
       auto ckpt = parallel::checkpoints::create({.directory = s.dir, .keep_last = 1, .asynchronous = asynchronous,
                                                  .timeout = std::chrono::seconds(600)});

@@ -76,6 +76,7 @@ public:
   }
 
   bool started() const noexcept { return pid_ > 0 && in_ >= 0; }
+  pid_t pid() const noexcept { return pid_; }
 
   /// Sends one command line and returns the next output line, or nullopt on
   /// EOF or when nothing arrives within `timeout_ms`.

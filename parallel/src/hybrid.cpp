@@ -5,6 +5,7 @@
 
 #include "concurrent_pipelines.hpp"
 #include "pipeline_state.hpp"
+#include "troupe/autograd/nn/deferred_init.hpp"
 #include "troupe/job.hpp"
 
 namespace troupe::parallel {
@@ -37,6 +38,9 @@ expected<hybrid_pipeline> hybrid_pipeline::create(actors::node& node, hybrid_opt
   hybrid_pipeline out;
   for (std::size_t k = 0; k < replicas; ++k) {
     auto o = options.pipeline;
+    // Replica k's model, built for its size and this process's stages: the
+    // layers that other processes hold get no values (deferred_init.hpp).
+    nn::deferred_init deferred;
     o.model = options.recipe.model ? options.recipe.model() : nullptr;
     o.optimizer = options.recipe.optimizer;
     o.loss = options.recipe.loss;

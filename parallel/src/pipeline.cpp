@@ -19,6 +19,7 @@
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/functions.hpp"
+#include "troupe/autograd/nn/deferred_init.hpp"
 #include "troupe/parallel/remote.hpp"
 
 namespace troupe::parallel {
@@ -267,6 +268,8 @@ expected<void> pipeline::state::start() {
       stage->index = i;
       stage->stages = p;
       stage->layers = options_.model->slice(options_.split.begin(i), options_.split.end(i));
+      if (auto* deferred = nn::deferred_init::current()) // a model built for its stages (create(job))
+        deferred->materialize(*stage->layers);
       // The slice shares the model's modules: after this, `model` holds
       // each stage's layers on that stage's device.
       stage->device = places_[i].device;

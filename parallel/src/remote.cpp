@@ -4,6 +4,8 @@
 #include "pipeline_state.hpp"
 #include "stage.hpp"
 
+#include <optional>
+
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
@@ -12,6 +14,7 @@
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/job.hpp"
 #include "troupe/actors/trace.hpp"
+#include "troupe/autograd/nn/deferred_init.hpp"
 
 namespace troupe::parallel {
 
@@ -71,14 +74,18 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
       if (!spec)
         return actors::to_caf_error(spec.error_value());
       try {
+        // The layers this stage does not keep are built without values
+        // (deferred_init.hpp): they take neither memory nor drawing time.
+        nn::deferred_init deferred;
         auto model = recipe.model();
         if (!model || spec->end > model->size())
           return actors::make_caf_error(
             errc::invalid_argument,
             fmt::format("pipeline stage {}: layers [{}, {}) but this process's model has {}",
                         where.to_string(), spec->begin, spec->end, model ? model->size() : 0));
-        auto stage = stage_from_spec(*spec, where, *owner, model->slice(spec->begin, spec->end), recipe.optimizer,
-                                     recipe.loss);
+        auto layers = model->slice(spec->begin, spec->end);
+        deferred.materialize(*layers);
+        auto stage = stage_from_spec(*spec, where, *owner, std::move(layers), recipe.optimizer, recipe.loss);
         return system.spawn<caf::detached>(stage_actor, std::move(stage));
       } catch (const std::exception& e) {
         return actors::make_caf_error(errc::invalid_argument,
@@ -88,8 +95,14 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
 }
 
 expected<pipeline> pipeline::create(troupe::job& job, pipeline_options options) {
-  if (!options.model)
+  // The recipe's model is built here for its size and this process's
+  // stages: the layers that other processes hold get no values
+  // (deferred_init.hpp).
+  std::optional<nn::deferred_init> deferred;
+  if (!options.model) {
+    deferred.emplace();
     options.model = job.stages().model();
+  }
   if (!options.optimizer)
     options.optimizer = job.stages().optimizer;
   if (!options.loss)

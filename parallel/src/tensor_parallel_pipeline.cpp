@@ -13,6 +13,7 @@
 #include "tensor_parallel_pipeline_access.hpp"
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/node.hpp"
+#include "troupe/autograd/nn/deferred_init.hpp"
 #include "troupe/job.hpp"
 #include "troupe/tensor/error.hpp"
 
@@ -169,11 +170,14 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create(actors::node
     for (std::uint32_t t = 0; t < T; ++t) {
       auto assembled = std::make_shared<nn::sequential>();
       for (std::uint32_t p = 0; p < stages; ++p) {
+        nn::deferred_init deferred; // stage p keeps only its layers' values
         auto whole = options.model(*st->groups[(d * stages + p) * T + t]);
         require(whole != nullptr && whole->size() > 0, "tensor_parallel_pipeline: the model factory gave no layers");
         split = split_for(options, stages, *whole);
-        for (auto i = split.begin(p); i < split.end(p); ++i)
+        for (auto i = split.begin(p); i < split.end(p); ++i) {
+          deferred.materialize(*whole->at(i));
           assembled->append(whole->at(i)); // named by index, as in the whole model
+        }
       }
       st->models.push_back(std::move(assembled));
     }
@@ -245,6 +249,7 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create_across_proce
                       rank, joined.error_value().message());
   st->groups.resize(grid.size());
   auto& group = st->groups[rank].emplace(std::move(*joined));
+  nn::deferred_init deferred; // this rank keeps only its stage's layers' values
   auto whole = options.model(group);
   require(whole != nullptr && whole->size() > 0, "tensor_parallel_pipeline: the model factory gave no layers");
   const auto split = split_for(options, stages, *whole);
@@ -253,6 +258,7 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create_across_proce
   prepared->begin = split.begin(p);
   prepared->end = split.end(p);
   prepared->layers = whole->slice(prepared->begin, prepared->end);
+  deferred.materialize(*prepared->layers);
   prepared->optimizer = options.pipeline.optimizer;
   if (p + 1 == stages)
     prepared->loss = options.loss(group);

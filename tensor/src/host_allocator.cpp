@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -82,16 +83,37 @@ std::size_t host_allocator::block_size(std::size_t bytes) noexcept {
 
 void* host_allocator::allocate(std::size_t bytes) {
   auto size = block_size(bytes);
-  if (size >= min_cached_bytes) {
-    std::lock_guard guard(mutex_);
-    auto it = free_blocks_.find(size);
-    if (it != free_blocks_.end() && !it->second.empty()) {
-      void* block = it->second.back();
-      it->second.pop_back();
-      cached_ -= size;
-      return block;
-    }
+  if (void* block = take_cached(size))
+    return block;
+  return new_block_or_throw(size);
+}
+
+void* host_allocator::allocate_zeroed(std::size_t bytes) {
+  auto size = block_size(bytes);
+  if (void* block = take_cached(size)) {
+    std::memset(block, 0, size);
+    return block;
   }
+  void* block = new_block_or_throw(size);
+  if (size < huge_page_bytes) // from malloc, which may reuse what was freed
+    std::memset(block, 0, size);
+  return block;
+}
+
+void* host_allocator::take_cached(std::size_t size) {
+  if (size < min_cached_bytes)
+    return nullptr;
+  std::lock_guard guard(mutex_);
+  auto it = free_blocks_.find(size);
+  if (it == free_blocks_.end() || it->second.empty())
+    return nullptr;
+  void* block = it->second.back();
+  it->second.pop_back();
+  cached_ -= size;
+  return block;
+}
+
+void* host_allocator::new_block_or_throw(std::size_t size) {
   void* block = new_block(size);
   if (block == nullptr) {
     // Memory may be sitting in the cache under other sizes: give it back

@@ -5,6 +5,7 @@
 
 #include "dispatch.hpp"
 #include "troupe/tensor/backend.hpp"
+#include "zeroed_storage.hpp"
 
 namespace troupe {
 
@@ -37,12 +38,21 @@ std::int64_t normalize_dim(std::int64_t dim, std::int64_t rank, const char* op) 
 
 // -- factories ------------------------------------------------------------------
 
-tensor tensor::empty(const dims& shape, dtype type, device where) {
+namespace {
+
+std::size_t bytes_of(const dims& shape, dtype type, const char* op) {
   auto n = numel_of(shape);
   require(static_cast<std::uint64_t>(n) <= std::numeric_limits<std::size_t>::max() / size_of(type),
-          "tensor::empty: shape {} of {} is too large", shape, type);
+          "{}: shape {} of {} is too large", op, shape, type);
+  return static_cast<std::size_t>(n) * size_of(type);
+}
+
+} // namespace
+
+tensor tensor::empty(const dims& shape, dtype type, device where) {
+  auto n = numel_of(shape);
   tensor t;
-  t.storage_ = storage::allocate(static_cast<std::size_t>(n) * size_of(type), where);
+  t.storage_ = storage::allocate(bytes_of(shape, type, "tensor::empty"), where);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.numel_ = n;
@@ -51,7 +61,16 @@ tensor tensor::empty(const dims& shape, dtype type, device where) {
 }
 
 tensor tensor::zeros(const dims& shape, dtype type, device where) {
-  return full(shape, 0.0, type, where);
+  if (where.kind != device_kind::cpu)
+    return full(shape, 0.0, type, where);
+  // Memory that is zero already, left unwritten (zeroed_storage.hpp).
+  tensor t;
+  t.storage_ = detail::zeroed_host_storage(bytes_of(shape, type, "tensor::zeros"));
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.numel_ = numel_of(shape);
+  t.dtype_ = type;
+  return t;
 }
 
 tensor tensor::ones(const dims& shape, dtype type, device where) {

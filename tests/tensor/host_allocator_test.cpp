@@ -1,10 +1,15 @@
 #include "troupe/tensor/host_allocator.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -111,4 +116,51 @@ TEST(HostAllocator, TensorsReturnTheirStorageToTheProcessCache) {
   EXPECT_GE(allocator.cached_bytes(), std::size_t{1} << 20);
   auto again = troupe::tensor::empty({512, 512});
   EXPECT_EQ(again.raw_data(), first);
+}
+
+TEST(HostAllocator, ZeroedBlocksAreZeroEvenWhenTheCachedBlockWasWritten) {
+  host_allocator allocator(std::size_t{64} << 20);
+  const std::size_t bytes = std::size_t{1} << 20;
+  auto* dirty = static_cast<unsigned char*>(allocator.allocate(bytes));
+  std::memset(dirty, 0x7f, bytes);
+  allocator.deallocate(dirty, bytes);
+  auto* zeroed = static_cast<unsigned char*>(allocator.allocate_zeroed(bytes));
+  EXPECT_EQ(zeroed, dirty) << "the cached block is reused";
+  for (std::size_t i = 0; i < bytes; ++i)
+    ASSERT_EQ(zeroed[i], 0) << "byte " << i;
+  allocator.deallocate(zeroed, bytes);
+  auto* small = static_cast<unsigned char*>(allocator.allocate_zeroed(100)); // from malloc
+  for (std::size_t i = 0; i < 100; ++i)
+    ASSERT_EQ(small[i], 0) << "byte " << i;
+  allocator.deallocate(small, 100);
+  allocator.release_cached();
+}
+
+TEST(HostAllocator, AZeroedMappedBlockTakesNoMemoryUntilWritten) {
+  host_allocator allocator(std::size_t{64} << 20);
+  const std::size_t bytes = std::size_t{16} << 20;
+  auto* block = static_cast<unsigned char*>(allocator.allocate_zeroed(bytes));
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> held(bytes / page);
+  ASSERT_EQ(::mincore(block, bytes, held.data()), 0);
+  EXPECT_EQ(std::count_if(held.begin(), held.end(), [](unsigned char h) { return h & 1; }), 0)
+    << "allocate_zeroed wrote a fresh mapping";
+  EXPECT_EQ(block[bytes / 2], 0);
+  block[0] = 1; // written: now held
+  ASSERT_EQ(::mincore(block, bytes, held.data()), 0);
+  EXPECT_EQ(held[0] & 1, 1);
+  allocator.deallocate(block, bytes);
+  allocator.release_cached();
+}
+
+TEST(HostAllocator, TensorZerosIsZeroOnReusedMemory) {
+  auto& allocator = host_allocator::instance();
+  {
+    auto dirty = troupe::tensor::full({512, 512}, 3.0); // 1 MiB, cached when dropped
+  }
+  ASSERT_GT(allocator.cached_bytes(), 0u);
+  auto zeros = troupe::tensor::zeros({512, 512});
+  const float* values = zeros.data<float>();
+  for (std::int64_t i = 0; i < zeros.numel(); ++i)
+    ASSERT_EQ(values[i], 0.0f) << "element " << i;
 }

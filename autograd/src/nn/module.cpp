@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "troupe/autograd/nn/deferred_init.hpp"
+
 #include "troupe/tensor/error.hpp"
 
 namespace troupe::nn {
@@ -195,23 +197,66 @@ expected<void> module::load_state_dict(const named_tensors& state, bool strict) 
       if (state[j].first == key)
         return make_error(errc::state_mismatch, "load_state_dict: duplicate key '{}'", key);
   }
-  for (auto& [destination, source] : copies)
+  auto* deferred = deferred_init::current();
+  for (auto& [destination, source] : copies) {
+    if (deferred != nullptr)
+      deferred->drop(destination.raw_data()); // loaded, not drawn
     if (!destination.shares_storage_with(source) || destination.offset() != source.offset())
       destination.copy_from(source);
+  }
   return {};
 }
 
 void module::init_parameter(const std::string&, tensor&, generator&) {}
 
 void module::reset_with_prefix(std::uint64_t seed, const std::string& prefix) {
+  auto* deferred = deferred_init::current();
   for (auto& [name, parameter] : parameters_) {
-    auto fqn = join_name(prefix, name);
-    auto gen = generator{seed, 0}.fork(stable_hash(fqn.data(), fqn.size()));
-    tensor data = parameter.data();
-    init_parameter(name, data, gen);
+    auto draw = [this, name, fqn = join_name(prefix, name), seed] {
+      auto gen = generator{seed, 0}.fork(stable_hash(fqn.data(), fqn.size()));
+      for (auto& [own, p] : parameters_)
+        if (own == name) {
+          tensor data = p.data();
+          init_parameter(name, data, gen);
+        }
+    };
+    if (deferred != nullptr)
+      deferred->record(parameter.data().raw_data(), std::move(draw));
+    else
+      draw();
   }
   for (auto& [name, child] : children_)
     child->reset_with_prefix(seed, join_name(prefix, name));
+}
+
+// -- deferred_init.hpp ---------------------------------------------------------------------------
+
+namespace {
+thread_local deferred_init* innermost_deferred = nullptr;
+} // namespace
+
+deferred_init::deferred_init() : previous_(innermost_deferred) { innermost_deferred = this; }
+
+deferred_init::~deferred_init() { innermost_deferred = previous_; }
+
+deferred_init* deferred_init::current() noexcept { return innermost_deferred; }
+
+void deferred_init::record(const void* parameter, std::function<void()> draw) {
+  draws_.insert_or_assign(parameter, std::move(draw));
+}
+
+std::size_t deferred_init::materialize(const module& part) {
+  std::size_t made = 0;
+  for (const auto& [name, parameter] : part.named_parameters()) {
+    auto found = draws_.find(parameter.data().raw_data());
+    if (found == draws_.end())
+      continue;
+    auto draw = std::move(found->second);
+    draws_.erase(found);
+    draw();
+    ++made;
+  }
+  return made;
 }
 
 void module::reset_parameters(std::uint64_t seed) {

@@ -35,7 +35,8 @@
 // (local actors, tensors shared by reference) and places only name the
 // stages ("worker0/cpu/stage1"). Otherwise (remote.hpp) each stage is
 // spawned on its place's node by the "troupe.pipeline_stage" factory — every
-// process builds the same model from the same seed and keeps its slice —
+// process builds the same model from the same seed and keeps its slice,
+// the only layers it gives values (nn::deferred_init) —
 // and tensors travel through the nodes' tensor routers; control messages
 // (begin, losses, completions, apply) stay on the control plane. Stage code
 // sends tensors through one interface either way.

@@ -3,7 +3,10 @@
 // factory with the same recipe (the same model from the same seed), and the
 // driver's pipeline spawns each stage on its place's node, where the factory
 // builds the whole model, keeps its slice and sends tensors through the
-// node's tensor_router (UCX data plane, or CAF over TLS).
+// node's tensor_router (UCX data plane, or CAF over TLS). The model is built
+// under nn::deferred_init: only the kept layers get values, so a stage
+// process holds its slice, not the model (the driver's pipeline::create(job)
+// alike for the stages it hosts).
 //
 // Every process gives the job the recipe before job.start() (job.hpp).
 // From examples/license_corpus.hpp:
@@ -25,7 +28,10 @@ namespace troupe::parallel {
 /// What every process needs to build any stage of the pipeline.
 struct stage_recipe {
   /// Builds the whole model; every process must get the same parameters
-  /// (nn::module::reset_parameters with a fixed seed does it).
+  /// (nn::module::reset_parameters with a fixed seed does it). It runs under
+  /// nn::deferred_init: values come from the layers' init rules or from
+  /// load_state_dict; a value the factory changes otherwise (an in-place
+  /// scale) is not what a stage gets.
   std::function<std::shared_ptr<nn::sequential>()> model;
   optimizer_factory optimizer;
   loss_function loss;

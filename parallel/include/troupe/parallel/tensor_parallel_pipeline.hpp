@@ -57,8 +57,8 @@
 //   if (!job.is_driver()) return job.serve();
 //
 // Every build is a whole model (P per tensor rank in one process, one per
-// process across processes): the parameters of the layers a stage does not
-// keep are built and dropped.
+// process across processes) under nn::deferred_init: the layers a stage does
+// not keep are built without values, taking no memory, and dropped.
 #include <cstdint>
 #include <functional>
 #include <memory>

@@ -32,6 +32,11 @@ public:
   /// throws std::bad_alloc. Free with `deallocate(p, bytes)` with the same
   /// `bytes`.
   void* allocate(std::size_t bytes);
+  /// As allocate, with every byte zero (calloc's contract). A block mapped
+  /// for it is zero already and is not written, so its pages take no memory
+  /// until used: a model whose pipeline stage keeps a few of its layers
+  /// (nn::deferred_init) builds the others without holding them.
+  void* allocate_zeroed(std::size_t bytes);
   void deallocate(void* data, std::size_t bytes) noexcept;
 
   /// Bytes currently held in the cache (not in use by any tensor).
@@ -48,6 +53,11 @@ public:
 
 private:
   static std::size_t block_size(std::size_t bytes) noexcept;
+  /// A cached block of `size`, or nullptr.
+  void* take_cached(std::size_t size);
+  /// A new block of `size` from the system (new_block, then again after
+  /// releasing the cache); throws std::bad_alloc.
+  void* new_block_or_throw(std::size_t size);
   /// From the system, by size: malloc below huge_page_bytes, a mapping of
   /// its own from there; nullptr when out of memory. free_block undoes it.
   static void* new_block(std::size_t size) noexcept;
