@@ -103,6 +103,11 @@ int main(int argc, char** argv) {
        autograd::backward(roots, grads);
        return table.named_parameters().front().second.grad();
      }},
+    {"dropout p = 0.1 [2048, 1024]",
+     [&] {
+       return forward_backward(
+         variable(hidden), [](const variable& x) { return autograd::dropout(x, 0.1, true); }, hidden);
+     }},
     {"adamw step, 4.8M parameters",
      [&] {
        adamw.step();

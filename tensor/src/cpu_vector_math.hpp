@@ -52,6 +52,11 @@ void gelu_tanh(const double* x, double* y, std::int64_t n);
 void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n);
 void gelu_tanh_backward(const double* grad, const double* x, double* y, std::int64_t n);
 
+/// The first two words of Philox 4x32-10 (philox.hpp: philox_at) for the
+/// counters start, start + 1, ..., start + n - 1 of `seed`, eight at a
+/// time: w0[i], and w1[i] unless w1 is null. The same bits as philox_at.
+void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
+
 // -- row kernels (cpu_vector_rows.cpp) over `rows` contiguous rows of n >= 1 ----
 //
 // A row's sums run lane-wise in blocks of 128 elements, so their order

@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdint>
 
+#include "philox_constants.hpp"
+
 #ifdef __CUDACC__
 #define TROUPE_HOST_DEVICE __host__ __device__
 #else
@@ -16,10 +18,7 @@ namespace troupe::detail {
 
 TROUPE_HOST_DEVICE inline std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c,
                                                    std::array<std::uint32_t, 2> k) {
-  constexpr std::uint32_t multiplier0 = 0xD2511F53u;
-  constexpr std::uint32_t multiplier1 = 0xCD9E8D57u;
-  constexpr std::uint32_t weyl0 = 0x9E3779B9u;
-  constexpr std::uint32_t weyl1 = 0xBB67AE85u;
+  using namespace philox_constants;
   for (int round = 0; round < 10; ++round) {
     if (round > 0) {
       // The key schedule: a Weyl sequence, bumped between rounds.

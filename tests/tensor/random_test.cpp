@@ -36,6 +36,35 @@ TEST(Generator, RandUsesOneCounterPerElementFromTheTop24Bits) {
   EXPECT_EQ(gen.offset, 10u);
 }
 
+/// Element i's words, from the public bijection: what every fill must draw,
+/// whether its counters ran eight at a time in vector lanes or one by one.
+std::array<std::uint32_t, 4> words_of(std::uint64_t seed, std::uint64_t position) {
+  return philox4x32({static_cast<std::uint32_t>(position), static_cast<std::uint32_t>(position >> 32), 0, 0},
+                    {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+}
+
+TEST(Generator, EveryFillDrawsItsElementsWordsAcrossTheCounterCarryAndAPartialVector) {
+  // 2,053 elements: two whole chunks of the vector path's 1,024, then 5;
+  // the counters cross 2^32, where the low word wraps inside a vector.
+  const std::uint64_t seed = 0x0123456789abcdefULL, start = (std::uint64_t{1} << 32) - 13;
+  const std::int64_t n = 2053;
+  generator g32{seed, start}, g64{seed, start}, gdrop{seed, start}, gint{seed, start};
+  const auto f32 = rand({n}, g32, -0.5, 0.5).to_vector<float>();
+  const auto f64 = rand({n}, g64, -0.5, 0.5, dtype::float64).to_vector<double>();
+  const auto mask = dropout_mask({n}, 0.3, gdrop).to_vector<float>();
+  const auto ints = randint({n}, gint, -7, 1000).to_vector<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto w = words_of(seed, start + static_cast<std::uint64_t>(i));
+    const float u24 = static_cast<float>(w[0] >> 8) * 0x1.0p-24f;
+    const double u53 = static_cast<double>(((std::uint64_t{w[0]} << 32) | w[1]) >> 11) * 0x1.0p-53;
+    ASSERT_EQ(f32[i], -0.5f + 1.0f * u24) << "float32 element " << i;
+    ASSERT_EQ(f64[i], -0.5 + 1.0 * u53) << "float64 element " << i;
+    ASSERT_EQ(mask[i], u24 >= 0.3f ? static_cast<float>(1.0 / 0.7) : 0.0f) << "dropout element " << i;
+    const auto bits = (std::uint64_t{w[0]} << 32) | w[1];
+    ASSERT_EQ(ints[i], -7 + static_cast<std::int64_t>(bits % 1007)) << "randint element " << i;
+  }
+}
+
 TEST(Generator, SameSeedAndOffsetGiveTheSameTensorWhateverCameBefore) {
   generator a{42, 0};
   generator b{42, 0};
