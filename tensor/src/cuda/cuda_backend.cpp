@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "../blas_layout.hpp"
+#include "cublas_library.hpp"
 #include "cuda_context.hpp"
 #include "cuda_kernels.hpp"
 #include "troupe/tensor/cuda.hpp"
@@ -232,12 +233,12 @@ void strided_gemm(execution_stream& queue, const blas_operand& a, const blas_ope
   if (out.type() == dtype::float32) {
     const float fa = static_cast<float>(alpha);
     const float fb = static_cast<float>(beta);
-    TROUPE_CUBLAS_CHECK(cublasSgemmStridedBatched(
+    TROUPE_CUBLAS_CHECK(cublas_library::get().sgemm_strided_batched(
       handle, b.op, a.op, cm, cn, ck, &fa, static_cast<const float*>(b.data.raw_data()), lda, b.batch_stride,
       static_cast<const float*>(a.data.raw_data()), ldb, a.batch_stride, &fb, static_cast<float*>(out.raw_data()),
       ldc_, stride_c, batch));
   } else {
-    TROUPE_CUBLAS_CHECK(cublasDgemmStridedBatched(
+    TROUPE_CUBLAS_CHECK(cublas_library::get().dgemm_strided_batched(
       handle, b.op, a.op, cm, cn, ck, &alpha, static_cast<const double*>(b.data.raw_data()), lda, b.batch_stride,
       static_cast<const double*>(a.data.raw_data()), ldb, a.batch_stride, &beta,
       static_cast<double*>(out.raw_data()), ldc_, stride_c, batch));

@@ -2,6 +2,8 @@
 // contexts (cuda_context.hpp); the functions of troupe/tensor/cuda.hpp.
 #include "cuda_context.hpp"
 
+#include "cublas_library.hpp"
+
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -25,7 +27,8 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
 
 void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw cuda_error(fmt::format("{} failed: {} ({}:{})", call, cublasGetStatusString(status), file, line));
+    throw cuda_error(
+      fmt::format("{} failed: {} ({}:{})", call, cublas_library::get().status_string(status), file, line));
 }
 
 namespace {
@@ -95,17 +98,18 @@ void cuda_stream::synchronize() const {
 }
 
 cublas_handle::cublas_handle(cudaStream_t stream) {
-  TROUPE_CUBLAS_CHECK(cublasCreate(&handle_));
-  auto status = cublasSetStream(handle_, stream);
+  const auto& cublas = cublas_library::get();
+  TROUPE_CUBLAS_CHECK(cublas.create(&handle_));
+  auto status = cublas.set_stream(handle_, stream);
   if (status != CUBLAS_STATUS_SUCCESS) {
-    cublasDestroy(handle_);
+    cublas.destroy(handle_);
     TROUPE_CUBLAS_CHECK(status);
   }
 }
 
 cublas_handle::~cublas_handle() {
   if (handle_ != nullptr)
-    static_cast<void>(cublasDestroy(handle_));
+    static_cast<void>(cublas_library::get().destroy(handle_));
 }
 
 host_staging::~host_staging() {

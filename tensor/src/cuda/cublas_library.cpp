@@ -1,0 +1,62 @@
+#include "cublas_library.hpp"
+
+#include <dlfcn.h>
+
+#include <fmt/format.h>
+
+#include "troupe/tensor/cuda.hpp"
+
+#define TROUPE_CUBLAS_TEXT(x) #x
+#define TROUPE_CUBLAS_MAJOR_TEXT(x) TROUPE_CUBLAS_TEXT(x)
+
+namespace troupe::detail::cuda {
+
+namespace {
+
+/// The soname this build compiled against, then the file CMake found.
+const char* const candidates[] = {"libcublas.so." TROUPE_CUBLAS_MAJOR_TEXT(CUBLAS_VER_MAJOR), TROUPE_CUBLAS_LIBRARY_PATH};
+
+cublas_library open_cublas() {
+  void* handle = nullptr;
+  std::string why;
+  for (const char* name : candidates) {
+    // RTLD_LOCAL: troupe resolves what it calls; nothing else sees it.
+    handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (handle != nullptr)
+      break;
+    why += fmt::format("{}{}", why.empty() ? "" : "; ", ::dlerror());
+  }
+  if (handle == nullptr)
+    throw cuda_error(fmt::format("cannot load cuBLAS: {}", why));
+  auto symbol = [&](const char* name) {
+    void* found = ::dlsym(handle, name);
+    if (found == nullptr)
+      throw cuda_error(fmt::format("cuBLAS ({}) has no function {}", candidates[0], name));
+    return found;
+  };
+  cublas_library lib;
+  lib.create = reinterpret_cast<decltype(lib.create)>(symbol("cublasCreate_v2"));
+  lib.destroy = reinterpret_cast<decltype(lib.destroy)>(symbol("cublasDestroy_v2"));
+  lib.set_stream = reinterpret_cast<decltype(lib.set_stream)>(symbol("cublasSetStream_v2"));
+  lib.sgemm_strided_batched = reinterpret_cast<decltype(lib.sgemm_strided_batched)>(symbol("cublasSgemmStridedBatched"));
+  lib.dgemm_strided_batched = reinterpret_cast<decltype(lib.dgemm_strided_batched)>(symbol("cublasDgemmStridedBatched"));
+  lib.status_string = reinterpret_cast<decltype(lib.status_string)>(symbol("cublasGetStatusString"));
+  return lib;
+}
+
+} // namespace
+
+const cublas_library& cublas_library::get() {
+  static const cublas_library lib = open_cublas(); // a throw leaves it to the next call
+  return lib;
+}
+
+bool cublas_library::loaded() {
+  void* handle = ::dlopen(candidates[0], RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr)
+    return false;
+  ::dlclose(handle); // NOLOAD counted a reference
+  return true;
+}
+
+} // namespace troupe::detail::cuda
