@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../actors/process_support.hpp"
+#include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/parallel/data_parallel.hpp"
 #include "troupe/parallel/pipeline.hpp"
@@ -216,9 +217,25 @@ TEST(Job, RanksWithAnyNamesKnowEachOtherAndEndCleanly) {
   auto y = randn({4, 8}, gen, 0.0, 1.0, dtype::float64);
   auto first = pipe->train_step(x, y);
   ASSERT_TRUE(first) << first.error().message();
+  // The driver built the recipe's model for its own stage with only that
+  // stage's values drawn (nn::deferred_init); rank 1 built its own. The
+  // first loss is the whole model's, built here in one piece.
+  auto whole = recipe().model();
+  const double one_process = autograd::mse_loss((*whole)(autograd::variable(x)), autograd::variable(y)).data().item();
+  EXPECT_NEAR(*first, one_process, 1e-12);
   auto second = pipe->train_step(x, y);
   ASSERT_TRUE(second) << second.error().message();
   EXPECT_LT(*second, *first) << "the job's recipe trains";
+  {
+    // The same recipe with both stages in the driver's process: each draws
+    // its own layers of the model built for it.
+    auto solo = parallel::pipeline::create(driver, {.split = parallel::even(2, 2), .micro_batches = 2,
+                                                    .in_this_process = true, .name = "solo"});
+    ASSERT_TRUE(solo) << solo.error().message();
+    auto solo_first = solo->train_step(x, y);
+    ASSERT_TRUE(solo_first) << solo_first.error().message();
+    EXPECT_NEAR(*solo_first, one_process, 1e-12);
+  }
 
   const auto before = std::chrono::steady_clock::now();
   EXPECT_EQ(driver.finish(3), 3);
