@@ -51,11 +51,11 @@ expected<hybrid_pipeline> hybrid_pipeline::create(actors::node& node, hybrid_opt
     r.places = options.places;
     r.bucket_bytes = options.bucket_bytes;
     o.replication = std::move(r);
-    auto created = pipeline::create(node, std::move(o));
+    auto created = pipeline::state::started(node, std::move(o), stage_factory_name, &deferred);
     if (!created)
       return make_error(created.error_value().code(), "hybrid_pipeline: replica {}: {}", k,
                         created.error_value().message());
-    out.replicas_.push_back(std::move(*created));
+    out.replicas_.push_back(pipeline(std::move(*created)));
   }
   return out;
 }

@@ -19,7 +19,6 @@
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/functions.hpp"
-#include "troupe/autograd/nn/deferred_init.hpp"
 #include "troupe/parallel/remote.hpp"
 
 namespace troupe::parallel {
@@ -170,10 +169,12 @@ void pipeline::state::validate(pipeline_options& options) {
 }
 
 expected<std::unique_ptr<pipeline::state>> pipeline::state::started(actors::node& node, pipeline_options options,
-                                                                    std::string stage_factory) {
+                                                                    std::string stage_factory,
+                                                                    nn::deferred_init* pending_values) {
   validate(options);
   auto st = std::make_unique<state>(node, std::move(options));
   st->stage_factory_ = std::move(stage_factory);
+  st->pending_values_ = pending_values;
   if (auto ok = st->start(); !ok)
     return ok.error_value();
   return st;
@@ -268,8 +269,8 @@ expected<void> pipeline::state::start() {
       stage->index = i;
       stage->stages = p;
       stage->layers = options_.model->slice(options_.split.begin(i), options_.split.end(i));
-      if (auto* deferred = nn::deferred_init::current()) // a model built for its stages (create(job))
-        deferred->materialize(*stage->layers);
+      if (pending_values_) // a model built from a recipe for its stages
+        pending_values_->materialize(*stage->layers);
       // The slice shares the model's modules: after this, `model` holds
       // each stage's layers on that stage's device.
       stage->device = places_[i].device;

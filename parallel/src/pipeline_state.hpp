@@ -18,6 +18,7 @@
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/trace.hpp"
+#include "troupe/autograd/nn/deferred_init.hpp"
 #include "troupe/parallel/pipeline.hpp"
 
 namespace troupe::parallel {
@@ -31,8 +32,12 @@ struct pipeline::state {
   /// through the node factory `stage_factory` (remote.hpp's, or a
   /// tensor_parallel_pipeline's). pipeline::create, and whoever wraps the
   /// result in a pipeline, take it from here.
+  /// `pending_values`: the deferral options.model was built under (a model
+  /// made from a recipe for its stages, kept_layers.hpp); the stages in this
+  /// process materialize their slices from it, the others never draw.
   static expected<std::unique_ptr<state>> started(actors::node& node, pipeline_options options,
-                                                  std::string stage_factory = stage_factory_name);
+                                                  std::string stage_factory = stage_factory_name,
+                                                  nn::deferred_init* pending_values = nullptr);
 
   state(actors::node& node, pipeline_options options);
   /// Forgets the job's finish hook and stops the stages.
@@ -93,6 +98,8 @@ struct pipeline::state {
   pipeline_options options_;
   /// The node factory that builds a stage in another process (started()).
   std::string stage_factory_ = stage_factory_name;
+  /// The draws of options_.model's layers still to be made (started()).
+  nn::deferred_init* pending_values_ = nullptr;
   finish_hook finish_hook_;
   bool shut_down_ = false;
   std::unique_ptr<driver> driver_;

@@ -1,6 +1,7 @@
 // The stage factory that every process of a pipeline job registers.
 #include "troupe/parallel/remote.hpp"
 
+#include "kept_layers.hpp"
 #include "pipeline_state.hpp"
 #include "stage.hpp"
 
@@ -74,17 +75,10 @@ void register_stage_factory(actors::node& node, stage_recipe recipe) {
       if (!spec)
         return actors::to_caf_error(spec.error_value());
       try {
-        // The layers this stage does not keep are built without values
-        // (deferred_init.hpp): they take neither memory nor drawing time.
-        nn::deferred_init deferred;
-        auto model = recipe.model();
-        if (!model || spec->end > model->size())
-          return actors::make_caf_error(
-            errc::invalid_argument,
-            fmt::format("pipeline stage {}: layers [{}, {}) but this process's model has {}",
-                        where.to_string(), spec->begin, spec->end, model ? model->size() : 0));
-        auto layers = model->slice(spec->begin, spec->end);
-        deferred.materialize(*layers);
+        auto layers = build_kept_layers(
+          recipe.model, [&](const nn::sequential&) { return layer_range{spec->begin, spec->end}; },
+          "this process's recipe") // the catch below names the stage
+                        .kept;
         auto stage = stage_from_spec(*spec, where, *owner, std::move(layers), recipe.optimizer, recipe.loss);
         return system.spawn<caf::detached>(stage_actor, std::move(stage));
       } catch (const std::exception& e) {
@@ -113,10 +107,11 @@ expected<pipeline> pipeline::create(troupe::job& job, pipeline_options options) 
     if (options.in_this_process && !options.split.boundaries.empty())
       options.places.assign(options.split.stages(), options.places.front());
   }
-  auto made = create(job.node(), std::move(options));
-  if (made)
-    made->state_->stop_with(job);
-  return made;
+  auto st = state::started(job.node(), std::move(options), stage_factory_name, deferred ? &*deferred : nullptr);
+  if (!st)
+    return st.error_value();
+  (*st)->stop_with(job);
+  return pipeline(std::move(*st));
 }
 
 pipeline_options pipeline_options_from(const stage_recipe& recipe) {

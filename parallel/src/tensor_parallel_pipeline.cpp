@@ -9,11 +9,11 @@
 #include <caf/all.hpp>
 
 #include "concurrent_pipelines.hpp"
+#include "kept_layers.hpp"
 #include "pipeline_state.hpp"
 #include "tensor_parallel_pipeline_access.hpp"
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/node.hpp"
-#include "troupe/autograd/nn/deferred_init.hpp"
 #include "troupe/job.hpp"
 #include "troupe/tensor/error.hpp"
 
@@ -170,14 +170,18 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create(actors::node
     for (std::uint32_t t = 0; t < T; ++t) {
       auto assembled = std::make_shared<nn::sequential>();
       for (std::uint32_t p = 0; p < stages; ++p) {
-        nn::deferred_init deferred; // stage p keeps only its layers' values
-        auto whole = options.model(*st->groups[(d * stages + p) * T + t]);
-        require(whole != nullptr && whole->size() > 0, "tensor_parallel_pipeline: the model factory gave no layers");
-        split = split_for(options, stages, *whole);
-        for (auto i = split.begin(p); i < split.end(p); ++i) {
-          deferred.materialize(*whole->at(i));
-          assembled->append(whole->at(i)); // named by index, as in the whole model
-        }
+        // Stage p's layers, from the model built over its group.
+        auto& group = *st->groups[(d * stages + p) * T + t];
+        auto layers = build_kept_layers(
+          [&] { return options.model(group); },
+          [&](const nn::sequential& whole) {
+            split = split_for(options, stages, whole);
+            return layer_range{split.begin(p), split.end(p)};
+          },
+          "tensor_parallel_pipeline")
+                        .kept;
+        for (std::size_t i = 0; i < layers->size(); ++i)
+          assembled->append(layers->at(i)); // named by index, as in the whole model
       }
       st->models.push_back(std::move(assembled));
     }
@@ -249,16 +253,19 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create_across_proce
                       rank, joined.error_value().message());
   st->groups.resize(grid.size());
   auto& group = st->groups[rank].emplace(std::move(*joined));
-  nn::deferred_init deferred; // this rank keeps only its stage's layers' values
-  auto whole = options.model(group);
-  require(whole != nullptr && whole->size() > 0, "tensor_parallel_pipeline: the model factory gave no layers");
-  const auto split = split_for(options, stages, *whole);
+  partition split;
   auto prepared = std::make_shared<prepared_stage>();
+  auto [whole, kept] = build_kept_layers(
+    [&] { return options.model(group); },
+    [&](const nn::sequential& model) {
+      split = split_for(options, stages, model);
+      return layer_range{split.begin(p), split.end(p)};
+    },
+    fmt::format("tensor_parallel_pipeline: rank {}", rank));
+  prepared->layers = std::move(kept);
   prepared->name = fmt::format("d{}.t{}.stage{}", d, t, p);
   prepared->begin = split.begin(p);
   prepared->end = split.end(p);
-  prepared->layers = whole->slice(prepared->begin, prepared->end);
-  deferred.materialize(*prepared->layers);
   prepared->optimizer = options.pipeline.optimizer;
   if (p + 1 == stages)
     prepared->loss = options.loss(group);
