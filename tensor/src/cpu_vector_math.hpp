@@ -125,4 +125,21 @@ template <class T> struct layer_norm_backward_rows {
 void layer_norm_backward(const layer_norm_backward_rows<float>& rows);
 void layer_norm_backward(const layer_norm_backward_rows<double>& rows);
 
+// -- optimizer steps (cpu_vector_optim.cpp) ----------------------------------
+
+/// One Adam or AdamW step's scalars (backend.hpp's adam_step_args).
+struct adam_scalars {
+  double beta1 = 0;
+  double beta2 = 0;
+  double eps = 0;
+  double step_size = 0;
+  double bias_correction2_sqrt = 1;
+  double l2 = 0;
+  double decay = 1;
+};
+/// The Adam step of n contiguous elements in double lanes: the operations of
+/// cpu_optim.cpp's element loop, in its order and without fused
+/// multiply-adds, so every element gets that loop's bits.
+void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, const adam_scalars& s);
+void adam_step(double* p, const double* g, double* m, double* v, std::int64_t n, const adam_scalars& s);
 } // namespace troupe::detail::vector_math

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
+
+#include <fmt/format.h>
 
 #include "troupe/autograd/optim/all.hpp"
 #include "troupe/tensor/intra_op_threads.hpp"
@@ -135,6 +138,67 @@ TEST(OptimAdamW, AnUpdateSplitOverTwoIntraOpThreadsGivesTheSameBits) {
   const auto one = run_with(1);
   EXPECT_EQ(run_with(2), one);
   EXPECT_NE(one, start.template to_vector<double>()) << "the steps changed the parameter";
+}
+
+/// Adam's element loop as the CPU backend documents it (double per element,
+/// stored in T), over `steps` steps of gradient g_k = grad * (1 + k).
+template <class T>
+std::vector<T> adam_element_loop(std::vector<T> p, const std::vector<T>& grad, const adam_options& o, bool decoupled,
+                                 int steps) {
+  std::vector<T> m(p.size()), v(p.size());
+  for (int k = 0; k < steps; ++k) {
+    const double t = k + 1;
+    const double step_size = o.lr / (1.0 - std::pow(o.beta1, t));
+    const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
+    const double l2 = decoupled ? 0.0 : o.weight_decay;
+    const double decay = decoupled ? 1.0 - o.lr * o.weight_decay : 1.0;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const T g = static_cast<T>(grad[i] * static_cast<T>(1.0 + k));
+      double param = static_cast<double>(p[i]) * decay;
+      double gi = static_cast<double>(g) + l2 * static_cast<double>(p[i]);
+      double mi = o.beta1 * m[i] + (1.0 - o.beta1) * gi;
+      double vi = o.beta2 * v[i] + (1.0 - o.beta2) * gi * gi;
+      m[i] = static_cast<T>(mi);
+      v[i] = static_cast<T>(vi);
+      p[i] = static_cast<T>(param - step_size * mi / (std::sqrt(vi) / bias_correction2_sqrt + o.eps));
+    }
+  }
+  return p;
+}
+
+template <class T> void expect_the_element_loops_bits(dtype type) {
+  // 1003 elements: whole vectors and a partial one at the end.
+  generator gen{9, 0};
+  const auto start = randn({1003}, gen, 0.0, 1.0, type);
+  const auto grad = randn({1003}, gen, 0.0, 1.0, type);
+  const adam_options o{.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
+  for (bool decoupled : {false, true}) {
+    variable p(start.clone(), true);
+    std::unique_ptr<optimizer> opt;
+    if (decoupled)
+      opt = std::make_unique<adamw>(named_variables{{"w", p}}, o);
+    else
+      opt = std::make_unique<adam>(named_variables{{"w", p}}, o);
+    for (int k = 0; k < 3; ++k) {
+      p.set_grad(mul(grad, 1.0 + k));
+      opt->step();
+    }
+    const auto want = adam_element_loop<T>(start.to_vector<T>(), grad.to_vector<T>(), o, decoupled, 3);
+    const auto got = p.data().to_vector<T>();
+    ASSERT_EQ(got.size(), want.size());
+    std::size_t differing = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      differing += got[i] != want[i];
+    EXPECT_EQ(differing, 0u) << (decoupled ? "adamw" : "adam") << ", " << fmt::format("{}", type) << ": elements whose bits differ";
+    EXPECT_NE(got, start.to_vector<T>()) << "the steps changed the parameter";
+  }
+}
+
+TEST(OptimAdam, EveryElementHasTheElementLoopsBitsInFloat32AndFloat64) {
+  // Where the CPU has AVX2 the step runs in vector lanes (tensor/src/
+  // cpu_vector_optim.cpp); they must round exactly as the loop does.
+  expect_the_element_loops_bits<float>(dtype::float32);
+  expect_the_element_loops_bits<double>(dtype::float64);
 }
 
 TEST(OptimAdamW, DecaysWeightsDecoupledFromTheGradient) {

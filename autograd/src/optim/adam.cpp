@@ -42,24 +42,10 @@ void adam::update(std::size_t, variable& parameter, const tensor& grad, std::vec
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
   const double l2 = decoupled_ ? 0.0 : o.weight_decay;
   const double decay = decoupled_ ? 1.0 - o.lr * o.weight_decay : 1.0;
-  if (!detail::on_host(data)) {
-    backend_for(data.where(), "adam")
-      .adam_step(data, grad, state[0], state[1],
-                 adam_step_args{o.beta1, o.beta2, o.eps, step_size, bias_correction2_sqrt, l2, decay});
-    return;
-  }
-  detail::for_floating(data, [&](std::int64_t n, auto* p, const auto* g, auto* m, auto* v) {
-    using T = std::remove_pointer_t<decltype(p)>;
-    for (std::int64_t i = 0; i < n; ++i) {
-      double param = static_cast<double>(p[i]) * decay;
-      double gi = static_cast<double>(g[i]) + l2 * static_cast<double>(p[i]);
-      double mi = o.beta1 * m[i] + (1.0 - o.beta1) * gi;
-      double vi = o.beta2 * v[i] + (1.0 - o.beta2) * gi * gi;
-      m[i] = static_cast<T>(mi);
-      v[i] = static_cast<T>(vi);
-      p[i] = static_cast<T>(param - step_size * mi / (std::sqrt(vi) / bias_correction2_sqrt + o.eps));
-    }
-  }, grad, state[0], state[1]);
+  // One fused pass on the parameter's device (the CPU's: tensor/src/cpu_optim.cpp).
+  backend_for(data.where(), "adam")
+    .adam_step(data, grad, state[0], state[1],
+               adam_step_args{o.beta1, o.beta2, o.eps, step_size, bias_correction2_sqrt, l2, decay});
 }
 
 } // namespace troupe::optim
