@@ -187,4 +187,64 @@ void gelu_tanh_backward(const double* grad, const double* x, double* y, std::int
   gelu_tanh_backward_of<double_lanes>(grad, x, y, n);
 }
 
+namespace {
+
+/// Eight floats' bfloat16 bits in the low 16 bits of each 32-bit lane.
+inline __m256i bfloat16_lanes(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i quiet_nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(nan));
+}
+
+/// Sixteen floats at x to bfloat16 bits at y.
+inline void to_bfloat16_16(const float* x, std::uint16_t* y) {
+  const __m256i low = bfloat16_lanes(_mm256_loadu_ps(x));
+  const __m256i high = bfloat16_lanes(_mm256_loadu_ps(x + 8));
+  // packus packs within 128-bit halves: [low 0-3, high 0-3, low 4-7, high 4-7].
+  const __m256i packed = _mm256_packus_epi32(low, high);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm256_permute4x64_epi64(packed, 0xD8));
+}
+
+/// Eight bfloat16 bits at x to floats at y.
+inline void from_bfloat16_8(const std::uint16_t* x, float* y) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  _mm256_storeu_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+}
+
+} // namespace
+
+void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    to_bfloat16_16(x + i, y + i);
+  if (i == n)
+    return;
+  float in[16] = {};
+  std::uint16_t out[16];
+  for (std::int64_t k = 0; k < n - i; ++k)
+    in[k] = x[i + k];
+  to_bfloat16_16(in, out);
+  for (std::int64_t k = 0; k < n - i; ++k)
+    y[i + k] = out[k];
+}
+
+void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    from_bfloat16_8(x + i, y + i);
+  if (i == n)
+    return;
+  std::uint16_t in[8] = {};
+  float out[8];
+  for (std::int64_t k = 0; k < n - i; ++k)
+    in[k] = x[i + k];
+  from_bfloat16_8(in, out);
+  for (std::int64_t k = 0; k < n - i; ++k)
+    y[i + k] = out[k];
+}
+
 } // namespace troupe::detail::vector_math

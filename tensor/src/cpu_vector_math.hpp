@@ -125,6 +125,14 @@ template <class T> struct layer_norm_backward_rows {
 void layer_norm_backward(const layer_norm_backward_rows<float>& rows);
 void layer_norm_backward(const layer_norm_backward_rows<double>& rows);
 
+// -- bfloat16 storage (cpu_vector_math.cpp) ----------------------------------
+
+/// y[i] = the bits of bfloat16(x[i]) (dtype.hpp: nearest, ties to even; a
+/// NaN stays a quiet NaN), eight at a time, with the scalar rule's bits.
+void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n);
+/// y[i] = float(bfloat16 with bits x[i]), exactly.
+void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n);
+
 // -- optimizer steps (cpu_vector_optim.cpp) ----------------------------------
 
 /// One Adam or AdamW step's scalars (backend.hpp's adam_step_args).

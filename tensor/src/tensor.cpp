@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
+#include "cpu_vector_math.hpp"
 #include "dispatch.hpp"
 #include "troupe/tensor/backend.hpp"
 #include "zeroed_storage.hpp"
@@ -45,6 +47,26 @@ std::size_t bytes_of(const dims& shape, dtype type, const char* op) {
   require(static_cast<std::uint64_t>(n) <= std::numeric_limits<std::size_t>::max() / size_of(type),
           "{}: shape {} of {} is too large", op, shape, type);
   return static_cast<std::size_t>(n) * size_of(type);
+}
+
+static_assert(sizeof(bfloat16) == sizeof(std::uint16_t), "bfloat16 is its 16 bits");
+
+/// A contiguous row of n from float32 to bfloat16 or back in vector lanes
+/// where the CPU has them, with convert's bits; false for any other pair
+/// (the caller's element loop converts it).
+template <class S, class D> bool convert_bfloat16_rows(const S* s, D* d, std::int64_t n) {
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<D, bfloat16>) {
+    if (!detail::vector_math::available())
+      return false;
+    detail::vector_math::to_bfloat16(s, reinterpret_cast<std::uint16_t*>(d), n);
+    return true;
+  } else if constexpr (std::is_same_v<S, bfloat16> && std::is_same_v<D, float>) {
+    if (!detail::vector_math::available())
+      return false;
+    detail::vector_math::from_bfloat16(reinterpret_cast<const std::uint16_t*>(s), d, n);
+    return true;
+  }
+  return false;
 }
 
 } // namespace
@@ -443,6 +465,8 @@ void tensor::copy_from(const tensor& source) {
                                 auto* d = dst_base + off[0];
                                 auto* s = src_base + off[1];
                                 if (step[0] == 1 && step[1] == 1) {
+                                  if (convert_bfloat16_rows(s, d, n))
+                                    return;
                                   for (std::int64_t i = 0; i < n; ++i)
                                     d[i] = detail::convert<D>(s[i]);
                                 } else {

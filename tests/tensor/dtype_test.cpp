@@ -27,6 +27,44 @@ TEST(Bfloat16, RoundsToNearestTiesToEven) {
   EXPECT_EQ(static_cast<float>(bfloat16(3.140625f)), 3.140625f); // exactly representable
 }
 
+TEST(Bfloat16, TensorConversionsGiveTheScalarRulesBitsForEveryPattern) {
+  // Where the CPU has AVX2 a contiguous float32 <-> bfloat16 conversion runs
+  // in vector lanes (tensor/src/cpu_vector_math.cpp): every bfloat16
+  // pattern, and every float32 whose low half is a rounding case (zero,
+  // below, at and above the tie, all ones), must get the scalar rule's bits.
+  // Lengths that leave a partial vector at the end are cut from the same
+  // data.
+  std::vector<std::uint32_t> low_halves{0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1234};
+  std::vector<float> floats;
+  for (std::uint32_t high = 0; high <= 0xffff; ++high)
+    for (auto low : low_halves)
+      floats.push_back(std::bit_cast<float>(high << 16 | low));
+  for (std::size_t length : {floats.size(), std::size_t{1}, std::size_t{15}, std::size_t{17}, std::size_t{41}}) {
+    const std::vector<float> part(floats.begin(), floats.begin() + static_cast<std::ptrdiff_t>(length));
+    const auto narrow = tensor::from(part, {static_cast<std::int64_t>(length)}).to(dtype::bfloat16);
+    const auto got = narrow.to_vector<bfloat16>();
+    ASSERT_EQ(got.size(), length);
+    std::size_t differing = 0;
+    for (std::size_t i = 0; i < length; ++i)
+      differing += got[i].bits != bits_of(part[i]);
+    EXPECT_EQ(differing, 0u) << "float32 -> bfloat16, " << length << " elements";
+  }
+
+  std::vector<bfloat16> every(0x10000);
+  for (std::uint32_t bits = 0; bits <= 0xffff; ++bits)
+    every[bits].bits = static_cast<std::uint16_t>(bits);
+  auto wide = tensor::empty({0x10000}, dtype::bfloat16);
+  std::copy(every.begin(), every.end(), wide.data<bfloat16>());
+  for (std::int64_t length : {std::int64_t{0x10000}, std::int64_t{3}, std::int64_t{13}}) {
+    const auto got = wide.slice(0, 0, length).to(dtype::float32).to_vector<float>();
+    std::size_t differing = 0;
+    for (std::int64_t i = 0; i < length; ++i)
+      differing += std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(i)]) !=
+                   std::bit_cast<std::uint32_t>(static_cast<float>(every[static_cast<std::size_t>(i)]));
+    EXPECT_EQ(differing, 0u) << "bfloat16 -> float32, " << length << " elements";
+  }
+}
+
 TEST(Dtype, ConversionsBetweenAllDtypesKeepSmallIntegers) {
   const std::vector<dtype> all{dtype::float32, dtype::float64, dtype::int64,
                                dtype::int32,   dtype::uint8,   dtype::bfloat16};
