@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
        return forward_backward(
          variable(hidden), [](const variable& x) { return autograd::dropout(x, 0.1, true); }, hidden);
      }},
+    {"bias gradient: sum over rows of [2048, 1024]", [&] { return sum(hidden, {0}); }},
     {"to bfloat16 and back [2048, 1024]", [&] { return hidden.to(dtype::bfloat16).to(dtype::float32); }},
     {"adamw step, 4.8M parameters",
      [&] {

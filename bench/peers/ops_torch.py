@@ -55,6 +55,7 @@ def make_cases():
         lambda: forward_backward(logits, lambda x: F.cross_entropy(x, targets), torch.tensor(1.0)),
         embedding,
         lambda: forward_backward(hidden, lambda x: F.dropout(x, 0.1, training=True), hidden),
+        lambda: hidden.sum(0),
         lambda: hidden.to(torch.bfloat16).float(),
         adamw.step,
     ]

@@ -111,44 +111,57 @@ template <class T> T row_sum(const T* x, std::int64_t n, std::int64_t step) {
   return total;
 }
 
+/// The recursion of row_sums_side_by_side: the n elements of each of the
+/// `rows` are halved as row_sum halves them, `block(x, count, out)` sums
+/// blocks of at most 128 (for every row at once, as row_sum sums a block),
+/// and the halves' sums are added as row_sum adds them.
+template <class T, class Block>
+void pairwise_side_by_side(const T* x, std::int64_t rows, std::int64_t n, std::int64_t step, T* out, Block& block) {
+  if (n > 128) {
+    auto half = n / 2;
+    half -= half % 8;
+    pairwise_side_by_side(x, rows, half, step, out, block);
+    std::vector<T> right(static_cast<std::size_t>(rows));
+    pairwise_side_by_side(x + half * step, rows, n - half, step, right.data(), block);
+    for (std::int64_t r = 0; r < rows; ++r)
+      out[r] = out[r] + right[static_cast<std::size_t>(r)];
+    return;
+  }
+  block(x, n, out);
+}
+
 /// out[r] = row_sum(x + r, n, step) for every r in [0, rows), bitwise: the
 /// same additions in the same order, but made for a tile of neighbouring r
 /// at once. For a reduction whose rows lie side by side in memory (the
 /// column sums of a row-major matrix, such as a bias gradient), row_sum
 /// reads one element per cache line, `step` bytes apart; this reads each
-/// line once and vectorises across r.
+/// line once and vectorises across r. (With AVX2, cpu_reduce.cpp sums the
+/// blocks with vector_math::side_by_side_block instead.)
 template <class T> void row_sums_side_by_side(const T* x, std::int64_t rows, std::int64_t n, std::int64_t step, T* out) {
-  if (n > 128) {
-    auto half = n / 2;
-    half -= half % 8;
-    row_sums_side_by_side(x, rows, half, step, out);
-    std::vector<T> right(static_cast<std::size_t>(rows));
-    row_sums_side_by_side(x + half * step, rows, n - half, step, right.data());
-    for (std::int64_t r = 0; r < rows; ++r)
-      out[r] = out[r] + right[static_cast<std::size_t>(r)];
-    return;
-  }
-  constexpr std::int64_t tile = 256; // eight lanes of it stay in L1
-  for (std::int64_t r0 = 0; r0 < rows; r0 += tile) {
-    const auto width = std::min(tile, rows - r0);
-    T lane[8][tile] = {};
-    std::int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (int j = 0; j < 8; ++j) {
-        const T* src = x + (i + j) * step + r0;
-        for (std::int64_t r = 0; r < width; ++r)
-          lane[j][r] += src[r];
-      }
-    T* dst = out + r0;
-    for (std::int64_t r = 0; r < width; ++r)
-      dst[r] = ((lane[0][r] + lane[1][r]) + (lane[2][r] + lane[3][r])) +
-               ((lane[4][r] + lane[5][r]) + (lane[6][r] + lane[7][r]));
-    for (; i < n; ++i) {
-      const T* src = x + i * step + r0;
+  auto block = [rows, step](const T* first, std::int64_t count, T* sums) {
+    constexpr std::int64_t tile = 256; // eight lanes of it stay in L1
+    for (std::int64_t r0 = 0; r0 < rows; r0 += tile) {
+      const auto width = std::min(tile, rows - r0);
+      T lane[8][tile] = {};
+      std::int64_t i = 0;
+      for (; i + 8 <= count; i += 8)
+        for (int j = 0; j < 8; ++j) {
+          const T* src = first + (i + j) * step + r0;
+          for (std::int64_t r = 0; r < width; ++r)
+            lane[j][r] += src[r];
+        }
+      T* dst = sums + r0;
       for (std::int64_t r = 0; r < width; ++r)
-        dst[r] += src[r];
+        dst[r] = ((lane[0][r] + lane[1][r]) + (lane[2][r] + lane[3][r])) +
+                 ((lane[4][r] + lane[5][r]) + (lane[6][r] + lane[7][r]));
+      for (; i < count; ++i) {
+        const T* src = first + i * step + r0;
+        for (std::int64_t r = 0; r < width; ++r)
+          dst[r] += src[r];
+      }
     }
-  }
+  };
+  pairwise_side_by_side(x, rows, n, step, out, block);
 }
 
 } // namespace troupe::detail

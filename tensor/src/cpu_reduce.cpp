@@ -4,6 +4,7 @@
 // below are its scalar path (TROUPE_VECTOR_MATH=off).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cpu_backend.hpp"
 #include "cpu_vector_math.hpp"
@@ -42,6 +43,15 @@ void cpu_backend::reduce_rows(reduce_op op, const tensor& a, tensor& values, ten
     T* v = values.data<T>();
     std::int64_t* at = indices.defined() ? indices.data<std::int64_t>() : nullptr;
     if (op == reduce_op::sum && row_stride == 1 && col_stride != 1 && rows > 1) {
+      if constexpr (std::is_floating_point_v<T>)
+        if (vector_math::available()) { // the same sums, the blocks in vector lanes
+          std::vector<T> lanes(static_cast<std::size_t>(8 * rows));
+          auto block = [&](const T* first, std::int64_t count, T* sums) {
+            vector_math::side_by_side_block(first, rows, count, col_stride, lanes.data(), sums);
+          };
+          pairwise_side_by_side(x, rows, cols, col_stride, v, block);
+          return;
+        }
       row_sums_side_by_side(x, rows, cols, col_stride, v); // same sums, read a line at a time
       return;
     }

@@ -83,6 +83,15 @@ void causal_softmax_backward_rows(const float* grad, const float* y, float* dx, 
                                   std::int64_t queries, std::int64_t n, float scale);
 void causal_softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows,
                                   std::int64_t queries, std::int64_t n, double scale);
+/// One block (n <= 128) of row_sums_side_by_side (cpu_backend.hpp): out[r]
+/// = the sum of x[r + i step] over i < n for every r < rows, with row_sum's
+/// order and bits. It reads the block a row of x at a time (a bias
+/// gradient's rows are whole cache lines in order) into eight lanes of
+/// partial sums in `lanes` (8 rows elements of scratch).
+void side_by_side_block(const float* x, std::int64_t rows, std::int64_t n, std::int64_t step, float* lanes,
+                        float* out);
+void side_by_side_block(const double* x, std::int64_t rows, std::int64_t n, std::int64_t step, double* lanes,
+                        double* out);
 /// lse[r] = log Σ exp(x[r, :]) (max-shifted), for cross-entropy.
 void log_sum_exp_rows(const float* x, float* lse, std::int64_t rows, std::int64_t n);
 void log_sum_exp_rows(const double* x, double* lse, std::int64_t rows, std::int64_t n);

@@ -485,4 +485,101 @@ void layer_norm_backward(const layer_norm_backward_rows<double>& rows) {
   layer_norm_backward_rows_of<double_lanes>(rows);
 }
 
+namespace {
+
+/// The sums of `count` (<= width) neighbouring columns over n rows `step`
+/// apart, in row_sum's order (cpu_backend.hpp): pairwise over blocks of at
+/// most 128 rows, each summed in eight lanes. Only count lanes are read.
+template <class L>
+typename L::vector strided_sums(const typename L::scalar* x, std::int64_t n, std::int64_t step, std::int64_t count) {
+  if (n > 128) {
+    auto half = n / 2;
+    half -= half % 8;
+    return L::add(strided_sums<L>(x, half, step, count), strided_sums<L>(x + half * step, n - half, step, count));
+  }
+  auto load = [&](const typename L::scalar* p) { return count == L::width ? L::load(p) : load_first<L>(p, count); };
+  const auto zero = L::splat(0);
+  typename L::vector lane[8] = {zero, zero, zero, zero, zero, zero, zero, zero};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j)
+      lane[j] = L::add(lane[j], load(x + (i + j) * step));
+  auto total = L::add(L::add(L::add(lane[0], lane[1]), L::add(lane[2], lane[3])),
+                      L::add(L::add(lane[4], lane[5]), L::add(lane[6], lane[7])));
+  for (; i < n; ++i)
+    total = L::add(total, load(x + i * step));
+  return total;
+}
+
+template <class L>
+void column_sums_of(const typename L::scalar* x, std::int64_t columns, std::int64_t n, std::int64_t step,
+                    typename L::scalar* out) {
+  for (std::int64_t c = 0; c < columns; c += L::width) {
+    const auto count = columns - c < L::width ? columns - c : std::int64_t{L::width};
+    const auto sums = strided_sums<L>(x + c, n, step, count);
+    if (count == L::width)
+      L::store(out + c, sums);
+    else
+      store_first<L>(out + c, sums, count);
+  }
+}
+
+} // namespace
+
+void column_sums(const float* x, std::int64_t columns, std::int64_t n, std::int64_t step, float* out) {
+  column_sums_of<float_lanes>(x, columns, n, step, out);
+}
+
+void column_sums(const double* x, std::int64_t columns, std::int64_t n, std::int64_t step, double* out) {
+  column_sums_of<double_lanes>(x, columns, n, step, out);
+}
+
+namespace {
+
+/// acc[r] = acc[r] + src[r] for r < rows, a vector at a time.
+template <class L> void add_into(typename L::scalar* acc, const typename L::scalar* src, std::int64_t rows) {
+  std::int64_t r = 0;
+  for (; r + L::width <= rows; r += L::width)
+    L::store(acc + r, L::add(L::load(acc + r), L::load(src + r)));
+  for (; r < rows; ++r)
+    acc[r] = acc[r] + src[r];
+}
+
+template <class L>
+void side_by_side_block_of(const typename L::scalar* x, std::int64_t rows, std::int64_t n, std::int64_t step,
+                           typename L::scalar* lanes, typename L::scalar* out) {
+  using T = typename L::scalar;
+  for (std::int64_t k = 0; k < 8 * rows; ++k)
+    lanes[k] = T(0);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (std::int64_t j = 0; j < 8; ++j)
+      add_into<L>(lanes + j * rows, x + (i + j) * step, rows);
+  const T* l = lanes;
+  std::int64_t r = 0;
+  for (; r + L::width <= rows; r += L::width) {
+    auto at = [&](std::int64_t j) { return L::load(l + j * rows + r); };
+    L::store(out + r, L::add(L::add(L::add(at(0), at(1)), L::add(at(2), at(3))),
+                             L::add(L::add(at(4), at(5)), L::add(at(6), at(7)))));
+  }
+  for (; r < rows; ++r) {
+    auto at = [&](std::int64_t j) { return l[j * rows + r]; };
+    out[r] = ((at(0) + at(1)) + (at(2) + at(3))) + ((at(4) + at(5)) + (at(6) + at(7)));
+  }
+  for (; i < n; ++i)
+    add_into<L>(out, x + i * step, rows);
+}
+
+} // namespace
+
+void side_by_side_block(const float* x, std::int64_t rows, std::int64_t n, std::int64_t step, float* lanes,
+                        float* out) {
+  side_by_side_block_of<float_lanes>(x, rows, n, step, lanes, out);
+}
+
+void side_by_side_block(const double* x, std::int64_t rows, std::int64_t n, std::int64_t step, double* lanes,
+                        double* out) {
+  side_by_side_block_of<double_lanes>(x, rows, n, step, lanes, out);
+}
+
 } // namespace troupe::detail::vector_math
