@@ -64,8 +64,9 @@ public:
   void fill_random(random_distribution what, const generator& gen, double a, double b,
                    tensor& out) override;
 
-  /// One pass, in double per element (cpu_optim.cpp).
+  /// One pass each (cpu_optim.cpp).
   void adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& step) override;
+  void sgd_step(tensor& param, const tensor& grad, tensor& momentum_buffer, const sgd_step_args& step) override;
 };
 
 /// Causal softmax over `rows` contiguous rows of `cols` (cpu_reduce.cpp):

@@ -1,9 +1,11 @@
-// The optimizers' fused steps on the CPU (backend.hpp: adam_step): one pass
-// over the parameter, its gradient and its state, computed in double per
-// element and stored in the parameter's dtype. Where the CPU has AVX2 the
-// elements go through vector_math::adam_step, which gives the loop's bits.
+// The optimizers' fused steps on the CPU (backend.hpp: adam_step, sgd_step):
+// one pass over the parameter, its gradient and its state, split over the
+// intra-op threads on whole vectors. Adam computes in double per element and
+// stores in the parameter's dtype; where the CPU has AVX2 its elements go
+// through vector_math::adam_step, which gives the loop's bits.
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "cpu_backend.hpp"
 #include "cpu_vector_math.hpp"
@@ -46,14 +48,70 @@ void adam_over(tensor& param, const tensor& grad, tensor& m, tensor& v, const ve
     64);
 }
 
+/// SGD in the parameter's own type with the hyper-parameters hoisted into
+/// locals, as torch.optim.SGD does: the loop vectorises and the update
+/// stays memory-bound.
+template <class T> void sgd_elements(T* p, const T* g, T* buf, std::int64_t n, const sgd_step_args& s) {
+  const T lr = static_cast<T>(s.lr);
+  const T decay = static_cast<T>(s.weight_decay);
+  if (buf == nullptr) {
+    if (decay == T(0)) {
+      for (std::int64_t i = 0; i < n; ++i)
+        p[i] -= lr * g[i];
+    } else {
+      for (std::int64_t i = 0; i < n; ++i)
+        p[i] -= lr * (g[i] + decay * p[i]);
+    }
+    return;
+  }
+  const T momentum = static_cast<T>(s.momentum);
+  const T keep = static_cast<T>(1.0 - s.dampening);
+  for (std::int64_t i = 0; i < n; ++i) {
+    T d = g[i] + decay * p[i];
+    T b = s.first ? d : momentum * buf[i] + keep * d;
+    buf[i] = b;
+    p[i] -= lr * (s.nesterov ? d + momentum * b : b);
+  }
+}
+
+template <class T> void sgd_over(tensor& param, const tensor& grad, tensor& buffer, const sgd_step_args& s) {
+  T* p = param.data<T>();
+  const T* g = grad.data<T>();
+  T* buf = buffer.defined() ? buffer.data<T>() : nullptr;
+  parallel_for(
+    param.numel(), 16384,
+    [&](std::int64_t begin, std::int64_t end) {
+      sgd_elements(p + begin, g + begin, buf ? buf + begin : nullptr, end - begin, s);
+    },
+    64);
+}
+
+/// The optimizer steps' operands: contiguous, of the parameter's dtype and size.
+void require_like_parameter(const char* op, const tensor& param, std::initializer_list<const tensor*> others) {
+  require(param.is_contiguous(), "{}: the parameter must be contiguous", op);
+  for (const tensor* t : others)
+    require(t->type() == param.type() && t->numel() == param.numel() && t->is_contiguous(),
+            "{}: the gradient and state must be contiguous {} of {} elements like the parameter", op, param.type(),
+            param.numel());
+}
+
 } // namespace
 
+void cpu_backend::sgd_step(tensor& param, const tensor& grad, tensor& buffer, const sgd_step_args& s) {
+  if (buffer.defined())
+    require_like_parameter("sgd_step", param, {&grad, &buffer});
+  else
+    require_like_parameter("sgd_step", param, {&grad});
+  if (param.type() == dtype::float32)
+    sgd_over<float>(param, grad, buffer, s);
+  else if (param.type() == dtype::float64)
+    sgd_over<double>(param, grad, buffer, s);
+  else
+    backend::sgd_step(param, grad, buffer, s);
+}
+
 void cpu_backend::adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& a) {
-  for (const tensor* t : {&grad, static_cast<const tensor*>(&m), static_cast<const tensor*>(&v)})
-    require(t->type() == param.type() && t->numel() == param.numel() && t->is_contiguous(),
-            "adam_step: the gradient and state must be contiguous {} of {} elements like the parameter",
-            param.type(), param.numel());
-  require(param.is_contiguous(), "adam_step: the parameter must be contiguous");
+  require_like_parameter("adam_step", param, {&grad, &m, &v});
   const vector_math::adam_scalars s{a.beta1, a.beta2, a.eps, a.step_size, a.bias_correction2_sqrt, a.l2, a.decay};
   if (param.type() == dtype::float32)
     adam_over<float>(param, grad, m, v, s);

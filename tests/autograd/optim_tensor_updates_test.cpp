@@ -1,6 +1,6 @@
 // The backend's default optimizer steps (backend::adam_step and sgd_step as
 // whole-tensor ops, which a device without fused kernels runs) against the
-// element loops that run on the CPU: both are run here, on the CPU, for
+// element loops that the CPU backend overrides them with: both are run here, on the CPU, for
 // several steps of Adam, AdamW and SGD (plain, momentum, Nesterov, weight
 // decay), and must give the same parameters within float64 rounding. The
 // scalars of each step are computed here from the formulas, independently
@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "troupe/autograd/optim/all.hpp"
 #include "troupe/tensor/backend.hpp"
@@ -76,11 +78,38 @@ TEST(OptimTensorUpdates, SgdEqualsTheElementLoops) {
     tensor buffer = o.momentum != 0.0 ? tensor::zeros(data.shape(), dtype::float64) : tensor{};
     for (int k = 0; k < 4; ++k)
       backend_for(data.where())
-        .sgd_step(data, sample(100 + static_cast<std::uint64_t>(k)), buffer,
+        .backend::sgd_step(data, sample(100 + static_cast<std::uint64_t>(k)), buffer,
                   sgd_step_args{o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov, k == 0});
     EXPECT_LE(max_abs_diff(data, p.data()), 1e-14)
       << "momentum " << o.momentum << " nesterov " << o.nesterov << " decay " << o.weight_decay;
   }
+}
+
+TEST(OptimTensorUpdates, TheCpuStepsRefuseOperandsUnlikeTheParameter) {
+  auto& cpu = backend_for(device{});
+  auto param = sample(3);
+  auto m = tensor::zeros(param.shape(), dtype::float64);
+  auto v = tensor::zeros(param.shape(), dtype::float64);
+  const auto refusal = [](const std::function<void()>& step) {
+    try {
+      step();
+    } catch (const usage_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const adam_step_args adam{.step_size = 0.01};
+  EXPECT_NE(refusal([&] { cpu.adam_step(param, sample(4).t(), m, v, adam); }).find("contiguous"), std::string::npos)
+    << "a transposed gradient";
+  EXPECT_NE(refusal([&] { cpu.adam_step(param, sample(4).to(dtype::float32), m, v, adam); }).find("float64"),
+            std::string::npos)
+    << "a gradient of another dtype";
+  auto short_buffer = tensor::zeros({3}, dtype::float64);
+  EXPECT_NE(refusal([&] { cpu.sgd_step(param, sample(4), short_buffer, sgd_step_args{.lr = 0.1, .momentum = 0.9}); })
+              .find("35 elements"),
+            std::string::npos)
+    << "a momentum buffer of another size";
+  EXPECT_TRUE(troupe::allclose(param, sample(3), 0.0, 0.0)) << "a refused step changes nothing";
 }
 
 } // namespace

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "kernels.hpp"
 #include "troupe/tensor/backend.hpp"
 #include "troupe/tensor/error.hpp"
 

@@ -240,9 +240,8 @@ public:
   // -- optimizer steps -----------------------------------------------------------------
   //
   // One update of a contiguous parameter from its gradient and state (same
-  // shape, dtype and device). Adam calls adam_step on every device (the
-  // CPU's is a vector pass, cpu_optim.cpp); SGD loops over host memory
-  // itself and calls sgd_step for other devices. The defaults compose
+  // shape, dtype and device). The optimizers call these on every device
+  // (the CPU's are one pass each, tensor/src/cpu_optim.cpp). The defaults compose
   // whole-tensor ops (about fifteen passes over the parameter's memory); a
   // backend overrides them with one fused pass.
 
