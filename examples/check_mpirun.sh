@@ -17,10 +17,18 @@ command -v mpirun >/dev/null || { echo "SKIPPED: no mpirun (Debian's openmpi-bin
 work=$(mktemp -d)
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 mpi=""
+# Whether process $1's environment holds the line $2. Read whole before
+# grep: `tr | grep -q` fails under pipefail when grep leaves early and tr's
+# next write dies of SIGPIPE, as it does in a large environment.
+has_env() {
+  local env
+  env=$({ tr '\0' '\n' <"/proc/$1/environ"; } 2>/dev/null) || return 1
+  grep -qx -e "$2" <<<"$env"
+}
 # The job's processes: those with this run's token in their environment.
 job_pids() {
   for p in $(pgrep -f "$demo"); do
-    { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "TROUPE_JOB_TOKEN=$token" && echo "$p"
+    has_env "$p" "TROUPE_JOB_TOKEN=$token" && echo "$p"
   done
 }
 cleanup() {
@@ -61,7 +69,7 @@ for _ in $(seq 1 600); do grep -q 'step ' "$work/killed.out" && break; sleep 0.1
 grep -q 'step ' "$work/killed.out" || { cat "$work/killed.out"; echo "FAIL: the long job did not train"; exit 1; }
 victim=""
 for p in $(job_pids); do
-  { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2" && victim=$p
+  has_env "$p" "OMPI_COMM_WORLD_RANK=2" && victim=$p
 done
 [[ -n $victim ]] || { echo "FAIL: no process of rank 2"; exit 1; }
 kill -KILL "$victim"

@@ -23,6 +23,13 @@ cleanup() {
 trap cleanup EXIT
 now() { date +%s.%N; }
 source "$(dirname "$0")/demo_checks.sh"
+# Whether rank 0 printed a step after the launcher's restart line. One awk,
+# not awk piped into `grep -q`: grep leaving at its first match kills awk's
+# next write (SIGPIPE), and under pipefail that pipeline then fails whenever
+# more than a pipe write of output follows the restart.
+stepped_after_restart() {
+  awk '/restarting the job/ {seen = 1} seen && /^\[0\] step / {found = 1; exit} END {exit !found}' "$1"
+}
 losses() { grep -E '^\[0\] step +[0-9]+  loss' "$1" | sed -E 's/^\[0\] step +([0-9]+)  loss ([0-9.]+).*/\1 \2/'; }
 
 steps=60
@@ -55,7 +62,7 @@ run_case() {
   # The first step printed by the restarted job (after the launcher's line).
   local resumed_at=""
   for _ in $(seq 1 1200); do
-    if awk '/restarting the job/ {seen = 1} seen' "$out" | grep -qE '^\[0\] step '; then
+    if stepped_after_restart "$out"; then
       resumed_at=$(now); break
     fi
     kill -0 "$launcher" 2>/dev/null || break
