@@ -32,7 +32,6 @@ struct kept_layers {
 /// Throws usage_error, prefixed with `who`, when `build` gives no layers or
 /// the range does not fit.
 kept_layers build_kept_layers(const std::function<std::shared_ptr<nn::sequential>()>& build,
-                                                  const std::function<layer_range(const nn::sequential&)>& choose,
-                                                  std::string_view who);
+                              const std::function<layer_range(const nn::sequential&)>& choose, std::string_view who);
 
 } // namespace troupe::parallel

@@ -174,8 +174,7 @@ expected<std::unique_ptr<pipeline::state>> pipeline::state::started(actors::node
   validate(options);
   auto st = std::make_unique<state>(node, std::move(options));
   st->stage_factory_ = std::move(stage_factory);
-  st->pending_values_ = pending_values;
-  if (auto ok = st->start(); !ok)
+  if (auto ok = st->start(pending_values); !ok)
     return ok.error_value();
   return st;
 }
@@ -203,7 +202,7 @@ std::vector<std::vector<std::string>> pipeline::state::replica_rings() const {
   return rings;
 }
 
-expected<void> pipeline::state::start() {
+expected<void> pipeline::state::start(nn::deferred_init* pending_values) {
   driver_ = std::make_unique<driver>(node_.system());
   const auto p = options_.split.stages();
   for (std::size_t i = 0; i < p; ++i) {
@@ -269,8 +268,8 @@ expected<void> pipeline::state::start() {
       stage->index = i;
       stage->stages = p;
       stage->layers = options_.model->slice(options_.split.begin(i), options_.split.end(i));
-      if (pending_values_) // a model built from a recipe for its stages
-        pending_values_->materialize(*stage->layers);
+      if (pending_values) // a model built from a recipe for its stages
+        pending_values->materialize(*stage->layers);
       // The slice shares the model's modules: after this, `model` holds
       // each stage's layers on that stage's device.
       stage->device = places_[i].device;

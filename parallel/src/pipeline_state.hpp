@@ -45,8 +45,9 @@ struct pipeline::state {
   state(const state&) = delete;
   state& operator=(const state&) = delete;
 
-  /// Spawns and wires the stages.
-  expected<void> start();
+  /// Spawns and wires the stages; those in this process materialize their
+  /// slices of options_.model from `pending_values` when it is given.
+  expected<void> start(nn::deferred_init* pending_values);
   expected<double> train_step(const tensor& inputs, const tensor& targets);
   expected<tensor> forward(const tensor& inputs);
   expected<void> synchronize();
@@ -98,8 +99,6 @@ struct pipeline::state {
   pipeline_options options_;
   /// The node factory that builds a stage in another process (started()).
   std::string stage_factory_ = stage_factory_name;
-  /// The draws of options_.model's layers still to be made (started()).
-  nn::deferred_init* pending_values_ = nullptr;
   finish_hook finish_hook_;
   bool shut_down_ = false;
   std::unique_ptr<driver> driver_;
