@@ -31,6 +31,10 @@ expected<void> check_range(const checkpoint_tensor& t, std::size_t i, const deta
 /// Bytes read at a time: each part is hashed right after it is read, while
 /// it is still in cache, instead of the whole piece read back afterwards.
 constexpr std::uint64_t read_part_bytes = std::uint64_t{1} << 20;
+/// How far ahead of the part being read and hashed the disk is asked to
+/// read, so it keeps reading while this thread hashes and copies; bounded
+/// so a large piece does not ask for all its pages at once.
+constexpr std::uint64_t read_ahead_bytes = std::uint64_t{16} << 20;
 
 /// Reads the piece's bytes from `file` and checks their CRC32C.
 expected<tensor> load_piece(const checkpoint_tensor& t, std::size_t i, const detail::read_only_file& file) {
@@ -40,8 +44,11 @@ expected<tensor> load_piece(const checkpoint_tensor& t, std::size_t i, const det
   auto value = tensor::empty(piece.shape, t.type);
   auto* bytes = static_cast<std::byte*>(value.raw_data());
   std::uint32_t crc = 0;
+  file.will_read(std::min(read_ahead_bytes, piece.byte_count), piece.byte_offset);
   for (std::uint64_t done = 0; done < piece.byte_count;) {
     const auto part = std::min(read_part_bytes, piece.byte_count - done);
+    if (const auto ahead = done + read_ahead_bytes; ahead < piece.byte_count)
+      file.will_read(std::min(part, piece.byte_count - ahead), piece.byte_offset + ahead);
     if (auto ok = file.read(bytes + done, part, piece.byte_offset + done); !ok)
       return make_error(ok.error().code(), "{}: {}", describe(t, i), ok.error().message());
     crc = crc32c(crc, std::span<const std::byte>(bytes + done, part));

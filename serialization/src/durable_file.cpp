@@ -216,4 +216,8 @@ expected<void> read_only_file::read(std::byte* into, std::uint64_t count, std::u
   return {};
 }
 
+void read_only_file::will_read(std::uint64_t count, std::uint64_t at) const noexcept {
+  (void)::posix_fadvise(fd_, static_cast<off_t>(at), static_cast<off_t>(count), POSIX_FADV_WILLNEED);
+}
+
 } // namespace troupe::detail

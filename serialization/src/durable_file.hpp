@@ -79,6 +79,9 @@ public:
   const std::filesystem::path& path() const noexcept { return path_; }
   /// Exactly `count` bytes at offset `at` into `into`.
   expected<void> read(std::byte* into, std::uint64_t count, std::uint64_t at) const;
+  /// Tells the kernel that `count` bytes at `at` will be read soon, so it
+  /// starts reading them from the disk now (a hint: nothing fails).
+  void will_read(std::uint64_t count, std::uint64_t at) const noexcept;
 
 private:
   read_only_file(int fd, std::filesystem::path path, std::uint64_t size)
