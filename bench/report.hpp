@@ -23,6 +23,7 @@
 #include "troupe/command_line.hpp"
 
 #include "troupe/tensor/cpu_blas.hpp"
+#include "troupe/tensor/cpu_vector_kernels.hpp"
 
 namespace troupe::bench {
 
@@ -52,8 +53,9 @@ public:
     if (!kernel.empty())
       ::setenv("OPENBLAS_CORETYPE", kernel.c_str(), 0);
     const char* chosen = std::getenv("OPENBLAS_CORETYPE");
-    note("OpenBLAS kernel: {} (OPENBLAS_CORETYPE={} for every process this benchmark starts)", kernel,
-         chosen ? chosen : "unset");
+    note("OpenBLAS kernel: {} (OPENBLAS_CORETYPE={} for every process this benchmark starts); troupe's vector "
+         "kernels: {}",
+         kernel, chosen ? chosen : "unset", cpu_vector_kernels());
   }
 
   bool json() const noexcept { return json_; }

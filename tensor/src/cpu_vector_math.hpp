@@ -1,20 +1,32 @@
 #pragma once
-// Private: the transcendental elementwise functions of the CPU backend over
-// contiguous arrays, with SLEEF's vector functions (the vector math PyTorch
-// uses; 1.0-ulp variants) when this CPU has AVX2 and FMA, chosen at run
-// time; float32 GELU (exact and tanh) and its gradient with oneDNN's
-// eltwise kernels, which are about ten times faster than SLEEF's erf
-// (cpu_onednn_gelu.cpp). glibc's scalar erff costs 2.2 ns per element for
-// small inputs and 11-13 ns once GELU's inputs grow during training;
-// SLEEF's is branch-free. The row kernels below (softmax, cross-entropy,
-// layer norm) are hand-written AVX2 loops around SLEEF's exp.
+// Private: the vector kernels of the CPU backend over contiguous arrays.
+//
+// Elementwise functions use SLEEF's vector functions (the vector math
+// PyTorch uses; 1.0-ulp variants); float32 GELU (exact and tanh) and its
+// gradient use oneDNN's eltwise kernels, about ten times faster than
+// SLEEF's erf (cpu_onednn_gelu.cpp). glibc's scalar erff costs 2.2 ns per
+// element for small inputs and 11-13 ns once GELU's inputs grow during
+// training; SLEEF's is branch-free. The row kernels (softmax,
+// cross-entropy, layer norm) are hand-written loops around SLEEF's exp.
+//
+// Instruction sets. The kernels of cpu_vector_kernels.inc are written once
+// over lanes (cpu_vector_lanes.hpp) and compiled twice: for AVX2 and FMA
+// (vector_math::avx2) and for AVX-512 (vector_math::avx512, 16 floats or 8
+// doubles a vector). The entry points at vector_math scope run the AVX-512
+// copy where the CPU has AVX-512 F, DQ, BW and VL, the AVX2 copy elsewhere
+// (TROUPE_VECTOR_MATH=avx2 forces it), chosen once per process from the CPU
+// alone. The two agree within rounding: the elementwise functions are
+// SLEEF's 1.0-ulp ones in both, and a row's sums run in lanes as wide as
+// the vector, so their order differs. Philox, bfloat16 conversion and the
+// Adam step (cpu_vector_bits.cpp, cpu_vector_optim.cpp) are AVX2 only: they
+// are exact by construction, and memory-bound.
 //
 // Every element goes through the vector function, the last partial vector
 // too (padded), so an element's result never depends on its position or on
 // the array's length: a micro-batch computes what the whole batch does.
 //
-// Call them only when available() says so (cpu_vector_math.cpp is compiled
-// for AVX2 and FMA); otherwise the caller runs its scalar loop.
+// Call them only when available() says so; otherwise the caller runs its
+// scalar loop.
 #include <cstdint>
 
 namespace troupe::detail::vector_math {
@@ -23,81 +35,8 @@ namespace troupe::detail::vector_math {
 /// switched off (TROUPE_VECTOR_MATH=off). Defined in cpu_elementwise.cpp,
 /// which is compiled for any x86-64.
 bool available() noexcept;
-
-void exp(const float* x, float* y, std::int64_t n);
-void exp(const double* x, double* y, std::int64_t n);
-void tanh(const float* x, float* y, std::int64_t n);
-void tanh(const double* x, double* y, std::int64_t n);
-/// 1 / (1 + exp(-x)).
-void sigmoid(const float* x, float* y, std::int64_t n);
-void sigmoid(const double* x, double* y, std::int64_t n);
-/// x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (the exact GELU).
-void gelu(const float* x, float* y, std::int64_t n);
-void gelu(const double* x, double* y, std::int64_t n);
-/// grad * (Phi(x) + x phi(x)).
-void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
-void gelu_backward(const double* grad, const double* x, double* y, std::int64_t n);
-/// The tanh approximation 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x +
-/// 0.044715 x^3), as x sigmoid(2 u) (the same function) with the vector
-/// exp. float32 goes to oneDNN's gelu_tanh where oneDNN runs AVX-512 (half
-/// the time of the exp form in bench/ops there); its AVX2 kernel took
-/// three times the exp form's time on an AMD EPYC, so elsewhere float32
-/// takes the exp form too (cpu_onednn_gelu.cpp chooses, by the CPU alone,
-/// so every process of a job computes the same bits).
-void gelu_tanh(const float* x, float* y, std::int64_t n);
-void gelu_tanh_with_exp(const float* x, float* y, std::int64_t n);
-void gelu_tanh_backward_with_exp(const float* grad, const float* x, float* y, std::int64_t n);
-void gelu_tanh(const double* x, double* y, std::int64_t n);
-/// grad * d/dx of gelu_tanh.
-void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n);
-void gelu_tanh_backward(const double* grad, const double* x, double* y, std::int64_t n);
-
-/// The first two words of Philox 4x32-10 (philox.hpp: philox_at) for the
-/// counters start, start + 1, ..., start + n - 1 of `seed`, eight at a
-/// time: w0[i], and w1[i] unless w1 is null. The same bits as philox_at.
-void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
-
-// -- row kernels (cpu_vector_rows.cpp) over `rows` contiguous rows of n >= 1 ----
-//
-// A row's sums run lane-wise in blocks of 128 elements, so their order
-// depends only on n; the exponentials are the exp above.
-
-/// y = softmax(x) of each row, or log-softmax when `log`.
-void softmax_rows(const float* x, float* y, std::int64_t rows, std::int64_t n, bool log);
-void softmax_rows(const double* x, double* y, std::int64_t rows, std::int64_t n, bool log);
-/// dx from dL/dy `grad` and y = softmax(x) (log: y = log-softmax(x)).
-void softmax_backward_rows(const float* grad, const float* y, float* dx, std::int64_t rows, std::int64_t n,
-                           bool log);
-void softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows, std::int64_t n,
-                           bool log);
-/// Causal softmax of rows of [queries, n] matrices: row r keeps its first
-/// min(r % queries + 1, n) elements, y = softmax(scale x) over them (scale
-/// > 0) and 0 after them.
-void causal_softmax_rows(const float* x, float* y, std::int64_t rows, std::int64_t queries, std::int64_t n,
-                         float scale);
-void causal_softmax_rows(const double* x, double* y, std::int64_t rows, std::int64_t queries, std::int64_t n,
-                         double scale);
-/// dx from dL/dy `grad` and y = causal_softmax_rows(x): scale y (g - <g, y>)
-/// over the kept prefix, 0 after it.
-void causal_softmax_backward_rows(const float* grad, const float* y, float* dx, std::int64_t rows,
-                                  std::int64_t queries, std::int64_t n, float scale);
-void causal_softmax_backward_rows(const double* grad, const double* y, double* dx, std::int64_t rows,
-                                  std::int64_t queries, std::int64_t n, double scale);
-/// One block (n <= 128) of row_sums_side_by_side (cpu_backend.hpp): out[r]
-/// = the sum of x[r + i step] over i < n for every r < rows, with row_sum's
-/// order and bits. It reads the block a row of x at a time (a bias
-/// gradient's rows are whole cache lines in order) into eight lanes of
-/// partial sums in `lanes` (8 rows elements of scratch).
-void side_by_side_block(const float* x, std::int64_t rows, std::int64_t n, std::int64_t step, float* lanes,
-                        float* out);
-void side_by_side_block(const double* x, std::int64_t rows, std::int64_t n, std::int64_t step, double* lanes,
-                        double* out);
-/// lse[r] = log Σ exp(x[r, :]) (max-shifted), for cross-entropy.
-void log_sum_exp_rows(const float* x, float* lse, std::int64_t rows, std::int64_t n);
-void log_sum_exp_rows(const double* x, double* lse, std::int64_t rows, std::int64_t n);
-/// y = exp(x - shift) * scale over one contiguous row of n.
-void exp_scaled(const float* x, float shift, float scale, float* y, std::int64_t n);
-void exp_scaled(const double* x, double shift, double scale, double* y, std::int64_t n);
+/// Whether the entry points run the AVX-512 copies (cpu_vector_dispatch.cpp).
+bool avx512_chosen() noexcept;
 
 /// Layer norm of `rows` contiguous rows of d: y = (x - mean) rstd weight +
 /// bias (weight and bias [d] or null), with each row's mean and rstd =
@@ -113,8 +52,6 @@ template <class T> struct layer_norm_rows {
   std::int64_t rows = 0;
   std::int64_t d = 0;
 };
-void layer_norm(const layer_norm_rows<float>& rows);
-void layer_norm(const layer_norm_rows<double>& rows);
 
 /// The gradients of layer norm from dL/dy `grad` and the forward's x, mean
 /// and rstd: grad_input [rows, d] is written, grad_weight and grad_bias [d]
@@ -131,10 +68,38 @@ template <class T> struct layer_norm_backward_rows {
   std::int64_t rows = 0;
   std::int64_t d = 0;
 };
-void layer_norm_backward(const layer_norm_backward_rows<float>& rows);
-void layer_norm_backward(const layer_norm_backward_rows<double>& rows);
 
-// -- bfloat16 storage (cpu_vector_math.cpp) ----------------------------------
+#include "cpu_vector_kernels.inc"
+
+/// The kernels compiled for AVX2 and FMA.
+namespace avx2 {
+#include "cpu_vector_kernels.inc"
+} // namespace avx2
+
+/// The kernels compiled for AVX-512 (F, DQ, BW, VL).
+namespace avx512 {
+#include "cpu_vector_kernels.inc"
+} // namespace avx512
+
+// -- oneDNN's float32 GELU (cpu_onednn_gelu.cpp) ---------------------------------
+
+/// The exact GELU and its gradient.
+void gelu(const float* x, float* y, std::int64_t n);
+void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
+/// float32 goes to oneDNN's gelu_tanh where oneDNN runs AVX-512 (half the
+/// time of the exp form in bench/ops there); its AVX2 kernel took three
+/// times the exp form's time on an AMD EPYC, so elsewhere float32 takes the
+/// exp form too (cpu_onednn_gelu.cpp chooses, by the CPU alone, so every
+/// process of a job computes the same bits).
+void gelu_tanh(const float* x, float* y, std::int64_t n);
+void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n);
+
+// -- AVX2 bit kernels: Philox and bfloat16 storage (cpu_vector_bits.cpp) ---------
+
+/// The first two words of Philox 4x32-10 (philox.hpp: philox_at) for the
+/// counters start, start + 1, ..., start + n - 1 of `seed`, eight at a
+/// time: w0[i], and w1[i] unless w1 is null. The same bits as philox_at.
+void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
 
 /// y[i] = the bits of bfloat16(x[i]) (dtype.hpp: nearest, ties to even; a
 /// NaN stays a quiet NaN), eight at a time, with the scalar rule's bits.
@@ -159,4 +124,5 @@ struct adam_scalars {
 /// multiply-adds, so every element gets that loop's bits.
 void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, const adam_scalars& s);
 void adam_step(double* p, const double* g, double* m, double* v, std::int64_t n, const adam_scalars& s);
+
 } // namespace troupe::detail::vector_math

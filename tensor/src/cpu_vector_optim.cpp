@@ -9,6 +9,7 @@
 // files it includes no C++ standard header with inline functions
 // (cpu_vector_lanes.hpp says why).
 #include "cpu_vector_math.hpp"
+#include "cpu_vector_tail.hpp"
 
 #include <immintrin.h>
 
@@ -61,42 +62,17 @@ inline void step4(const adam_lanes& s, double* p, const double* g, double* m, do
   _mm256_storeu_pd(v, v4);
 }
 
-/// Runs `whole(p, g, m, v)` over every full vector of `width` elements and
-/// once more over the last partial one, padded with zeros in a copy.
-template <int width, class T, class Whole>
-void over_vectors(T* p, const T* g, T* m, T* v, std::int64_t n, Whole whole) {
-  std::int64_t i = 0;
-  for (; i + width <= n; i += width)
-    whole(p + i, g + i, m + i, v + i);
-  const std::int64_t rest = n - i;
-  if (rest == 0)
-    return;
-  T tail[4][width] = {};
-  for (std::int64_t k = 0; k < rest; ++k) {
-    tail[0][k] = p[i + k];
-    tail[1][k] = g[i + k];
-    tail[2][k] = m[i + k];
-    tail[3][k] = v[i + k];
-  }
-  whole(tail[0], tail[1], tail[2], tail[3]);
-  for (std::int64_t k = 0; k < rest; ++k) {
-    p[i + k] = tail[0][k];
-    m[i + k] = tail[2][k];
-    v[i + k] = tail[3][k];
-  }
-}
-
 } // namespace
 
 void adam_step(float* p, const float* g, float* m, float* v, std::int64_t n, const adam_scalars& scalars) {
   const adam_lanes s(scalars);
-  over_vectors<8>(p, g, m, v, n, [&](float* pp, const float* gg, float* mm, float* vv) { step8(s, pp, gg, mm, vv); });
+  over_vectors<8>(n, [&](float* pp, const float* gg, float* mm, float* vv) { step8(s, pp, gg, mm, vv); }, p, g, m, v);
 }
 
 void adam_step(double* p, const double* g, double* m, double* v, std::int64_t n, const adam_scalars& scalars) {
   const adam_lanes s(scalars);
-  over_vectors<4>(p, g, m, v, n,
-                  [&](double* pp, const double* gg, double* mm, double* vv) { step4(s, pp, gg, mm, vv); });
+  over_vectors<4>(n, [&](double* pp, const double* gg, double* mm, double* vv) { step4(s, pp, gg, mm, vv); }, p, g, m,
+                  v);
 }
 
 } // namespace troupe::detail::vector_math

@@ -1,5 +1,5 @@
 // Row kernels of softmax, causal softmax, cross-entropy and layer norm over
-// contiguous rows with AVX2 lanes (cpu_vector_math.hpp has the contract).
+// contiguous rows in vector lanes (cpu_vector_math.hpp has the contract).
 // Softmax takes a row's maximum, then writes exp(x - max) while it sums
 // them, then scales in place (the row is in L1 by then); the causal one does
 // so over the row's unmasked prefix only; log-softmax and cross-entropy only
@@ -8,13 +8,17 @@
 // its backward takes its two sums and the parameters' gradients in one
 // pass, then writes dx.
 //
-// Compiled with -mavx2 -mfma like cpu_vector_math.cpp and run only once
-// vector_math::available() said so; cpu_vector_lanes.hpp says why it
-// includes no C++ standard header.
+// Compiled twice like cpu_vector_math.cpp (for AVX2 and FMA, and for
+// AVX-512) and run only once vector_math::available() said so;
+// cpu_vector_lanes.hpp says why it includes no C++ standard header.
 #include "cpu_vector_lanes.hpp"
 #include "cpu_vector_math.hpp"
 
-namespace troupe::detail::vector_math {
+#ifndef TROUPE_VECTOR_ISA
+#error "tensor/CMakeLists.txt compiles this file once per instruction set and names it in TROUPE_VECTOR_ISA"
+#endif
+
+namespace troupe::detail::vector_math::TROUPE_VECTOR_ISA {
 
 namespace {
 
@@ -487,55 +491,6 @@ void layer_norm_backward(const layer_norm_backward_rows<double>& rows) {
 
 namespace {
 
-/// The sums of `count` (<= width) neighbouring columns over n rows `step`
-/// apart, in row_sum's order (cpu_backend.hpp): pairwise over blocks of at
-/// most 128 rows, each summed in eight lanes. Only count lanes are read.
-template <class L>
-typename L::vector strided_sums(const typename L::scalar* x, std::int64_t n, std::int64_t step, std::int64_t count) {
-  if (n > 128) {
-    auto half = n / 2;
-    half -= half % 8;
-    return L::add(strided_sums<L>(x, half, step, count), strided_sums<L>(x + half * step, n - half, step, count));
-  }
-  auto load = [&](const typename L::scalar* p) { return count == L::width ? L::load(p) : load_first<L>(p, count); };
-  const auto zero = L::splat(0);
-  typename L::vector lane[8] = {zero, zero, zero, zero, zero, zero, zero, zero};
-  std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j)
-      lane[j] = L::add(lane[j], load(x + (i + j) * step));
-  auto total = L::add(L::add(L::add(lane[0], lane[1]), L::add(lane[2], lane[3])),
-                      L::add(L::add(lane[4], lane[5]), L::add(lane[6], lane[7])));
-  for (; i < n; ++i)
-    total = L::add(total, load(x + i * step));
-  return total;
-}
-
-template <class L>
-void column_sums_of(const typename L::scalar* x, std::int64_t columns, std::int64_t n, std::int64_t step,
-                    typename L::scalar* out) {
-  for (std::int64_t c = 0; c < columns; c += L::width) {
-    const auto count = columns - c < L::width ? columns - c : std::int64_t{L::width};
-    const auto sums = strided_sums<L>(x + c, n, step, count);
-    if (count == L::width)
-      L::store(out + c, sums);
-    else
-      store_first<L>(out + c, sums, count);
-  }
-}
-
-} // namespace
-
-void column_sums(const float* x, std::int64_t columns, std::int64_t n, std::int64_t step, float* out) {
-  column_sums_of<float_lanes>(x, columns, n, step, out);
-}
-
-void column_sums(const double* x, std::int64_t columns, std::int64_t n, std::int64_t step, double* out) {
-  column_sums_of<double_lanes>(x, columns, n, step, out);
-}
-
-namespace {
-
 /// acc[r] = acc[r] + src[r] for r < rows, a vector at a time.
 template <class L> void add_into(typename L::scalar* acc, const typename L::scalar* src, std::int64_t rows) {
   std::int64_t r = 0;
@@ -582,4 +537,4 @@ void side_by_side_block(const double* x, std::int64_t rows, std::int64_t n, std:
   side_by_side_block_of<double_lanes>(x, rows, n, step, lanes, out);
 }
 
-} // namespace troupe::detail::vector_math
+} // namespace troupe::detail::vector_math::TROUPE_VECTOR_ISA

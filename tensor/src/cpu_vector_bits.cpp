@@ -1,0 +1,128 @@
+// The AVX2 bit kernels (cpu_vector_math.hpp): Philox 4x32-10 eight counters
+// at a time, and float32 <-> bfloat16 conversion sixteen (eight) elements at
+// a time. Integer work with exact results, so one AVX2 copy serves every
+// CPU that has AVX2; compiled with -mavx2 (tensor/CMakeLists.txt) and run
+// only once vector_math::available() said so. Like the other vector files
+// it includes no C++ standard header with inline functions
+// (cpu_vector_lanes.hpp says why).
+#include "cpu_vector_math.hpp"
+
+#include <immintrin.h>
+
+#include "cpu_vector_tail.hpp"
+#include "philox_constants.hpp"
+
+namespace troupe::detail::vector_math {
+
+namespace {
+
+/// The high and low 32 bits of a * m for each 32-bit lane of `a` (m: a
+/// multiplier splatted into every lane). AVX2 multiplies only the even
+/// lanes of each 64-bit pair, so the odd lanes are shifted down for a
+/// second multiply and the halves blended back in lane order.
+inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+/// Philox 4x32-10 of eight counters (philox.hpp's rounds, lane by lane):
+/// counter words c0 (low) and c1 (high) per lane, c2 = c3 = 0.
+inline void philox8(__m256i c0, __m256i c1, std::uint64_t seed, __m256i& w0, __m256i& w1) {
+  using namespace philox_constants;
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(multiplier0));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(multiplier1));
+  auto k0 = static_cast<std::uint32_t>(seed);
+  auto k1 = static_cast<std::uint32_t>(seed >> 32);
+  __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += weyl0;
+      k1 += weyl1;
+    }
+    __m256i hi0, lo0, hi1, lo1;
+    mul_hi_lo(c0, m0, hi0, lo0);
+    mul_hi_lo(c2, m1, hi1, lo1);
+    const __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+    const __m256i n2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  w0 = c0;
+  w1 = c1;
+}
+
+} // namespace
+
+void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1) {
+  for (std::int64_t i = 0; i < n; i += 8) {
+    // The eight counters' words, in scalar: a carry into the high word may
+    // fall between two lanes.
+    alignas(32) std::uint32_t low[8], high[8], out0[8], out1[8];
+    for (int lane = 0; lane < 8; ++lane) {
+      const std::uint64_t position = start + static_cast<std::uint64_t>(i + lane);
+      low[lane] = static_cast<std::uint32_t>(position);
+      high[lane] = static_cast<std::uint32_t>(position >> 32);
+    }
+    __m256i a, b;
+    philox8(_mm256_load_si256(reinterpret_cast<const __m256i*>(low)),
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(high)), seed, a, b);
+    const std::int64_t count = n - i < 8 ? n - i : 8;
+    if (count == 8) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + i), a);
+      if (w1 != nullptr)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + i), b);
+      continue;
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out0), a);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out1), b);
+    for (std::int64_t lane = 0; lane < count; ++lane) {
+      w0[i + lane] = out0[lane];
+      if (w1 != nullptr)
+        w1[i + lane] = out1[lane];
+    }
+  }
+}
+
+namespace {
+
+/// Eight floats' bfloat16 bits in the low 16 bits of each 32-bit lane.
+inline __m256i bfloat16_lanes(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  const __m256i quiet_nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(nan));
+}
+
+/// Sixteen floats at x to bfloat16 bits at y.
+inline void to_bfloat16_16(const float* x, std::uint16_t* y) {
+  const __m256i low = bfloat16_lanes(_mm256_loadu_ps(x));
+  const __m256i high = bfloat16_lanes(_mm256_loadu_ps(x + 8));
+  // packus packs within 128-bit halves: [low 0-3, high 0-3, low 4-7, high 4-7].
+  const __m256i packed = _mm256_packus_epi32(low, high);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), _mm256_permute4x64_epi64(packed, 0xD8));
+}
+
+/// Eight bfloat16 bits at x to floats at y.
+inline void from_bfloat16_8(const std::uint16_t* x, float* y) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  _mm256_storeu_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+}
+
+} // namespace
+
+void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
+  over_vectors<16>(n, to_bfloat16_16, x, y);
+}
+
+void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n) {
+  over_vectors<8>(n, from_bfloat16_8, x, y);
+}
+
+} // namespace troupe::detail::vector_math
