@@ -37,7 +37,10 @@ if ((do_build)); then
 fi
 
 # Every test binary with CUDA cases; each skips, naming why, what its machine lacks.
-tests=(tensor/tensor.cuda_backend_test autograd/autograd.cuda_training_test
+# And the CPU kernels' AVX2 / AVX-512 comparison: the device machine's CPU
+# is one more on which it runs.
+tests=(tensor/tensor.cuda_backend_test tensor/tensor.cuda_loading_test tensor/tensor.vector_isa_test
+       autograd/autograd.cuda_training_test
        parallel/parallel.cuda_pipeline_test parallel/parallel.nccl_communicator_test
        parallel/parallel.data_parallel_test)
 status=0
