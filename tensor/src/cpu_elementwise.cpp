@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string_view>
 #include <numbers>
 #include <type_traits>
 
@@ -17,18 +16,6 @@
 #include "troupe/tensor/parallel_for.hpp"
 
 namespace troupe::detail {
-
-bool vector_math::available() noexcept {
-  // TROUPE_VECTOR_MATH=off keeps glibc's scalar functions: for bitwise-equal
-  // results between machines with and without AVX2, and for A/B timings.
-  static const bool yes = [] {
-    const char* setting = std::getenv("TROUPE_VECTOR_MATH");
-    if (setting != nullptr && std::string_view(setting) == "off")
-      return false;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return yes;
-}
 
 namespace {
 

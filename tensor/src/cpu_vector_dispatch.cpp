@@ -1,6 +1,6 @@
-// The vector kernels' entry points (cpu_vector_math.hpp): each runs the
-// AVX-512 copy of its kernel where avx512_chosen(), the AVX2 copy
-// elsewhere. Compiled for any x86-64, like its callers.
+// Which vector kernels run, and their entry points (cpu_vector_math.hpp):
+// each runs the AVX-512 copy of its kernel where avx512_chosen(), the AVX2
+// copy elsewhere. Compiled for any x86-64, like its callers.
 #include <cstdlib>
 #include <string_view>
 
@@ -9,18 +9,33 @@
 
 namespace troupe::detail::vector_math {
 
-bool avx512_chosen() noexcept {
-  // TROUPE_VECTOR_MATH=avx2 keeps the AVX2 copies on a CPU with AVX-512:
-  // for the AVX2 results there, and for A/B timings.
-  static const bool yes = [] {
+namespace {
+
+enum class copy { none, avx2, avx512 };
+
+/// The copy this process runs, from the CPU and TROUPE_VECTOR_MATH, read
+/// once: "off" keeps glibc's scalar functions (bitwise-equal results between
+/// machines with and without AVX2, and A/B timings); "avx2" keeps the AVX2
+/// copies on a CPU with AVX-512 (the AVX2 results there, and A/B timings).
+copy chosen_copy() noexcept {
+  static const copy chosen = [] {
     const char* setting = std::getenv("TROUPE_VECTOR_MATH");
-    if (setting != nullptr && std::string_view(setting) == "avx2")
-      return false;
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    const std::string_view asked = setting != nullptr ? setting : "";
+    if (asked == "off" || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+      return copy::none;
+    if (asked != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+      return copy::avx512;
+    return copy::avx2;
   }();
-  return yes;
+  return chosen;
 }
+
+} // namespace
+
+bool available() noexcept { return chosen_copy() != copy::none; }
+
+bool avx512_chosen() noexcept { return chosen_copy() == copy::avx512; }
 
 void exp(const float* x, float* y, std::int64_t n) {
   avx512_chosen() ? avx512::exp(x, y, n) : avx2::exp(x, y, n);

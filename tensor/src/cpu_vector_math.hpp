@@ -32,10 +32,10 @@
 namespace troupe::detail::vector_math {
 
 /// Whether the vector functions run on this CPU (AVX2 and FMA) and are not
-/// switched off (TROUPE_VECTOR_MATH=off). Defined in cpu_elementwise.cpp,
-/// which is compiled for any x86-64.
+/// switched off (TROUPE_VECTOR_MATH=off). Both are decided once, in
+/// cpu_vector_dispatch.cpp, which is compiled for any x86-64.
 bool available() noexcept;
-/// Whether the entry points run the AVX-512 copies (cpu_vector_dispatch.cpp).
+/// Whether the entry points run the AVX-512 copies.
 bool avx512_chosen() noexcept;
 
 /// Layer norm of `rows` contiguous rows of d: y = (x - mean) rstd weight +
