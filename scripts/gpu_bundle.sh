@@ -2,7 +2,7 @@
 # Packs the binaries that scripts/gpu_check.sh runs, stripped, with the
 # shared libraries they need, into one compressed file that can be copied to
 # a GPU machine which has the CUDA driver, cuBLAS and NCCL but not troupe's
-# other dependencies (CAF, UCX, Cap'n Proto, oneDNN, SLEEF, fmt, OpenSSL).
+# other dependencies (CAF, UCX, Cap'n Proto, oneDNN, SLEEF, ISA-L, fmt, OpenSSL).
 #
 #   bash scripts/gpu_bundle.sh [--build-dir=build] [--out=.gpu-bundle]
 #

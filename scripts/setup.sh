@@ -23,6 +23,7 @@ esac
 packages=(
   g++ cmake ninja-build pkg-config
   libfmt-dev libopenblas-dev libsleef-dev libdnnl-dev libcapnp-dev capnproto
+  libisal-dev                 # CRC32C of checkpoint files (ISA-L's folded PCLMUL loops)
   libgtest-dev libgmock-dev libbenchmark-dev
   libcaf-dev libucx-dev ucx-utils
   libssl-dev openssl          # TLS between nodes (CAF OpenSSL module)

@@ -50,7 +50,7 @@ if [[ $rebuild == 1 ]]; then
   echo "building $target with $cxx (-fsanitize=fuzzer,address,undefined)"
   "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I "$ser/include" -I "$ser/src" -I "$source_dir/tensor/include" -I "$(dirname "$generated_dir")" \
-    "${sources[@]}" "$tensor_lib" ${extra_libs[@]+"${extra_libs[@]}"} -lfmt -lcapnp -lkj -lopenblas -lpthread \
+    "${sources[@]}" "$tensor_lib" ${extra_libs[@]+"${extra_libs[@]}"} -lfmt -lcapnp -lkj -lisal -lopenblas -lpthread \
     -o "$target"
 fi
 

@@ -1,6 +1,6 @@
 #pragma once
-// CRC32C (Castagnoli), the checksum of checkpoint files. Uses the SSE4.2
-// crc32 instruction when the CPU has it, a table otherwise.
+// CRC32C (Castagnoli), the checksum of checkpoint files, computed by ISA-L
+// (libisal), which picks its fastest loop for the CPU at run time.
 #include <cstddef>
 #include <cstdint>
 #include <span>
