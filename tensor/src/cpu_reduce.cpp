@@ -15,6 +15,9 @@ namespace troupe::detail {
 
 namespace {
 
+/// Bytes of each lane of side-by-side partial sums taken at a time.
+constexpr std::int64_t side_by_side_tile_bytes = 1024;
+
 /// Rows per intra-op range for rows of `cols` exponentials: about 4K.
 std::int64_t rows_grain(std::int64_t cols) {
   return std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(cols, 1));
@@ -45,9 +48,14 @@ void cpu_backend::reduce_rows(reduce_op op, const tensor& a, tensor& values, ten
     if (op == reduce_op::sum && row_stride == 1 && col_stride != 1 && rows > 1) {
       if constexpr (std::is_floating_point_v<T>)
         if (vector_math::available()) { // the same sums, the blocks in vector lanes
-          std::vector<T> lanes(static_cast<std::size_t>(8 * rows));
+          // A tile of the rows at a time, so the eight lanes of partial sums
+          // stay in L1 while the block's lines stream past them.
+          const std::int64_t tile = std::min<std::int64_t>(rows, side_by_side_tile_bytes / sizeof(T));
+          std::vector<T> lanes(static_cast<std::size_t>(8 * tile));
           auto block = [&](const T* first, std::int64_t count, T* sums) {
-            vector_math::side_by_side_block(first, rows, count, col_stride, lanes.data(), sums);
+            for (std::int64_t r0 = 0; r0 < rows; r0 += tile)
+              vector_math::side_by_side_block(first + r0, std::min(tile, rows - r0), count, col_stride, lanes.data(),
+                                              sums + r0);
           };
           pairwise_side_by_side(x, rows, cols, col_stride, v, block);
           return;
