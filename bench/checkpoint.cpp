@@ -7,10 +7,12 @@
 // and after each round's saves; the mean of the two) and beside
 // torch.save / torch.load of the same state in one process
 // (bench/peers/checkpoint_torch.py). For the asynchronous save: how long
-// save() blocks the training loop against a synchronous save.
+// save() blocks the training loop against a synchronous save. Last, the
+// time from a kill -9 of a rank to the job's first step after its restart
+// (examples/check_restart.sh; --no-restart leaves it out).
 //
 //   build/bench/checkpoint [--json] [--mib=1024] [--width=2048] [--stages=4] [--rounds=2]
-//                          [--dir=/tmp/troupe-bench-checkpoint] [--no-peers]
+//                          [--dir=/tmp/troupe-bench-checkpoint] [--no-peers] [--no-restart]
 //
 // The writes are fsynced on both sides. Each load is timed twice: warm
 // (the files still in the page cache, beside a read of the cached file)
@@ -22,6 +24,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -163,6 +166,44 @@ std::optional<peer_seconds> torch_peer(const settings& s, bench::report& out) {
   return peer_seconds{*save, *load, *cold};
 }
 
+/// Kill -9 to the first resumed step, as examples/check_restart.sh measures
+/// it: pipeline_demo over 3 ranks under `troupe-launch --restarts 1`
+/// (heartbeat timeout 3 s), rank 1 killed by the script after a checkpoint
+/// and again while the job saves every step. The script also checks that the
+/// resumed losses equal an uninterrupted run's; without its closing "OK"
+/// line no figure is posted.
+void restart_rows(bench::report& out, double loaded_gb, double cold_load_seconds) {
+  const auto output =
+    bench::run_command(fmt::format("bash {}/examples/check_restart.sh {}/bin {}/examples/pipeline_demo 3",
+                                   TROUPE_SOURCE_DIR, TROUPE_BINARY_DIR, TROUPE_BINARY_DIR),
+                       600);
+  if (output.find("\nOK:") == std::string::npos) {
+    out.note("WRONG: the restart check failed, so no restart figure: {}", output);
+    return;
+  }
+  // "<case>: killed rank 1, restarted, resumed at step <n> with the
+  // uninterrupted losses; kill to first resumed step <seconds> s"
+  constexpr std::string_view marker = "kill to first resumed step ";
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto at = line.find(marker);
+    const auto colon = line.find(':');
+    const auto step_at = line.find("resumed at step ");
+    // The mid-shard case's rank kills itself, so its time runs from the
+    // launcher's restart line, not from a kill: left out.
+    if (at == std::string::npos || colon == std::string::npos || step_at == std::string::npos ||
+        line.starts_with("mid-shard"))
+      continue;
+    const double seconds = std::stod(line.substr(at + marker.size()));
+    const auto step = line.substr(step_at + 16, line.find(' ', step_at + 16) - (step_at + 16));
+    out.add({fmt::format("restart after kill -9, {}", line.substr(0, colon)), "s", seconds, "s",
+             "target: 10 s + the load", 10.0,
+             fmt::format("pipeline_demo, 3 ranks; resumed at step {} with the uninterrupted losses; its state "
+                         "loads in milliseconds, the {:.1f} GB above from the disk in {:.1f} s",
+                         step, loaded_gb, cold_load_seconds)});
+  }
+}
+
 std::uint64_t checkpoint_bytes(const fs::path& directory) {
   std::uint64_t bytes = 0;
   for (const auto& entry : fs::directory_iterator(directory))
@@ -173,12 +214,16 @@ std::uint64_t checkpoint_bytes(const fs::path& directory) {
 
 int parent(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN); // a rank that died is reported by its missing answer, not by killing rank 0
-  bench::check_flags("checkpoint", argc, argv, {"mib=", "width=", "stages=", "rounds=", "dir=", "no-peers"});
+  bench::check_flags("checkpoint", argc, argv,
+                     {"mib=", "width=", "stages=", "rounds=", "dir=", "no-peers", "no-restart"});
   bench::report out("checkpoint", argc, argv);
   const auto s = parse(argc, argv);
-  bool no_peers = false;
-  for (int i = 1; i < argc; ++i)
+  bool no_peers = false, no_restart = false;
+  for (int i = 1; i < argc; ++i) {
     no_peers |= std::string_view(argv[i]) == "--no-peers";
+    no_restart |= std::string_view(argv[i]) == "--no-restart";
+  }
+  double loaded_gb = 0, cold_load_seconds = 0; // for the restart rows' note
   fs::remove_all(s.dir);
   fs::create_directories(s.dir);
   const auto n = static_cast<std::uint32_t>(s.stages);
@@ -280,6 +325,8 @@ int parent(int argc, char** argv) {
         }
     }
     const double gb = static_cast<double>(bytes) / 1e9;
+    loaded_gb = gb;
+    cold_load_seconds = bench::median(cold_load_s);
     out.note("{:.3f} GB of shards per checkpoint; median of {} rounds", gb, s.rounds);
     auto rate = [&](const std::vector<double>& seconds) { return gb / bench::median(seconds); };
     out.add({"save", "GB/s", rate(save_s), "GB/s", "disk write+fsync", rate(disk_write_s), ""});
@@ -297,6 +344,8 @@ int parent(int argc, char** argv) {
   }
   bench::release_ranks(children, *node);
   fs::remove_all(s.dir);
+  if (!no_restart)
+    restart_rows(out, loaded_gb, cold_load_seconds);
   out.print();
   return 0;
 }
