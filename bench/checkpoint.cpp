@@ -183,19 +183,20 @@ void restart_rows(bench::report& out, double loaded_gb, double cold_load_seconds
   }
   // "<case>: killed rank 1, restarted, resumed at step <n> with the
   // uninterrupted losses; kill to first resumed step <seconds> s"
+  // A self-killed rank's line says "restart to first resumed step" instead:
+  // its clock starts at the restart, not at a kill, so it is left out.
   constexpr std::string_view marker = "kill to first resumed step ";
+  constexpr std::string_view step_marker = "resumed at step ";
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
     const auto at = line.find(marker);
     const auto colon = line.find(':');
-    const auto step_at = line.find("resumed at step ");
-    // The mid-shard case's rank kills itself, so its time runs from the
-    // launcher's restart line, not from a kill: left out.
-    if (at == std::string::npos || colon == std::string::npos || step_at == std::string::npos ||
-        line.starts_with("mid-shard"))
+    const auto step_at = line.find(step_marker);
+    if (at == std::string::npos || colon == std::string::npos || step_at == std::string::npos)
       continue;
     const double seconds = std::stod(line.substr(at + marker.size()));
-    const auto step = line.substr(step_at + 16, line.find(' ', step_at + 16) - (step_at + 16));
+    const auto step_begin = step_at + step_marker.size();
+    const auto step = line.substr(step_begin, line.find(' ', step_begin) - step_begin);
     out.add({fmt::format("restart after kill -9, {}", line.substr(0, colon)), "s", seconds, "s",
              "target: 10 s + the load", 10.0,
              fmt::format("pipeline_demo, 3 ranks; resumed at step {} with the uninterrupted losses; its state "

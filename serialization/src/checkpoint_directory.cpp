@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -97,30 +99,53 @@ expected<void> check_and_tidy(const fs::path& staging, const checkpoint_manifest
   return {};
 }
 
+/// The test hook TROUPE_CHECKPOINT_TEST_KILL_WHILE_PRUNING (set to
+/// anything): the process kills itself with SIGKILL once the first pruned
+/// checkpoint has lost its name but before its files are removed, as a job
+/// stopped in the middle of pruning would be (checkpoint_directory_test.cpp).
+void kill_if_testing_a_cut_short_prune() {
+  if (std::getenv("TROUPE_CHECKPOINT_TEST_KILL_WHILE_PRUNING") != nullptr)
+    ::raise(SIGKILL);
+}
+
 /// Removes committed checkpoints beyond the newest `keep_last` (never
 /// `current`), and staging directories of steps before `current`: a save
-/// that never committed.
+/// that never committed. A pruned checkpoint is first renamed back to its
+/// staging name, atomically, so a process stopped while removing its files
+/// leaves a staging directory (which the next commit or discard_staging
+/// removes), never a "step-N" without a manifest that looks like a damaged
+/// checkpoint.
 expected<void> prune(const fs::path& root, std::uint64_t current, std::size_t keep_last) {
   std::vector<std::uint64_t> committed;
-  std::vector<fs::path> doomed;
+  std::vector<fs::path> abandoned;
   std::error_code failure;
   for (const auto& entry : fs::directory_iterator(root, failure)) {
     auto name = entry.path().filename().string();
     if (auto step = step_of(name, false); step && fs::exists(entry.path() / detail::manifest_file_name))
       committed.push_back(*step);
-    else if (auto abandoned = step_of(name, true); abandoned && *abandoned < current)
-      doomed.push_back(entry.path());
+    else if (auto staged = step_of(name, true); staged && *staged < current)
+      abandoned.push_back(entry.path());
   }
   if (failure)
     return fs_error("commit_checkpoint: cannot list", root, failure);
-  std::sort(committed.rbegin(), committed.rend());
-  for (std::size_t i = keep_last; keep_last > 0 && i < committed.size(); ++i)
-    if (committed[i] != current)
-      doomed.push_back(checkpoint_path(root, committed[i]));
-  for (const auto& path : doomed) {
+  for (const auto& path : abandoned) {
     fs::remove_all(path, failure);
     if (failure)
       return fs_error("commit_checkpoint: committed, but cannot remove", path, failure);
+  }
+  std::sort(committed.rbegin(), committed.rend());
+  for (std::size_t i = keep_last; keep_last > 0 && i < committed.size(); ++i) {
+    if (committed[i] == current)
+      continue;
+    auto parked = staging_path(root, committed[i]);
+    fs::rename(checkpoint_path(root, committed[i]), parked, failure);
+    if (failure)
+      return fs_error("commit_checkpoint: committed, but cannot unname", checkpoint_path(root, committed[i]),
+                      failure);
+    kill_if_testing_a_cut_short_prune();
+    fs::remove_all(parked, failure);
+    if (failure)
+      return fs_error("commit_checkpoint: committed, but cannot remove", parked, failure);
   }
   return {};
 }

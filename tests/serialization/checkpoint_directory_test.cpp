@@ -2,6 +2,8 @@
 // and its directory renamed; crashes before that leave nothing
 // latest_checkpoint() returns; keep_last prunes; commit refuses pieces that
 // do not tile their tensors.
+#include <csignal>
+#include <cstdlib>
 #include <fstream>
 
 #include "sharded_checkpoint_support.hpp"
@@ -81,6 +83,33 @@ TEST_F(CheckpointCommit, KeepLastPrunesOlderCheckpoints) {
     left.push_back(entry.path().filename().string());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"step-40", "step-50"}));
+}
+
+// A job stopped while pruning (troupe-launch stops every rank when one dies)
+// leaves no "step-N" without a manifest: the pruned checkpoint loses its name
+// before its files, and the next commit clears what is left of it.
+TEST_F(CheckpointCommit, APruneCutShortLeavesOnlyCompleteCheckpoints) {
+  ASSERT_TRUE(save(root_, 1, 1));
+  auto pruning = [&] {
+    ::setenv("TROUPE_CHECKPOINT_TEST_KILL_WHILE_PRUNING", "1", 1);
+    std::exit(save(root_, 2, 1) ? 0 : 1);
+  };
+  EXPECT_EXIT(pruning(), ::testing::KilledBySignal(SIGKILL), "");
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    auto name = entry.path().filename().string();
+    if (!name.ends_with(".tmp")) {
+      EXPECT_TRUE(read_manifest(entry.path() / "manifest")) << name << " is left without a manifest";
+    }
+  }
+  EXPECT_FALSE(fs::exists(checkpoint_path(root_, 1)));
+  auto latest = latest_checkpoint(root_);
+  ASSERT_TRUE(latest && latest->has_value());
+  EXPECT_EQ(**latest, checkpoint_path(root_, 2));
+  ASSERT_TRUE(save(root_, 3, 1));
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(root_))
+    left.push_back(entry.path().filename().string());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-3"}));
 }
 
 TEST_F(CheckpointCommit, StrayFilesInTheStagingDirectoryAreRemoved) {
