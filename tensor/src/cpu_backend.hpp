@@ -112,6 +112,10 @@ template <class T> T row_sum(const T* x, std::int64_t n, std::int64_t step) {
   return total;
 }
 
+/// Bytes of each of the eight lanes of side-by-side partial sums taken at a
+/// time: the eight stay in L1 while a block's lines stream past them.
+inline constexpr std::int64_t side_by_side_tile_bytes = 1024;
+
 /// The recursion of row_sums_side_by_side: the n elements of each of the
 /// `rows` are halved as row_sum halves them, `block(x, count, out)` sums
 /// blocks of at most 128 (for every row at once, as row_sum sums a block),
@@ -140,7 +144,7 @@ void pairwise_side_by_side(const T* x, std::int64_t rows, std::int64_t n, std::i
 /// blocks with vector_math::side_by_side_block instead.)
 template <class T> void row_sums_side_by_side(const T* x, std::int64_t rows, std::int64_t n, std::int64_t step, T* out) {
   auto block = [rows, step](const T* first, std::int64_t count, T* sums) {
-    constexpr std::int64_t tile = 256; // eight lanes of it stay in L1
+    constexpr std::int64_t tile = side_by_side_tile_bytes / static_cast<std::int64_t>(sizeof(T));
     for (std::int64_t r0 = 0; r0 < rows; r0 += tile) {
       const auto width = std::min(tile, rows - r0);
       T lane[8][tile] = {};

@@ -15,9 +15,6 @@ namespace troupe::detail {
 
 namespace {
 
-/// Bytes of each lane of side-by-side partial sums taken at a time.
-constexpr std::int64_t side_by_side_tile_bytes = 1024;
-
 /// Rows per intra-op range for rows of `cols` exponentials: about 4K.
 std::int64_t rows_grain(std::int64_t cols) {
   return std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(cols, 1));
@@ -48,8 +45,7 @@ void cpu_backend::reduce_rows(reduce_op op, const tensor& a, tensor& values, ten
     if (op == reduce_op::sum && row_stride == 1 && col_stride != 1 && rows > 1) {
       if constexpr (std::is_floating_point_v<T>)
         if (vector_math::available()) { // the same sums, the blocks in vector lanes
-          // A tile of the rows at a time, so the eight lanes of partial sums
-          // stay in L1 while the block's lines stream past them.
+          // A tile of the rows at a time (side_by_side_tile_bytes).
           const std::int64_t tile = std::min<std::int64_t>(rows, side_by_side_tile_bytes / sizeof(T));
           std::vector<T> lanes(static_cast<std::size_t>(8 * tile));
           auto block = [&](const T* first, std::int64_t count, T* sums) {
