@@ -2,13 +2,18 @@
 // 2 and 4 processes, in the nccl-tests manner (size, count, time, algbw,
 // busbw = 2(n-1)/n * bytes / time, #wrong from checking every element
 // against the expected sum), beside Gloo and Open MPI over shared memory
-// from bench/peers/allreduce.py in the same run. Both of troupe's
+// from bench/peers/allreduce.py in the same run. --collective=reduce_scatter
+// or all_gather times those instead, as nccl-tests does: the size is the
+// whole tensor (a reduce-scatter's input, an all-gather's output) and
+// busbw = (n-1)/n * bytes / time; Gloo has no reduce-scatter, so only Open
+// MPI's Reduce_scatter_block runs beside it. Both of troupe's
 // same-host algorithms run, interleaved case by case: the shared-memory
 // workspaces (the default on one host) and the ring of messages (what runs
 // between hosts).
 //
 //   build/bench/allreduce [--json] [--quick] [--no-peers] [--chunk-kib=1024] [--min-chunks=4]
 //                         [--pass-kib=1024] [--algorithm=both|shared-memory|ring]
+//                         [--collective=allreduce|reduce_scatter|all_gather]
 //
 // Each side runs twice, interleaved (peers, troupe, peers, troupe; once with
 // --quick), and keeps its better median per size.
@@ -57,6 +62,15 @@ std::size_t pass_bytes = reducer_group_options{}.same_host_pass_bytes;
 constexpr int cases = 3;
 bool runs[cases] = {true, true, true};
 constexpr const char* algorithm_names[cases] = {"shared-memory", "ring", "shared-memory, arena buffers"};
+/// Which collective is timed (--collective=...).
+enum class collective { allreduce, reduce_scatter, all_gather };
+collective timed = collective::allreduce;
+constexpr const char* collective_names[] = {"allreduce", "reduce_scatter", "all_gather"};
+const char* name_of(collective c) { return collective_names[static_cast<int>(c)]; }
+/// nccl-tests' bus bandwidth factor: what each rank must send per byte.
+double bus_factor(std::uint32_t n) {
+  return (timed == collective::allreduce ? 2.0 : 1.0) * (n - 1) / n;
+}
 /// The group a case runs on (index as in `groups`).
 int group_of(int c) { return c == 1 ? 1 : 0; }
 
@@ -88,25 +102,63 @@ expected<void> join_all(actors::node& node, groups& out) {
   return {};
 }
 
-/// `iters` timed allreduces (after 2 warm-ups) of `count` floats; returns
-/// the per-iteration seconds and adds the wrong elements to `wrong`.
+/// Elements of `t` (contiguous float32) other than `want` (untimed).
+std::int64_t count_not(const tensor& t, float want) {
+  const float* p = t.data<float>();
+  std::int64_t wrong = 0;
+  for (std::int64_t j = 0; j < t.numel(); ++j)
+    wrong += p[j] != want;
+  return wrong;
+}
+
+/// One call of the timed collective on `data` (`count` floats in all);
+/// returns the wrong elements of its result.
+expected<std::int64_t> run_once(reducer_group& g, tensor& data) {
+  const auto n = g.size();
+  switch (timed) {
+  case collective::allreduce: {
+    if (auto ok = ring_allreduce(g, data); !ok)
+      return ok.error();
+    return count_not(data, static_cast<float>(n * (n + 1) / 2));
+  }
+  case collective::reduce_scatter: {
+    auto mine = reduce_scatter(g, data);
+    if (!mine)
+      return mine.error();
+    return count_not(*mine, static_cast<float>(n * (n + 1) / 2));
+  }
+  case collective::all_gather: {
+    auto all = all_gather(g, data);
+    if (!all)
+      return all.error();
+    std::int64_t wrong = 0;
+    const auto m = data.numel();
+    for (std::uint32_t k = 0; k < n; ++k)
+      wrong += count_not(all->slice(0, k * m, (k + 1) * m), static_cast<float>(k + 1));
+    return wrong;
+  }
+  }
+  return 0;
+}
+
+/// `iters` timed collectives (after 2 warm-ups) of `count` floats (an
+/// all-gather's output: each rank gives count / n); returns the
+/// per-iteration seconds and adds the wrong elements to `wrong`.
 expected<std::vector<double>> run_case(reducer_group& g, std::int64_t count, int iters, bool in_arena,
                                        std::int64_t& wrong) {
-  auto data = in_arena ? g.buffer({count}) : tensor::empty({count}, dtype::float32);
-  const float want = static_cast<float>(g.size() * (g.size() + 1) / 2);
+  const auto mine = timed == collective::all_gather ? count / g.size() : count;
+  auto data = in_arena ? g.buffer({mine}) : tensor::empty({mine}, dtype::float32);
   std::vector<double> times;
   for (int i = 0; i < iters + 2; ++i) {
     data.fill(g.rank() + 1.0);
     auto start = bench::now_seconds();
-    auto ok = ring_allreduce(g, data);
+    auto bad = run_once(g, data);
     auto elapsed = bench::now_seconds() - start;
-    if (!ok)
-      return ok.error();
+    if (!bad)
+      return bad.error();
     if (i >= 2)
       times.push_back(elapsed);
-    const float* p = data.data<float>();
-    for (std::int64_t j = 0; j < count; ++j)
-      wrong += p[j] != want;
+    wrong += *bad;
   }
   return times;
 }
@@ -171,8 +223,9 @@ std::map<std::string, double> peers(std::uint32_t n, const std::vector<std::int6
   for (auto s : sizes)
     list += (list.empty() ? "" : ",") + std::to_string(s);
   auto script = std::string(TROUPE_SOURCE_DIR) + "/bench/peers/allreduce.py";
-  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --impls gloo,mpi-shm --nprocs {} --sizes {}{}",
-                                               script, n, list, quick ? " --quick" : ""),
+  const char* impls = timed == collective::reduce_scatter ? "mpi-shm" : "gloo,mpi-shm";
+  auto output = bench::run_command(fmt::format("/usr/bin/python3 {} --impls {} --collective {} --nprocs {} --sizes {}{}",
+                                               script, impls, name_of(timed), n, list, quick ? " --quick" : ""),
                                    300);
   std::istringstream lines(output);
   std::string line;
@@ -228,6 +281,8 @@ int parent(int argc, char** argv) {
       bench::settle_after_peer();
       if (got.empty())
         out.note("allreduce.py gave no figures for n={} (python3-torch / openmpi missing?): peer columns skipped", n);
+      else if (timed == collective::reduce_scatter)
+        out.note("Gloo has no reduce-scatter (torch {}): its column stays empty", "1.13");
       else if (std::none_of(got.begin(), got.end(), [](const auto& kv) { return kv.first.starts_with("mpi-shm/"); }))
         out.note("allreduce.py gave no Open MPI figures for n={} (openmpi-bin / python3-mpi4py missing?): mpi-shm column skipped", n);
       for (const auto& [key, value] : got)
@@ -239,7 +294,8 @@ int parent(int argc, char** argv) {
         *node, n, "rank",
         {fmt::format("--chunk-kib={}", chunk_bytes >> 10), fmt::format("--min-chunks={}", min_chunks),
          fmt::format("--pass-kib={}", pass_bytes >> 10),
-         fmt::format("--algorithm={}", runs[0] && runs[1] ? "both" : algorithm_names[runs[0] ? 0 : 1])});
+         fmt::format("--algorithm={}", runs[0] && runs[1] ? "both" : algorithm_names[runs[0] ? 0 : 1]),
+         fmt::format("--collective={}", name_of(timed))});
     {
       groups group;
       if (auto joined = join_all(*node, group); !joined)
@@ -284,7 +340,7 @@ int parent(int argc, char** argv) {
               f.wrong += theirs;
             }
             const double t = bench::median(*times);
-            const double busbw = static_cast<double>(bytes) / t / 1e9 * 2.0 * (n - 1) / n;
+            const double busbw = static_cast<double>(bytes) / t / 1e9 * bus_factor(n);
             if (busbw > f.busbw[a]) {
               f.busbw[a] = busbw;
               f.seconds[a] = t;
@@ -310,7 +366,10 @@ int parent(int argc, char** argv) {
         for (int a = 0; a < cases; ++a) {
           if (!runs[a])
             continue;
-          auto name = fmt::format("troupe {}, {} procs, {}", algorithm_names[a], n, human(bytes));
+          auto name = timed == collective::allreduce
+                        ? fmt::format("troupe {}, {} procs, {}", algorithm_names[a], n, human(bytes))
+                        : fmt::format("troupe {} {}, {} procs, {}", name_of(timed), algorithm_names[a], n,
+                                      human(bytes));
           out.add({name, "busbw", f.busbw[a], "GB/s", gloo ? "gloo" : "", gloo, note});
           if (mpi)
             out.add({name, "busbw", f.busbw[a], "GB/s", "mpi-shm", mpi, note});
@@ -323,7 +382,9 @@ int parent(int argc, char** argv) {
     node->stop();
   }
   if (!out.json()) {
-    fmt::print("# allreduce, float32 sum, busbw = 2(n-1)/n * bytes / time (GB/s); time and algbw of the first\n"
+    fmt::print("# {}, float32 sum, busbw = {}(n-1)/n * bytes / time (GB/s); time and algbw of the first\n",
+               name_of(timed), timed == collective::allreduce ? "2" : "");
+    fmt::print(
                "# troupe column that ran; shm: shared-memory workspaces (heap tensors), shm:arena: the same with\n"
                "# tensors in the node's arena (reducer_group::buffer, read in place), ring: the ring's messages;\n"
                "# peers' busbw beside;\n"
@@ -357,11 +418,26 @@ int main(int argc, char** argv) {
     runs[0] = runs[2] = which != "ring";
     runs[1] = which != "shared-memory";
   }
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (!arg.starts_with("--collective="))
+      continue;
+    auto which = arg.substr(13);
+    auto known = std::find(std::begin(collective_names), std::end(collective_names), which);
+    if (known == std::end(collective_names)) {
+      fmt::print(stderr, "allreduce: --collective is '{}' but must be allreduce, reduce_scatter or all_gather\n",
+                 which);
+      return 2;
+    }
+    timed = static_cast<collective>(known - std::begin(collective_names));
+    // Tensors in the arena are read in place by the allreduce only.
+    runs[2] = runs[2] && timed == collective::allreduce;
+  }
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")
       return child(argc, argv);
   bench::check_flags("allreduce", argc, argv,
-                     {"quick", "no-peers", "chunk-kib=", "min-chunks=", "pass-kib=", "algorithm="});
+                     {"quick", "no-peers", "chunk-kib=", "min-chunks=", "pass-kib=", "algorithm=", "collective="});
   try {
     return parent(argc, argv);
   } catch (const std::exception& e) {

@@ -276,20 +276,26 @@ expected<tensor> reduce_scatter(reducer_group& handle, const tensor& input, redu
   if (auto ok = check(input, "reduce_scatter"); !ok)
     return ok.error();
   auto id = pick(group, options.context_id);
-  auto work = input.clone();
   const bool average = options.op == reduce_op::average;
-  // On one host: the shared-memory allreduce, of which this rank keeps its
-  // segment (it moves the other segments' results too, B(N-1)/N bytes a
-  // rank more than a reduce-scatter must, and still beats the ring's
-  // messages by far).
-  auto ok = group.workspace() != nullptr
-                ? same_host_sum(group, work, average, id)
-                : finish(group, id, typed(work, [&](auto* base) {
-                           return ring(group, base, work.numel(), id, true, false, average);
-                         }));
+  auto seg = ring_segment(input.numel(), group.size(), group.rank());
+  if (auto* ws = group.workspace()) {
+    // Only the other ranks' segments leave this rank, and only its own
+    // comes back reduced (same_host_workspace.hpp).
+    auto out = tensor::empty({seg.end - seg.begin}, input.type());
+    auto ok = typed(input, [&](auto* base) {
+      using T = std::remove_pointer_t<decltype(base)>;
+      return ws->reduce_scatter(base, input.numel(), out.data<T>(), average, id, ws->take_ticket());
+    });
+    if (!ok)
+      return ok.error();
+    return out;
+  }
+  auto work = input.clone();
+  auto ok = finish(group, id, typed(work, [&](auto* base) {
+                     return ring(group, base, work.numel(), id, true, false, average);
+                   }));
   if (!ok)
     return ok.error();
-  auto seg = ring_segment(work.numel(), group.size(), group.rank());
   return work.flatten().slice(0, seg.begin, seg.end).clone();
 }
 
@@ -299,15 +305,20 @@ expected<tensor> all_gather(reducer_group& handle, const tensor& mine, all_gathe
     return ok.error();
   auto id = pick(group, options.context_id);
   const auto m = mine.numel();
-  auto out = group.workspace() != nullptr ? tensor::zeros({m * group.size()}, mine.type())
-                                          : tensor::empty({m * group.size()}, mine.type());
+  auto out = tensor::empty({m * group.size()}, mine.type());
+  if (auto* ws = group.workspace()) {
+    auto ok = typed(mine, [&](auto* base) {
+      using T = std::remove_pointer_t<decltype(base)>;
+      return ws->all_gather(base, m, out.data<T>(), id, ws->take_ticket());
+    });
+    if (!ok)
+      return ok.error();
+    return out;
+  }
   out.slice(0, m * group.rank(), m * (group.rank() + 1)).copy_from(mine.flatten());
-  // On one host: each rank's piece among zeros, summed by the shared-memory
-  // allreduce (x + 0 is x exactly; only a -0 piece comes back as +0).
-  auto ok = group.workspace() != nullptr ? same_host_sum(group, out, false, id)
-                                         : finish(group, id, typed(out, [&](auto* base) {
-                                                    return ring(group, base, out.numel(), id, false, true, false);
-                                                  }));
+  auto ok = finish(group, id, typed(out, [&](auto* base) {
+                     return ring(group, base, out.numel(), id, false, true, false);
+                   }));
   if (!ok)
     return ok.error();
   return out;

@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -42,6 +43,7 @@ constexpr std::uint64_t max_arena_bytes = actors::shared_arena::max_bytes;
 struct alignas(64) slot_header {
   std::atomic<std::uint32_t> published{0};
   std::uint32_t element_bytes = 0;
+  std::uint32_t kind = 0; // a same_host_workspace::collective
   std::uint64_t id = 0;
   std::uint64_t count = 0;      // elements of the whole collective
   std::uint64_t pass_index = 0; // which pass of the collective
@@ -314,9 +316,9 @@ template <class Pred> expected<void> same_host_workspace::wait_for(std::uint32_t
       return {};
     if (options_.failure)
       if (auto failed = options_.failure())
-        return make_error(errc::io_error, "same-host allreduce: {}", *failed);
+        return make_error(errc::io_error, "same-host collective: {}", *failed);
     if (clock::now() > deadline)
-      return make_error(errc::io_error, "same-host allreduce: {} did not {} within {} ms",
+      return make_error(errc::io_error, "same-host collective: {} did not {} within {} ms",
                         who(peer), what,
                         options_.timeout.count());
   }
@@ -351,7 +353,7 @@ expected<void> same_host_workspace::turn(std::uint64_t ticket) {
   const auto deadline = clock::now() + options_.timeout;
   while (!broken_ && serving_ != ticket)
     if (order_changed_.wait_until(lock, deadline) == std::cv_status::timeout && !broken_ && serving_ != ticket) {
-      broken_ = error(errc::io_error, fmt::format("same-host allreduce: collective {} still waits for collective {} "
+      broken_ = error(errc::io_error, fmt::format("same-host collective: collective {} still waits for collective {} "
                                                   "of this rank after {} ms",
                                                   ticket, serving_, options_.timeout.count()));
       order_changed_.notify_all();
@@ -403,7 +405,95 @@ void reduce_segment(const std::vector<const T*>& src, T* acc, T* out, std::int64
   }
 }
 
+/// The passes of one collective, pipelined: pass i + 1's values go out
+/// before pass i is consumed, so the peers find them ready and the copy
+/// fills what would otherwise be a wait.
+template <class Publish, class Consume>
+expected<void> pipelined(std::int64_t passes, Publish&& publish, Consume&& consume) {
+  if (passes > 0)
+    if (auto ok = publish(std::int64_t{0}); !ok)
+      return ok;
+  for (std::int64_t index = 0; index < passes; ++index) {
+    if (index + 1 < passes)
+      if (auto ok = publish(index + 1); !ok)
+        return ok;
+    if (auto ok = consume(index); !ok)
+      return ok;
+  }
+  return {};
+}
+
 } // namespace
+
+template <class T> T* same_host_workspace::slot_of(std::uint32_t rank, std::uint32_t s) const {
+  return reinterpret_cast<T*>(segments_[rank]->slot(s % slot_count, options_.pass_bytes));
+}
+
+const char* same_host_workspace::name_of(collective kind) {
+  switch (kind) {
+  case collective::allreduce:
+    return "allreduce";
+  case collective::reduce_scatter:
+    return "reduce-scatter";
+  case collective::all_gather:
+    return "all-gather";
+  }
+  return "collective";
+}
+
+expected<void> same_host_workspace::wait_slot_free(std::uint32_t s) {
+  const std::uint32_t before = s - slot_count;
+  for (std::uint32_t k = 0; k < options_.size; ++k)
+    if (k != options_.rank) {
+      const auto& c = segments_[k]->head();
+      auto free_again = [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); };
+      if (auto ok = wait_for(k, "finish an earlier pass", free_again); !ok)
+        return ok;
+    }
+  return {};
+}
+
+void same_host_workspace::announce(std::uint32_t s, const pass_label& label, std::uint64_t source) {
+  auto& head = segments_[options_.rank]->head();
+  auto& own_slot = head.slot[s % slot_count];
+  own_slot.element_bytes = label.element_bytes;
+  own_slot.kind = static_cast<std::uint32_t>(label.kind);
+  own_slot.id = label.id;
+  own_slot.count = label.count;
+  own_slot.pass_index = label.index;
+  own_slot.source = source;
+  own_slot.published.store(s, std::memory_order_release);
+  ring_doorbell(head);
+}
+
+expected<std::uint64_t> same_host_workspace::wait_published(std::uint32_t k, std::uint32_t s,
+                                                            const pass_label& label) {
+  const auto& theirs = segments_[k]->head().slot[s % slot_count];
+  if (auto ok = wait_for(k, "publish its values",
+                         [&theirs, s] { return theirs.published.load(std::memory_order_acquire) == s; });
+      !ok)
+    return ok.error();
+  if (theirs.kind != static_cast<std::uint32_t>(label.kind) || theirs.id != label.id || theirs.count != label.count ||
+      theirs.element_bytes != label.element_bytes || theirs.pass_index != label.index) {
+    const bool known = theirs.kind >= static_cast<std::uint32_t>(collective::allreduce) &&
+                       theirs.kind <= static_cast<std::uint32_t>(collective::all_gather);
+    return make_error(errc::invalid_argument,
+                      "same-host {}: {} is at collective {:#x} ({} of {} elements of {} bytes, pass {}) where this "
+                      "rank is at collective {:#x} ({} of {} elements of {} bytes, pass {}): replicas must issue "
+                      "their collectives in the same order and with the same sizes",
+                      name_of(label.kind), who(k), theirs.id,
+                      known ? name_of(static_cast<collective>(theirs.kind)) : "an unknown collective", theirs.count,
+                      theirs.element_bytes, theirs.pass_index, label.id, name_of(label.kind), label.count,
+                      label.element_bytes, label.index);
+  }
+  return theirs.source;
+}
+
+void same_host_workspace::release(std::uint32_t s) {
+  auto& head = segments_[options_.rank]->head();
+  head.released.store(s, std::memory_order_release);
+  ring_doorbell(head);
+}
 
 template <class T>
 expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool average, std::uint64_t id,
@@ -420,9 +510,6 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
   const std::uint32_t first = pass_ + 1; // pass numbers first, first+1, ... (wrapping)
   pass_ += static_cast<std::uint32_t>(passes);
-  auto slot_of = [&](std::uint32_t k, std::uint32_t s) {
-    return reinterpret_cast<T*>(segments_[k]->slot(s % slot_count, options_.pass_bytes));
-  };
   auto extent = [&](std::int64_t index) { return std::min(pass_elems, count - index * pass_elems); };
   // This rank's tensor in its node's arena: the peers read it in place.
   std::uint64_t source = in_slot;
@@ -434,126 +521,96 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
       source = begin - arena;
   }
 
+  auto label = [&](std::int64_t index) {
+    return pass_label{collective::allreduce, sizeof(T), id, static_cast<std::uint64_t>(count),
+                      static_cast<std::uint64_t>(index)};
+  };
+
   // Steps 1 and 2 for one pass.
   auto publish = [&](std::int64_t index) -> expected<void> {
     const std::uint32_t s = first + static_cast<std::uint32_t>(index);
     const auto len = extent(index);
     const T* here = data + index * pass_elems;
     // 1. The slot is free once every peer has finished pass s - slots.
-    for (std::uint32_t k = 0; k < n; ++k)
-      if (k != r) {
-        const auto& c = segments_[k]->head();
-        const std::uint32_t before = s - slot_count;
-        auto free_again = [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); };
-        if (auto ok = wait_for(k, "finish an earlier pass", free_again); !ok)
-          return ok;
-      }
+    if (auto ok = wait_slot_free(s); !ok)
+      return ok;
     // 2. This rank's values of the other segments go into its slot (unless
     // the peers read them where they lie).
     for (std::uint32_t k = 0; k < n && source == in_slot; ++k)
       if (k != r) {
         auto seg = ring_segment(len, n, k);
-        std::memcpy(slot_of(r, s) + seg.begin, here + seg.begin,
+        std::memcpy(slot_of<T>(r, s) + seg.begin, here + seg.begin,
                     static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
       }
-    auto& own_slot = mine.head().slot[s % slot_count];
-    own_slot.element_bytes = sizeof(T);
-    own_slot.id = id;
-    own_slot.count = static_cast<std::uint64_t>(count);
-    own_slot.pass_index = static_cast<std::uint64_t>(index);
-    own_slot.source = source;
-    own_slot.published.store(s, std::memory_order_release);
-    ring_doorbell(mine.head());
+    announce(s, label(index), source);
     return {};
   };
 
-  auto run = [&]() -> expected<void> {
-    if (passes > 0)
-      if (auto ok = publish(0); !ok)
-        return ok;
-    for (std::int64_t index = 0; index < passes; ++index) {
-      const std::uint32_t s = first + static_cast<std::uint32_t>(index);
-      const auto len = extent(index);
-      T* here = data + index * pass_elems;
-      // The next pass's values go out before this pass is reduced: the
-      // peers find them ready when they get there, and the copy fills
-      // what would otherwise be a wait (the pipeline).
-      if (index + 1 < passes)
-        if (auto ok = publish(index + 1); !ok)
-          return ok;
+  auto consume = [&](std::int64_t index) -> expected<void> {
+    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    const auto len = extent(index);
+    T* here = data + index * pass_elems;
 
-      // 3. Every peer's values of this pass, for the same collective.
-      for (std::uint32_t k = 0; k < n; ++k) {
-        if (k == r)
-          continue;
-        const auto& theirs = segments_[k]->head().slot[s % slot_count];
-        if (auto ok = wait_for(k, "publish its values",
-                               [&theirs, s] { return theirs.published.load(std::memory_order_acquire) == s; });
-            !ok)
-          return ok;
-        if (theirs.id != id || theirs.count != static_cast<std::uint64_t>(count) ||
-            theirs.element_bytes != sizeof(T) || theirs.pass_index != static_cast<std::uint64_t>(index))
-          return make_error(errc::invalid_argument,
-                            "same-host allreduce: {} is at collective {:#x} ({} elements of {} bytes, pass {}) "
-                            "where this rank is at collective {:#x} ({} elements of {} bytes, pass {}): replicas "
-                            "must issue their allreduces in the same order and with the same sizes",
-                            who(k), theirs.id,
-                            theirs.count, theirs.element_bytes, theirs.pass_index, id, count, sizeof(T), index);
-        // Values in the peer's arena: inside the arena it announced, aligned.
-        const auto& peer = *segments_[k];
-        in_place[k] = nullptr;
-        if (theirs.source != in_slot) {
-          if (peer.arena == nullptr || theirs.source % alignof(T) != 0 ||
-              !fits(theirs.source, total_bytes, peer.arena_bytes))
-            return make_error(errc::malformed_message,
-                              "same-host allreduce: {} published {} bytes at offset {} of its arena, which has {} "
-                              "bytes",
-                              who(k), total_bytes, theirs.source, peer.arena_bytes);
-          in_place[k] = reinterpret_cast<T*>(peer.arena + theirs.source);
-        }
+    // 3. Every peer's values of this pass, for the same collective.
+    for (std::uint32_t k = 0; k < n; ++k) {
+      if (k == r)
+        continue;
+      auto their_source = wait_published(k, s, label(index));
+      if (!their_source)
+        return their_source.error();
+      // Values in the peer's arena: inside the arena it announced, aligned.
+      const auto& peer = *segments_[k];
+      in_place[k] = nullptr;
+      if (*their_source != in_slot) {
+        if (peer.arena == nullptr || *their_source % alignof(T) != 0 ||
+            !fits(*their_source, total_bytes, peer.arena_bytes))
+          return make_error(errc::malformed_message,
+                            "same-host allreduce: {} published {} bytes at offset {} of its arena, which has {} "
+                            "bytes",
+                            who(k), total_bytes, *their_source, peer.arena_bytes);
+        in_place[k] = reinterpret_cast<T*>(peer.arena + *their_source);
       }
-
-      // 4. Reduce segment r, in rank order.
-      auto own = ring_segment(len, n, r);
-      for (std::uint32_t k = 0; k < n; ++k)
-        sources[k] = (k == r                 ? here
-                      : in_place[k] != nullptr ? in_place[k] + index * pass_elems
-                                               : slot_of(k, s)) +
-                     own.begin;
-      reduce_segment(sources, slot_of(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
-      // Peers whose tensors lie in their arenas get the result written
-      // straight into them (from the slot, still in cache): they skip step
-      // 5's copy for this segment.
-      for (std::uint32_t k = 0; k < n; ++k)
-        if (k != r && in_place[k] != nullptr)
-          std::memcpy(in_place[k] + index * pass_elems + own.begin, slot_of(r, s) + own.begin,
-                      static_cast<std::size_t>(own.end - own.begin) * sizeof(T));
-      mine.head().slot[s % slot_count].reduced.store(s, std::memory_order_release);
-      ring_doorbell(mine.head());
-
-      // 5. The other segments, final, from their owners (next rank first,
-      // so that the ranks do not all read one slot at once).
-      for (std::uint32_t step = 1; step < n; ++step) {
-        const auto k = (r + step) % n;
-        const auto& theirs = segments_[k]->head().slot[s % slot_count];
-        if (auto ok = wait_for(k, "reduce its segment",
-                               [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
-            !ok)
-          return ok;
-        if (source != in_slot)
-          continue; // rank k wrote segment k into this rank's tensor itself
-        auto seg = ring_segment(len, n, k);
-        std::memcpy(here + seg.begin, slot_of(k, s) + seg.begin,
-                    static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
-      }
-
-      // 6. Done reading the peers' slots of pass s.
-      mine.head().released.store(s, std::memory_order_release);
-      ring_doorbell(mine.head());
     }
+
+    // 4. Reduce segment r, in rank order.
+    auto own = ring_segment(len, n, r);
+    for (std::uint32_t k = 0; k < n; ++k)
+      sources[k] = (k == r                 ? here
+                    : in_place[k] != nullptr ? in_place[k] + index * pass_elems
+                                             : slot_of<T>(k, s)) +
+                   own.begin;
+    reduce_segment(sources, slot_of<T>(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
+    // Peers whose tensors lie in their arenas get the result written
+    // straight into them (from the slot, still in cache): they skip step
+    // 5's copy for this segment.
+    for (std::uint32_t k = 0; k < n; ++k)
+      if (k != r && in_place[k] != nullptr)
+        std::memcpy(in_place[k] + index * pass_elems + own.begin, slot_of<T>(r, s) + own.begin,
+                    static_cast<std::size_t>(own.end - own.begin) * sizeof(T));
+    mine.head().slot[s % slot_count].reduced.store(s, std::memory_order_release);
+    ring_doorbell(mine.head());
+
+    // 5. The other segments, final, from their owners (next rank first,
+    // so that the ranks do not all read one slot at once).
+    for (std::uint32_t step = 1; step < n; ++step) {
+      const auto k = (r + step) % n;
+      const auto& theirs = segments_[k]->head().slot[s % slot_count];
+      if (auto ok = wait_for(k, "reduce its segment",
+                             [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
+          !ok)
+        return ok;
+      if (source != in_slot)
+        continue; // rank k wrote segment k into this rank's tensor itself
+      auto seg = ring_segment(len, n, k);
+      std::memcpy(here + seg.begin, slot_of<T>(k, s) + seg.begin,
+                  static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
+    }
+
+    // 6. Done reading the peers' slots of pass s.
+    release(s);
     return {};
   };
-  auto result = run();
+  auto result = pipelined(passes, publish, consume);
   if (result) {
     if (source != in_slot)
       published_in_place_.fetch_add(1);
@@ -565,9 +622,125 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   return result;
 }
 
+
+template <class T>
+expected<void> same_host_workspace::reduce_scatter(const T* data, std::int64_t count, T* out, bool average,
+                                                   std::uint64_t id, std::uint64_t ticket) {
+  if (auto ok = turn(ticket); !ok)
+    return ok;
+  const std::uint32_t n = options_.size;
+  const std::uint32_t r = options_.rank;
+  // A pass carries `width` elements of each rank's segment: this rank's
+  // values of segment k go to part k of its slot (part r stays free and
+  // holds the partial sums).
+  const auto width = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T)) / n;
+  if (width == 0) {
+    auto refused = make_error(errc::invalid_argument, "same-host reduce-scatter: {} ranks do not fit a pass of {} bytes",
+                              n, options_.pass_bytes);
+    done(ticket, refused);
+    return refused;
+  }
+  std::vector<ring_range> segs(n);
+  std::int64_t longest = 0;
+  for (std::uint32_t k = 0; k < n; ++k) {
+    segs[k] = ring_segment(count, n, k);
+    longest = std::max(longest, segs[k].end - segs[k].begin);
+  }
+  const std::int64_t passes = (longest + width - 1) / width;
+  const std::uint32_t first = pass_ + 1;
+  pass_ += static_cast<std::uint32_t>(passes);
+  // Elements of segment k in pass `index` (none once it has run out).
+  auto extent = [&](std::uint32_t k, std::int64_t index) {
+    return std::clamp<std::int64_t>(segs[k].end - segs[k].begin - index * width, 0, width);
+  };
+  auto label = [&](std::int64_t index) {
+    return pass_label{collective::reduce_scatter, sizeof(T), id, static_cast<std::uint64_t>(count),
+                      static_cast<std::uint64_t>(index)};
+  };
+  auto publish = [&](std::int64_t index) -> expected<void> {
+    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    if (auto ok = wait_slot_free(s); !ok)
+      return ok;
+    for (std::uint32_t k = 0; k < n; ++k)
+      if (k != r)
+        std::memcpy(slot_of<T>(r, s) + k * width, data + segs[k].begin + index * width,
+                    static_cast<std::size_t>(extent(k, index)) * sizeof(T));
+    announce(s, label(index), in_slot);
+    return {};
+  };
+  std::vector<const T*> sources(n);
+  auto consume = [&](std::int64_t index) -> expected<void> {
+    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    for (std::uint32_t k = 0; k < n; ++k)
+      if (k != r)
+        if (auto ok = wait_published(k, s, label(index)); !ok)
+          return ok.error();
+    // The same additions in the same (rank) order as the allreduce's.
+    for (std::uint32_t k = 0; k < n; ++k)
+      sources[k] = k == r ? data + segs[r].begin + index * width : slot_of<T>(k, s) + r * width;
+    reduce_segment(sources, slot_of<T>(r, s) + r * width, out + index * width, extent(r, index), average);
+    release(s);
+    return {};
+  };
+  auto result = pipelined(passes, publish, consume);
+  done(ticket, result);
+  return result;
+}
+
+template <class T>
+expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count, T* out, std::uint64_t id,
+                                               std::uint64_t ticket) {
+  if (auto ok = turn(ticket); !ok)
+    return ok;
+  const std::uint32_t n = options_.size;
+  const std::uint32_t r = options_.rank;
+  const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
+  const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
+  const std::uint32_t first = pass_ + 1;
+  pass_ += static_cast<std::uint32_t>(passes);
+  auto extent = [&](std::int64_t index) { return std::min(pass_elems, count - index * pass_elems); };
+  auto label = [&](std::int64_t index) {
+    return pass_label{collective::all_gather, sizeof(T), id, static_cast<std::uint64_t>(count),
+                      static_cast<std::uint64_t>(index)};
+  };
+  std::memcpy(out + r * count, mine, static_cast<std::size_t>(count) * sizeof(T));
+  auto publish = [&](std::int64_t index) -> expected<void> {
+    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    if (auto ok = wait_slot_free(s); !ok)
+      return ok;
+    std::memcpy(slot_of<T>(r, s), mine + index * pass_elems, static_cast<std::size_t>(extent(index)) * sizeof(T));
+    announce(s, label(index), in_slot);
+    return {};
+  };
+  auto consume = [&](std::int64_t index) -> expected<void> {
+    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    // Next rank first, so that the ranks do not all read one slot at once.
+    for (std::uint32_t step = 1; step < n; ++step) {
+      const auto k = (r + step) % n;
+      if (auto ok = wait_published(k, s, label(index)); !ok)
+        return ok.error();
+      std::memcpy(out + k * count + index * pass_elems, slot_of<T>(k, s),
+                  static_cast<std::size_t>(extent(index)) * sizeof(T));
+    }
+    release(s);
+    return {};
+  };
+  auto result = pipelined(passes, publish, consume);
+  done(ticket, result);
+  return result;
+}
+
 template expected<void> same_host_workspace::allreduce<float>(float*, std::int64_t, bool, std::uint64_t, std::uint64_t);
 template expected<void> same_host_workspace::allreduce<double>(double*, std::int64_t, bool, std::uint64_t,
                                                                std::uint64_t);
+template expected<void> same_host_workspace::reduce_scatter<float>(const float*, std::int64_t, float*, bool,
+                                                                   std::uint64_t, std::uint64_t);
+template expected<void> same_host_workspace::reduce_scatter<double>(const double*, std::int64_t, double*, bool,
+                                                                    std::uint64_t, std::uint64_t);
+template expected<void> same_host_workspace::all_gather<float>(const float*, std::int64_t, float*, std::uint64_t,
+                                                               std::uint64_t);
+template expected<void> same_host_workspace::all_gather<double>(const double*, std::int64_t, double*, std::uint64_t,
+                                                                std::uint64_t);
 
 } // namespace troupe::parallel
 

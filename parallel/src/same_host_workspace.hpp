@@ -64,6 +64,16 @@
 // _async variant on the calling thread). Replicas must issue them in the
 // same order, as with NCCL or MPI; step 3 detects when they do not.
 //
+// Reduce-scatter and all-gather use the same slots, counters and order.
+// A reduce-scatter's pass carries a run of each rank's segment of the whole
+// tensor (rank r keeps ring_segment(count, N, r)): every rank publishes its
+// values of the others' segments, then sums its own in rank order (the
+// allreduce's additions, so the same bits) into its output, and nothing is
+// copied back. An all-gather's pass carries a run of each rank's piece:
+// published once, copied by every peer. A slot also names its collective's
+// kind, so replicas that issue different collectives at the same place
+// fail instead of reading each other's values as their own.
+//
 // After any failure (a timeout, a lost replica, an order mismatch) the
 // passes of the ranks are out of step for good: the workspace refuses
 // every later collective with the first error.
@@ -141,6 +151,21 @@ public:
   template <class T>
   expected<void> allreduce(T* data, std::int64_t count, bool average, std::uint64_t id, std::uint64_t ticket);
 
+  /// Reduce-scatter of data[0, count): out receives the sum (or average) of
+  /// every rank's ring_segment(count, size, rank), bitwise what allreduce
+  /// leaves there. Each rank copies out only the other ranks' segments and
+  /// reduces its own, so nothing comes back: (N-1)/N of the bytes an
+  /// allreduce moves out, and no copy of the result.
+  template <class T>
+  expected<void> reduce_scatter(const T* data, std::int64_t count, T* out, bool average, std::uint64_t id,
+                                std::uint64_t ticket);
+
+  /// All-gather: out[k * count, (k + 1) * count) receives rank k's `mine`,
+  /// bit for bit (a -0 stays -0). Each rank publishes its piece once and
+  /// copies the others'.
+  template <class T>
+  expected<void> all_gather(const T* mine, std::int64_t count, T* out, std::uint64_t id, std::uint64_t ticket);
+
   /// Allreduces this rank ran with its values read in place by the peers,
   /// and peers' values this rank read in place (a count per peer and
   /// collective).
@@ -150,7 +175,31 @@ public:
   struct segment; // one mapped segment: this rank's or a peer's
 
 private:
+  enum class collective : std::uint32_t { allreduce = 1, reduce_scatter = 2, all_gather = 3 };
+  /// What a slot of one pass holds: peers check it before they read.
+  struct pass_label {
+    collective kind;
+    std::uint32_t element_bytes;
+    std::uint64_t id;
+    std::uint64_t count; // elements of the whole collective
+    std::uint64_t index; // which pass of it
+  };
+
   explicit same_host_workspace(same_host_workspace_options options);
+
+  static const char* name_of(collective kind);
+  /// Rank `rank`'s slot of pass s.
+  template <class T> T* slot_of(std::uint32_t rank, std::uint32_t s) const;
+  /// Step 1: waits until every peer has finished reading pass s - slots.
+  expected<void> wait_slot_free(std::uint32_t s);
+  /// Publishes this rank's slot of pass s (its values already written).
+  void announce(std::uint32_t s, const pass_label& label, std::uint64_t source);
+  /// Step 3 for peer k: waits for its slot of pass s and checks that it
+  /// holds the same collective; returns where its values are (the header's
+  /// `source`, unchecked).
+  expected<std::uint64_t> wait_published(std::uint32_t k, std::uint32_t s, const pass_label& label);
+  /// Step 6: this rank is done reading the peers' slots of pass s.
+  void release(std::uint32_t s);
 
   template <class Pred> expected<void> wait_for(std::uint32_t peer, const char* what, Pred ready);
   /// "replica 2 (worker2/cpu/reducer2)", or "rank 2" without a describe function.

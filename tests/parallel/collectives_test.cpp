@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "ring_support.hpp"
@@ -266,6 +267,72 @@ TEST_P(Collectives, SameHostAllreducesInDifferentOrdersFailNamingTheReplica) {
   auto refused = ring_allreduce(*ring.groups[n - 1], again);
   ASSERT_FALSE(refused);
   EXPECT_THAT(refused.error().message(), HasSubstr("stopped at an earlier failure"));
+}
+
+// The same-host reduce-scatter sums each element with the allreduce's
+// additions in the allreduce's order, so its segment is the allreduce's
+// bit for bit (what lets replicas mix the two, as ZeRO-style optimizers do);
+// the same-host all-gather copies every piece exactly, -0 and NaN payloads
+// included.
+TEST_P(Collectives, SameHostReduceScatterIsTheAllreducesSegmentAndAllGatherIsExact) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 5000ms, 1, shared_path, 4096);
+  ASSERT_TRUE(ring.node);
+  for (auto type : {dtype::float32, dtype::float64})
+    for (auto count : sizes_for(n)) {
+      std::vector<tensor> reduced(n), scattered(n), pieces(n), gathered(n);
+      ring.each([&](std::uint32_t k) {
+        auto data = input(k, count).to(type);
+        reduced[k] = data.clone();
+        EXPECT_TRUE(ring_allreduce(*ring.groups[k], reduced[k], {.op = reduce_op::average}));
+        auto rs = reduce_scatter(*ring.groups[k], data, {.op = reduce_op::average});
+        EXPECT_TRUE(rs) << rs.error().message();
+        if (rs)
+          scattered[k] = *rs;
+        pieces[k] = data.clone();
+        auto flat = pieces[k].flatten();
+        flat.slice(0, 0, 1).fill(-0.0);
+        if (count > 1)
+          flat.slice(0, count - 1, count).fill(std::numeric_limits<double>::quiet_NaN());
+        auto ag = all_gather(*ring.groups[k], pieces[k]);
+        EXPECT_TRUE(ag) << ag.error().message();
+        if (ag)
+          gathered[k] = *ag;
+      });
+      for (std::uint32_t k = 0; k < n; ++k) {
+        auto seg = ring_segment(count, n, k);
+        ASSERT_TRUE(scattered[k].defined() && gathered[k].defined()) << "rank " << k << " count " << count;
+        EXPECT_TRUE(bitwise_equal(scattered[k], reduced[k].slice(0, seg.begin, seg.end).clone()))
+          << "rank " << k << " count " << count;
+        for (std::uint32_t r = 0; r < n; ++r)
+          EXPECT_TRUE(bitwise_equal(gathered[k].slice(0, r * count, (r + 1) * count).clone(), pieces[r]))
+            << "rank " << k << " gathered rank " << r << "'s piece of " << count;
+      }
+    }
+}
+
+// Replicas that issue a reduce-scatter and an all-gather at the same place
+// (same id, same count) fail naming both, rather than sum a gather's values.
+TEST_P(Collectives, SameHostCollectivesOfDifferentKindsFailNamingThem) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 2000ms, 1, shared_path, 4096);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::string> errors(n);
+  ring.each([&](std::uint32_t k) {
+    auto data = input(k, 3000);
+    if (k + 1 == n) {
+      auto ag = all_gather(*ring.groups[k], data, {.context_id = 77});
+      errors[k] = ag ? "" : ag.error().message();
+    } else {
+      auto rs = reduce_scatter(*ring.groups[k], data, {.context_id = 77});
+      errors[k] = rs ? "" : rs.error().message();
+    }
+  });
+  for (std::uint32_t k = 0; k < n; ++k)
+    ASSERT_NE(errors[k], "") << "rank " << k;
+  EXPECT_THAT(errors[n - 1], HasSubstr("same-host all-gather: replica 0 (worker0/cpu/reducer0) is at collective 0x4d "
+                                       "(reduce-scatter of 3000 elements"));
+  EXPECT_THAT(errors[0], HasSubstr("(all-gather of 3000 elements"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ring, Collectives, ::testing::Values(2u, 3u, 4u));
