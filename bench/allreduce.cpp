@@ -57,8 +57,9 @@ std::uint32_t min_chunks = reducer_group_options{}.min_chunks;
 std::size_t pass_bytes = reducer_group_options{}.same_host_pass_bytes;
 /// Which cases run (--algorithm=...): index 0 shared memory, 1 ring, both
 /// on heap tensors; 2 shared memory on tensors in the node's arena
-/// (reducer_group::buffer: the peers read them where they lie), which runs
-/// whenever 0 does.
+/// (reducer_group::buffer: the peers read them where they lie; an
+/// all-gather's output, all_gather_into: the peers write into it), which
+/// runs whenever 0 does (not for a reduce-scatter).
 constexpr int cases = 3;
 bool runs[cases] = {true, true, true};
 constexpr const char* algorithm_names[cases] = {"shared-memory", "ring", "shared-memory, arena buffers"};
@@ -112,29 +113,36 @@ std::int64_t count_not(const tensor& t, float want) {
 }
 
 /// One call of the timed collective on `data` (`count` floats in all);
-/// returns the wrong elements of its result.
-expected<std::int64_t> run_once(reducer_group& g, tensor& data) {
+/// returns the wrong elements of its result (0 unless `check`).
+expected<std::int64_t> run_once(reducer_group& g, tensor& data, const tensor& gathered, bool check) {
   const auto n = g.size();
   switch (timed) {
   case collective::allreduce: {
     if (auto ok = ring_allreduce(g, data); !ok)
       return ok.error();
-    return count_not(data, static_cast<float>(n * (n + 1) / 2));
+    return check ? count_not(data, static_cast<float>(n * (n + 1) / 2)) : 0;
   }
   case collective::reduce_scatter: {
     auto mine = reduce_scatter(g, data);
     if (!mine)
       return mine.error();
-    return count_not(*mine, static_cast<float>(n * (n + 1) / 2));
+    return check ? count_not(*mine, static_cast<float>(n * (n + 1) / 2)) : 0;
   }
   case collective::all_gather: {
-    auto all = all_gather(g, data);
-    if (!all)
-      return all.error();
+    tensor all = gathered;
+    if (gathered.defined()) { // into a buffer in the node's arena (case 2): the peers write into it
+      if (auto ok = all_gather_into(g, data, gathered); !ok)
+        return ok.error();
+    } else {
+      auto got = all_gather(g, data);
+      if (!got)
+        return got.error();
+      all = std::move(*got);
+    }
     std::int64_t wrong = 0;
     const auto m = data.numel();
-    for (std::uint32_t k = 0; k < n; ++k)
-      wrong += count_not(all->slice(0, k * m, (k + 1) * m), static_cast<float>(k + 1));
+    for (std::uint32_t k = 0; k < n && check; ++k)
+      wrong += count_not(all.slice(0, k * m, (k + 1) * m), static_cast<float>(k + 1));
     return wrong;
   }
   }
@@ -146,13 +154,24 @@ expected<std::int64_t> run_once(reducer_group& g, tensor& data) {
 /// per-iteration seconds and adds the wrong elements to `wrong`.
 expected<std::vector<double>> run_case(reducer_group& g, std::int64_t count, int iters, bool in_arena,
                                        std::int64_t& wrong) {
-  const auto mine = timed == collective::all_gather ? count / g.size() : count;
-  auto data = in_arena ? g.buffer({mine}) : tensor::empty({mine}, dtype::float32);
+  const bool gathering = timed == collective::all_gather;
+  const auto mine = gathering ? count / g.size() : count;
+  // In the arena: the allreduce's tensor (read in place), the all-gather's output.
+  auto data = in_arena && !gathering ? g.buffer({mine}) : tensor::empty({mine}, dtype::float32);
+  const auto gathered = in_arena && gathering ? g.buffer({count}) : tensor();
   std::vector<double> times;
+  // An allreduce sums in place, so its input is refilled before every call
+  // and every result checked. A reduce-scatter or all-gather leaves its
+  // input as it was: the calls run back to back, as the peers' do, and the
+  // last result is checked (a check between calls, untimed on this rank,
+  // would hold up the others' next call and count in their times).
+  const bool refill = timed == collective::allreduce;
+  data.fill(g.rank() + 1.0);
   for (int i = 0; i < iters + 2; ++i) {
-    data.fill(g.rank() + 1.0);
+    if (refill)
+      data.fill(g.rank() + 1.0);
     auto start = bench::now_seconds();
-    auto bad = run_once(g, data);
+    auto bad = run_once(g, data, gathered, refill || i == iters + 1);
     auto elapsed = bench::now_seconds() - start;
     if (!bad)
       return bad.error();
@@ -384,9 +403,9 @@ int parent(int argc, char** argv) {
   if (!out.json()) {
     fmt::print("# {}, float32 sum, busbw = {}(n-1)/n * bytes / time (GB/s); time and algbw of the first\n",
                name_of(timed), timed == collective::allreduce ? "2" : "");
-    fmt::print(
-               "# troupe column that ran; shm: shared-memory workspaces (heap tensors), shm:arena: the same with\n"
-               "# tensors in the node's arena (reducer_group::buffer, read in place), ring: the ring's messages;\n"
+    fmt::print("# troupe column that ran; shm: shared-memory workspaces (heap tensors), shm:arena: the same with\n"
+               "# tensors in the node's arena (reducer_group::buffer: an allreduce's read in place, an all-gather's\n"
+               "# output written by the peers), ring: the ring's messages;\n"
                "# peers' busbw beside;\n"
                "# each side's better median of two interleaved rounds (one with --quick)\n");
     for (const auto& l : table)
@@ -430,8 +449,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     timed = static_cast<collective>(known - std::begin(collective_names));
-    // Tensors in the arena are read in place by the allreduce only.
-    runs[2] = runs[2] && timed == collective::allreduce;
+    // The arena case: the allreduce's tensors, the all-gather's outputs.
+    runs[2] = runs[2] && timed != collective::reduce_scatter;
   }
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")

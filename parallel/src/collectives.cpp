@@ -299,27 +299,34 @@ expected<tensor> reduce_scatter(reducer_group& handle, const tensor& input, redu
   return work.flatten().slice(0, seg.begin, seg.end).clone();
 }
 
-expected<tensor> all_gather(reducer_group& handle, const tensor& mine, all_gather_options options) {
+expected<void> all_gather_into(reducer_group& handle, const tensor& mine, const tensor& out,
+                               all_gather_options options) {
   auto& group = reducer_group_access::member(handle);
   if (auto ok = check(mine, "all_gather"); !ok)
-    return ok.error();
-  auto id = pick(group, options.context_id);
+    return ok;
+  if (auto ok = check(out, "all_gather: the output"); !ok)
+    return ok;
   const auto m = mine.numel();
-  auto out = tensor::empty({m * group.size()}, mine.type());
-  if (auto* ws = group.workspace()) {
-    auto ok = typed(mine, [&](auto* base) {
+  if (out.type() != mine.type() || out.numel() != m * group.size())
+    return make_error(errc::invalid_argument, "all_gather: the output is {} of {} elements; want {} of {} ({} ranks)",
+                      out.type(), out.numel(), mine.type(), m * group.size(), group.size());
+  auto id = pick(group, options.context_id);
+  if (auto* ws = group.workspace())
+    return typed(mine, [&](auto* base) {
       using T = std::remove_pointer_t<decltype(base)>;
       return ws->all_gather(base, m, out.data<T>(), id, ws->take_ticket());
     });
-    if (!ok)
-      return ok.error();
-    return out;
-  }
-  out.slice(0, m * group.rank(), m * (group.rank() + 1)).copy_from(mine.flatten());
-  auto ok = finish(group, id, typed(out, [&](auto* base) {
-                     return ring(group, base, out.numel(), id, false, true, false);
-                   }));
-  if (!ok)
+  out.flatten().slice(0, m * group.rank(), m * (group.rank() + 1)).copy_from(mine.flatten());
+  return finish(group, id, typed(out, [&](auto* base) {
+                  return ring(group, base, out.numel(), id, false, true, false);
+                }));
+}
+
+expected<tensor> all_gather(reducer_group& handle, const tensor& mine, all_gather_options options) {
+  if (auto ok = check(mine, "all_gather"); !ok)
+    return ok.error();
+  auto out = tensor::empty({mine.numel() * handle.size()}, mine.type());
+  if (auto ok = all_gather_into(handle, mine, out, options); !ok)
     return ok.error();
   return out;
 }

@@ -429,6 +429,24 @@ template <class T> T* same_host_workspace::slot_of(std::uint32_t rank, std::uint
   return reinterpret_cast<T*>(segments_[rank]->slot(s % slot_count, options_.pass_bytes));
 }
 
+std::uint64_t same_host_workspace::arena_offset(const void* data, std::uint64_t bytes) const {
+  if (options_.arena_base == nullptr)
+    return in_slot;
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  const auto arena = reinterpret_cast<std::uintptr_t>(options_.arena_base);
+  return begin >= arena && fits(begin - arena, bytes, options_.arena_bytes) ? begin - arena : in_slot;
+}
+
+expected<std::byte*> same_host_workspace::peer_region(std::uint32_t k, std::uint64_t source, std::uint64_t bytes,
+                                                      std::size_t alignment, const char* what) const {
+  const auto& peer = *segments_[k];
+  if (peer.arena == nullptr || source % alignment != 0 || !fits(source, bytes, peer.arena_bytes))
+    return make_error(errc::malformed_message,
+                      "same-host {}: {} published {} bytes at offset {} of its arena, which has {} bytes", what,
+                      who(k), bytes, source, peer.arena_bytes);
+  return peer.arena + source;
+}
+
 const char* same_host_workspace::name_of(collective kind) {
   switch (kind) {
   case collective::allreduce:
@@ -512,14 +530,8 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   pass_ += static_cast<std::uint32_t>(passes);
   auto extent = [&](std::int64_t index) { return std::min(pass_elems, count - index * pass_elems); };
   // This rank's tensor in its node's arena: the peers read it in place.
-  std::uint64_t source = in_slot;
   const auto total_bytes = static_cast<std::uint64_t>(count) * sizeof(T);
-  if (options_.arena_base != nullptr) {
-    const auto begin = reinterpret_cast<std::uintptr_t>(data);
-    const auto arena = reinterpret_cast<std::uintptr_t>(options_.arena_base);
-    if (begin >= arena && fits(begin - arena, total_bytes, options_.arena_bytes))
-      source = begin - arena;
-  }
+  const std::uint64_t source = arena_offset(data, total_bytes);
 
   auto label = [&](std::int64_t index) {
     return pass_label{collective::allreduce, sizeof(T), id, static_cast<std::uint64_t>(count),
@@ -559,16 +571,12 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
       if (!their_source)
         return their_source.error();
       // Values in the peer's arena: inside the arena it announced, aligned.
-      const auto& peer = *segments_[k];
       in_place[k] = nullptr;
       if (*their_source != in_slot) {
-        if (peer.arena == nullptr || *their_source % alignof(T) != 0 ||
-            !fits(*their_source, total_bytes, peer.arena_bytes))
-          return make_error(errc::malformed_message,
-                            "same-host allreduce: {} published {} bytes at offset {} of its arena, which has {} "
-                            "bytes",
-                            who(k), total_bytes, *their_source, peer.arena_bytes);
-        in_place[k] = reinterpret_cast<T*>(peer.arena + *their_source);
+        auto region = peer_region(k, *their_source, total_bytes, alignof(T), "allreduce");
+        if (!region)
+          return region.error();
+        in_place[k] = reinterpret_cast<T*>(*region);
       }
     }
 
@@ -698,34 +706,72 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
   const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
   const std::uint32_t first = pass_ + 1;
   pass_ += static_cast<std::uint32_t>(passes);
-  auto extent = [&](std::int64_t index) { return std::min(pass_elems, count - index * pass_elems); };
+  // Bytes of the piece in pass `index`.
+  auto extent = [&](std::int64_t index) {
+    return static_cast<std::size_t>(std::min(pass_elems, count - index * pass_elems)) * sizeof(T);
+  };
   auto label = [&](std::int64_t index) {
     return pass_label{collective::all_gather, sizeof(T), id, static_cast<std::uint64_t>(count),
                       static_cast<std::uint64_t>(index)};
   };
+  // An output in this node's arena: the peers write their pieces into it.
+  const auto out_bytes = static_cast<std::uint64_t>(count) * n * sizeof(T);
+  const std::uint64_t source = arena_offset(out, out_bytes);
+  auto& head = segments_[r]->head();
+  std::vector<T*> theirs(n); // a peer's output in its arena, or nullptr
   std::memcpy(out + r * count, mine, static_cast<std::size_t>(count) * sizeof(T));
   auto publish = [&](std::int64_t index) -> expected<void> {
-    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
-    if (auto ok = wait_slot_free(s); !ok)
+    if (auto ok = wait_slot_free(first + static_cast<std::uint32_t>(index)); !ok)
       return ok;
-    std::memcpy(slot_of<T>(r, s), mine + index * pass_elems, static_cast<std::size_t>(extent(index)) * sizeof(T));
-    announce(s, label(index), in_slot);
+    announce(first + static_cast<std::uint32_t>(index), label(index), source);
     return {};
   };
   auto consume = [&](std::int64_t index) -> expected<void> {
     const std::uint32_t s = first + static_cast<std::uint32_t>(index);
-    // Next rank first, so that the ranks do not all read one slot at once.
+    const T* piece = mine + index * pass_elems;
+    // Hand this pass of the piece over: into the outputs of the peers whose
+    // outputs lie in their arenas, through the slot for the others.
+    bool through_slot = false;
+    for (std::uint32_t k = 0; k < n; ++k) {
+      if (k == r)
+        continue;
+      auto at = wait_published(k, s, label(index));
+      if (!at)
+        return at.error();
+      theirs[k] = nullptr;
+      if (*at == in_slot) {
+        through_slot = true;
+        continue;
+      }
+      auto region = peer_region(k, *at, out_bytes, alignof(T), "all-gather");
+      if (!region)
+        return region.error();
+      theirs[k] = reinterpret_cast<T*>(*region);
+    }
+    if (through_slot)
+      std::memcpy(slot_of<T>(r, s), piece, extent(index));
+    for (std::uint32_t step = 1; step < n; ++step) // next rank first: not all on one peer at once
+      if (auto k = (r + step) % n; theirs[k] != nullptr)
+        std::memcpy(theirs[k] + r * count + index * pass_elems, piece, extent(index));
+    head.slot[s % slot_count].reduced.store(s, std::memory_order_release);
+    ring_doorbell(head);
+    // The others' pieces: already written here, or copied from their slots.
     for (std::uint32_t step = 1; step < n; ++step) {
       const auto k = (r + step) % n;
-      if (auto ok = wait_published(k, s, label(index)); !ok)
-        return ok.error();
-      std::memcpy(out + k * count + index * pass_elems, slot_of<T>(k, s),
-                  static_cast<std::size_t>(extent(index)) * sizeof(T));
+      const auto& slot = segments_[k]->head().slot[s % slot_count];
+      if (auto ok = wait_for(k, "hand over its piece",
+                             [&slot, s] { return slot.reduced.load(std::memory_order_acquire) == s; });
+          !ok)
+        return ok;
+      if (source == in_slot)
+        std::memcpy(out + k * count + index * pass_elems, slot_of<T>(k, s), extent(index));
     }
     release(s);
     return {};
   };
   auto result = pipelined(passes, publish, consume);
+  if (result && source != in_slot)
+    published_in_place_.fetch_add(1);
   done(ticket, result);
   return result;
 }

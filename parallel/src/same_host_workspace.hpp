@@ -70,7 +70,10 @@
 // values of the others' segments, then sums its own in rank order (the
 // allreduce's additions, so the same bits) into its output, and nothing is
 // copied back. An all-gather's pass carries a run of each rank's piece:
-// published once, copied by every peer. A slot also names its collective's
+// once every peer has published where its output is, the owner writes the
+// run straight into the outputs that lie in their nodes' arenas (one copy,
+// as Open MPI's single-copy transport makes) and into its slot for the
+// others to copy, then publishes `reduced`. A slot also names its collective's
 // kind, so replicas that issue different collectives at the same place
 // fail instead of reading each other's values as their own.
 //
@@ -161,8 +164,9 @@ public:
                                 std::uint64_t ticket);
 
   /// All-gather: out[k * count, (k + 1) * count) receives rank k's `mine`,
-  /// bit for bit (a -0 stays -0). Each rank publishes its piece once and
-  /// copies the others'.
+  /// bit for bit (a -0 stays -0). A rank whose `out` lies in its node's
+  /// arena has the peers write their pieces straight into it; for the
+  /// others each piece goes through its owner's slot.
   template <class T>
   expected<void> all_gather(const T* mine, std::int64_t count, T* out, std::uint64_t id, std::uint64_t ticket);
 
@@ -188,6 +192,12 @@ private:
   explicit same_host_workspace(same_host_workspace_options options);
 
   static const char* name_of(collective kind);
+  /// Where [data, data + bytes) lies in this node's arena, or in_slot.
+  std::uint64_t arena_offset(const void* data, std::uint64_t bytes) const;
+  /// Peer k's announced region of its arena, checked to lie inside it,
+  /// aligned (errc::malformed_message naming the peer otherwise).
+  expected<std::byte*> peer_region(std::uint32_t k, std::uint64_t source, std::uint64_t bytes, std::size_t alignment,
+                                   const char* what) const;
   /// Rank `rank`'s slot of pass s.
   template <class T> T* slot_of(std::uint32_t rank, std::uint32_t s) const;
   /// Step 1: waits until every peer has finished reading pass s - slots.

@@ -386,6 +386,35 @@ std::string run_allreduces(reducer_group& g) {
   return "";
 }
 
+/// All-gathers into outputs in the node's arena on even ranks and on the
+/// heap on odd ones (both paths, mixed in one collective); every piece must
+/// arrive bit for bit, and an arena output must have been written by the
+/// peers (the workspace's counter). Returns "" or what went wrong.
+std::string run_all_gathers(reducer_group& g) {
+  const auto n = g.size();
+  for (std::int64_t count : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{3} << 18}) {
+    auto out = g.rank() % 2 == 0 ? g.buffer({count * n}) : tensor::empty({count * n}, dtype::float32);
+    auto* workspace = reducer_group_access::member(g).workspace();
+    const auto published_before = workspace ? workspace->published_in_place() : 0;
+    if (auto ok = all_gather_into(g, input(g.rank(), count), out); !ok)
+      return ok.error().message();
+    for (std::uint32_t r = 0; r < n; ++r)
+      if (!bitwise_equal(out.slice(0, r * count, (r + 1) * count).clone(), input(r, count)))
+        return fmt::format("rank {}'s piece of {} differs", r, count);
+    if (workspace) {
+      const auto published = workspace->published_in_place() - published_before;
+      if (published != (g.rank() % 2 == 0 ? 1u : 0u))
+        return fmt::format("{} all-gathers into this rank's {} output", published,
+                           g.rank() % 2 == 0 ? "arena" : "heap");
+    }
+  }
+  auto wrong = tensor::empty({3}, dtype::float32);
+  auto refused = all_gather_into(g, input(g.rank(), 2), wrong);
+  if (refused || refused.error().message().find("want float32 of " + std::to_string(2 * n)) == std::string::npos)
+    return "an output of the wrong size was " + (refused ? std::string("accepted") : refused.error().message());
+  return "";
+}
+
 int run_child(int argc, char** argv) {
   auto options = actors::node_options::from(argc, argv);
   if (!options)
@@ -409,7 +438,9 @@ int run_child(int argc, char** argv) {
       std::fflush(stdout);
       if (mode.starts_with("--reducer-child")) {
         auto result = run_allreduces(*group);
-        std::printf("%s\n", result.empty() ? "ALLREDUCE OK" : ("ALLREDUCE FAILED " + result).c_str());
+        if (result.empty())
+          result = run_all_gathers(*group);
+        std::printf("%s\n", result.empty() ? "COLLECTIVES OK" : ("COLLECTIVES FAILED " + result).c_str());
         std::fflush(stdout);
       }
       char byte;
@@ -423,8 +454,8 @@ int run_child(int argc, char** argv) {
 
 class CrossProcess : public ::testing::TestWithParam<std::uint32_t> {};
 
-/// Every rank's allreduces across `n` processes, on `path`.
-void allreduce_across_processes(std::uint32_t n, same_host_algorithm path) {
+/// Every rank's allreduces and all-gathers across `n` processes, on `path`.
+void collectives_across_processes(std::uint32_t n, same_host_algorithm path) {
   cluster c;
   ASSERT_NO_FATAL_FAILURE(start_cluster(c, n, path == ring_path ? "--reducer-child-ring" : "--reducer-child"));
   auto group = reducer_group::join(*c.coordinator,
@@ -433,13 +464,14 @@ void allreduce_across_processes(std::uint32_t n, same_host_algorithm path) {
   // Processes on one host (the same boot and /dev/shm) share memory unless told not to.
   EXPECT_EQ(group->shares_memory(), path == shared_path);
   EXPECT_EQ(run_allreduces(*group), "");
+  EXPECT_EQ(run_all_gathers(*group), "");
   for (auto& w : c.workers)
-    EXPECT_TRUE(w.wait_for("ALLREDUCE OK", 20s)) << w.output();
+    EXPECT_TRUE(w.wait_for("COLLECTIVES OK", 20s)) << w.output();
 }
 
-TEST_P(CrossProcess, AllreduceCorrectOnEveryRank) { allreduce_across_processes(GetParam(), shared_path); }
+TEST_P(CrossProcess, CollectivesCorrectOnEveryRank) { collectives_across_processes(GetParam(), shared_path); }
 
-TEST_P(CrossProcess, RingAllreduceCorrectOnEveryRank) { allreduce_across_processes(GetParam(), ring_path); }
+TEST_P(CrossProcess, RingCollectivesCorrectOnEveryRank) { collectives_across_processes(GetParam(), ring_path); }
 
 INSTANTIATE_TEST_SUITE_P(Ring, CrossProcess, ::testing::Values(2u, 3u));
 

@@ -17,4 +17,11 @@ struct all_gather_options {
 /// numel on every rank) in rank order into one flat tensor.
 expected<tensor> all_gather(reducer_group& group, const tensor& mine, all_gather_options options = {});
 
+/// The same into `out`: contiguous, of mine's dtype and group.size() times
+/// its numel (PyTorch's all_gather_into_tensor). With `out` from
+/// group.buffer() the peers on this host write their pieces straight into
+/// it, one copy per piece instead of two.
+expected<void> all_gather_into(reducer_group& group, const tensor& mine, const tensor& out,
+                               all_gather_options options = {});
+
 } // namespace troupe::parallel
