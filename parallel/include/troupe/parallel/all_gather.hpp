@@ -3,6 +3,7 @@
 // (ring_allreduce.hpp) on its own. Rank r places its tensor at segment r of
 // the output, sends it right, and for N-1 steps receives segment r-s-1 from
 // the left, copies it in, and forwards the received tensor unchanged.
+// On one host it takes the shared-memory path instead (reducer_group.hpp).
 #include <cstdint>
 
 #include "troupe/parallel/reducer_group.hpp"

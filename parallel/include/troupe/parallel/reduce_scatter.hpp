@@ -4,6 +4,7 @@
 // at step s and reduces segment r-s-2 from its left neighbour; a reduced
 // chunk moves right at once, so sends overlap reductions. After N-1 steps
 // rank r owns segment r (ring_segment(count, N, r)) summed over all ranks.
+// On one host it takes the shared-memory path instead (reducer_group.hpp).
 #include <cstdint>
 
 #include "troupe/parallel/reducer_group.hpp"

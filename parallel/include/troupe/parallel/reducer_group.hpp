@@ -40,13 +40,13 @@
 // protocol). Joining decides it: every member tells every other whether it
 // wants that path, its host and its workspace; all of them agree or none
 // takes it. A tensor allocated with buffer() lies in the node's shared
-// arena and is read by the peers where it lies. Such allreduces run one at
-// a time per group, in call order, so
-// replicas must issue them in the same order (as with NCCL or MPI; a
-// mismatch is an error naming the replica, never a wrong sum).
-// Reduce-scatter and all-gather take the same path (an allreduce of which
-// a rank keeps its segment; each rank's piece among zeros, summed), in the
-// same order as the allreduces; broadcast always uses the ring.
+// arena: an allreduce's is read by the peers where it lies, an all-gather's
+// output (all_gather_into) is written by them. Reduce-scatter and
+// all-gather take the shared-memory path too (a reduce-scatter's sums are
+// the allreduce's, bit for bit). These collectives run one at a time per
+// group, in call order, so replicas must issue them in the same order (as
+// with NCCL or MPI; a mismatch is an error naming the replica and both
+// collectives, never a wrong result). Broadcast always uses the ring.
 //
 // Failure. A member's node lost (node::on_peer_lost), a refused send, or no
 // chunk from the left neighbour within `timeout` fails the collective with
