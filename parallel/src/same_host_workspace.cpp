@@ -719,7 +719,6 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
   const std::uint64_t source = arena_offset(out, out_bytes);
   auto& head = segments_[r]->head();
   std::vector<T*> theirs(n); // a peer's output in its arena, or nullptr
-  std::memcpy(out + r * count, mine, static_cast<std::size_t>(count) * sizeof(T));
   auto publish = [&](std::int64_t index) -> expected<void> {
     if (auto ok = wait_slot_free(first + static_cast<std::uint32_t>(index)); !ok)
       return ok;
@@ -753,6 +752,8 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
     for (std::uint32_t step = 1; step < n; ++step) // next rank first: not all on one peer at once
       if (auto k = (r + step) % n; theirs[k] != nullptr)
         std::memcpy(theirs[k] + r * count + index * pass_elems, piece, extent(index));
+    // This rank's own output last, while the pass is still in cache.
+    std::memcpy(out + r * count + index * pass_elems, piece, extent(index));
     head.slot[s % slot_count].reduced.store(s, std::memory_order_release);
     ring_doorbell(head);
     // The others' pieces: already written here, or copied from their slots.
