@@ -1,12 +1,32 @@
 // Several pipelines stepped together (concurrent_pipelines.hpp).
 #include "concurrent_pipelines.hpp"
 
+#include <algorithm>
 #include <future>
 #include <optional>
 
+#include "pipeline_state.hpp"
 #include "troupe/tensor/error.hpp"
 
 namespace troupe::parallel {
+
+namespace {
+
+/// Tells each pipeline the nodes of all of them: a stage of one waits in
+/// collectives for the stages of the others, so a node lost under another
+/// pipeline must end this one's step too (pipeline_state.hpp,
+/// linked_nodes_), not leave it waiting for its timeout.
+void link(std::vector<pipeline>& pipelines) {
+  std::vector<std::string> nodes;
+  for (auto& p : pipelines)
+    for (const auto& place : pipeline_access::state(p).places_)
+      if (std::find(nodes.begin(), nodes.end(), place.node) == nodes.end())
+        nodes.push_back(place.node);
+  for (auto& p : pipelines)
+    pipeline_access::state(p).linked_nodes_ = nodes;
+}
+
+} // namespace
 
 expected<std::vector<double>> train_together(std::vector<pipeline>& pipelines, const tensor& inputs,
                                              const tensor& targets, std::int64_t shards,
@@ -19,6 +39,7 @@ expected<std::vector<double>> train_together(std::vector<pipeline>& pipelines, c
           "batch's only for equal shards)",
           who, inputs.size(0), shards);
   const auto rows = inputs.size(0) / shards;
+  link(pipelines);
   std::vector<std::future<expected<double>>> steps;
   for (std::size_t k = 0; k < pipelines.size(); ++k)
     steps.push_back(std::async(std::launch::async, [&, k] {

@@ -503,6 +503,11 @@ expected<void> pipeline::state::await_step(std::uint64_t step, std::vector<doubl
           if (places_[i].node == node)
             failed = make_error(errc::io_error, "pipeline: stage {} ({}) lost during {}: node {} was lost: {}",
                                 i, names_[i], phase(), node, reason);
+        if (!failed && linked(node))
+          failed = make_error(errc::io_error,
+                              "pipeline: lost during {}: node {}, whose stages this step's stages meet in "
+                              "collectives, was lost: {}",
+                              phase(), node, reason);
       },
       [&](const actors::tensor_message&) {
         // A late evaluation output: not part of this step.
@@ -603,6 +608,11 @@ expected<tensor> pipeline::state::forward(const tensor& inputs) {
           if (places_[i].node == node)
             failed = make_error(errc::io_error, "pipeline: stage {} ({}) lost during forward: node {} was lost: {}",
                                 i, names_[i], node, reason);
+        if (!failed && linked(node))
+          failed = make_error(errc::io_error,
+                              "pipeline: lost during forward: node {}, whose stages this step's stages meet in "
+                              "collectives, was lost: {}",
+                              node, reason);
       },
       caf::after(options_.timeout) >> [&] {
         failed = make_error(errc::io_error,
@@ -615,6 +625,10 @@ expected<tensor> pipeline::state::forward(const tensor& inputs) {
     return *failed;
   }
   return cat(outputs, 0);
+}
+
+bool pipeline::state::linked(const std::string& node) const {
+  return std::find(linked_nodes_.begin(), linked_nodes_.end(), node) != linked_nodes_.end();
 }
 
 expected<std::vector<stage_stats>> pipeline::state::stats() {

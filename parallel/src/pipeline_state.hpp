@@ -110,6 +110,13 @@ struct pipeline::state {
   /// Across processes: the driver's sends through its router.
   tensor_sender sender_;
   std::uint64_t peer_lost_handler_ = 0;
+  /// Nodes of the pipelines stepped together with this one
+  /// (concurrent_pipelines.hpp): their stages meet this one's in
+  /// collectives, so losing one stalls this step too, and the step fails
+  /// at once instead of at the timeout.
+  std::vector<std::string> linked_nodes_;
+  /// Whether `node` hosts a stage of a pipeline stepped with this one.
+  bool linked(const std::string& node) const;
   std::vector<trace::name_id> stage_traces_;
   std::uint64_t step_ = 0;
   /// overlap_update: the step whose optimizer updates are still running
