@@ -514,6 +514,37 @@ void same_host_workspace::release(std::uint32_t s) {
 }
 
 template <class T>
+expected<void> same_host_workspace::wait_all_published(std::uint32_t s, const pass_label& label, std::uint64_t bytes,
+                                                       std::vector<T*>& regions) {
+  for (std::uint32_t k = 0; k < options_.size; ++k) {
+    regions[k] = nullptr;
+    if (k == options_.rank)
+      continue;
+    auto source = wait_published(k, s, label);
+    if (!source)
+      return source.error();
+    if (*source == in_slot)
+      continue;
+    auto region = peer_region(k, *source, bytes, alignof(T), name_of(label.kind));
+    if (!region)
+      return region.error();
+    regions[k] = reinterpret_cast<T*>(*region);
+  }
+  return {};
+}
+
+void same_host_workspace::publish_reduced(std::uint32_t s) {
+  auto& head = segments_[options_.rank]->head();
+  head.slot[s % slot_count].reduced.store(s, std::memory_order_release);
+  ring_doorbell(head);
+}
+
+expected<void> same_host_workspace::wait_reduced(std::uint32_t k, std::uint32_t s, const char* what) {
+  const auto& theirs = segments_[k]->head().slot[s % slot_count];
+  return wait_for(k, what, [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
+}
+
+template <class T>
 expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool average, std::uint64_t id,
                                               std::uint64_t ticket) {
   if (auto ok = turn(ticket); !ok)
@@ -521,7 +552,6 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   const std::uint32_t n = options_.size;
   const std::uint32_t r = options_.rank;
   const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
-  auto& mine = *segments_[r];
   std::vector<const T*> sources(n); // each rank's values of this rank's segment, one pass at a time
   std::vector<T*> in_place(n); // a peer's whole tensor in its arena, or nullptr
 
@@ -564,21 +594,8 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     T* here = data + index * pass_elems;
 
     // 3. Every peer's values of this pass, for the same collective.
-    for (std::uint32_t k = 0; k < n; ++k) {
-      if (k == r)
-        continue;
-      auto their_source = wait_published(k, s, label(index));
-      if (!their_source)
-        return their_source.error();
-      // Values in the peer's arena: inside the arena it announced, aligned.
-      in_place[k] = nullptr;
-      if (*their_source != in_slot) {
-        auto region = peer_region(k, *their_source, total_bytes, alignof(T), "allreduce");
-        if (!region)
-          return region.error();
-        in_place[k] = reinterpret_cast<T*>(*region);
-      }
-    }
+    if (auto ok = wait_all_published(s, label(index), total_bytes, in_place); !ok)
+      return ok;
 
     // 4. Reduce segment r, in rank order.
     auto own = ring_segment(len, n, r);
@@ -595,17 +612,13 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
       if (k != r && in_place[k] != nullptr)
         std::memcpy(in_place[k] + index * pass_elems + own.begin, slot_of<T>(r, s) + own.begin,
                     static_cast<std::size_t>(own.end - own.begin) * sizeof(T));
-    mine.head().slot[s % slot_count].reduced.store(s, std::memory_order_release);
-    ring_doorbell(mine.head());
+    publish_reduced(s);
 
     // 5. The other segments, final, from their owners (next rank first,
     // so that the ranks do not all read one slot at once).
     for (std::uint32_t step = 1; step < n; ++step) {
       const auto k = (r + step) % n;
-      const auto& theirs = segments_[k]->head().slot[s % slot_count];
-      if (auto ok = wait_for(k, "reduce its segment",
-                             [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
-          !ok)
+      if (auto ok = wait_reduced(k, s, "reduce its segment"); !ok)
         return ok;
       if (source != in_slot)
         continue; // rank k wrote segment k into this rank's tensor itself
@@ -717,7 +730,6 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
   // An output in this node's arena: the peers write their pieces into it.
   const auto out_bytes = static_cast<std::uint64_t>(count) * n * sizeof(T);
   const std::uint64_t source = arena_offset(out, out_bytes);
-  auto& head = segments_[r]->head();
   std::vector<T*> theirs(n); // a peer's output in its arena, or nullptr
   auto publish = [&](std::int64_t index) -> expected<void> {
     if (auto ok = wait_slot_free(first + static_cast<std::uint32_t>(index)); !ok)
@@ -730,23 +742,11 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
     const T* piece = mine + index * pass_elems;
     // Hand this pass of the piece over: into the outputs of the peers whose
     // outputs lie in their arenas, through the slot for the others.
+    if (auto ok = wait_all_published(s, label(index), out_bytes, theirs); !ok)
+      return ok;
     bool through_slot = false;
-    for (std::uint32_t k = 0; k < n; ++k) {
-      if (k == r)
-        continue;
-      auto at = wait_published(k, s, label(index));
-      if (!at)
-        return at.error();
-      theirs[k] = nullptr;
-      if (*at == in_slot) {
-        through_slot = true;
-        continue;
-      }
-      auto region = peer_region(k, *at, out_bytes, alignof(T), "all-gather");
-      if (!region)
-        return region.error();
-      theirs[k] = reinterpret_cast<T*>(*region);
-    }
+    for (std::uint32_t k = 0; k < n; ++k)
+      through_slot = through_slot || (k != r && theirs[k] == nullptr);
     if (through_slot)
       std::memcpy(slot_of<T>(r, s), piece, extent(index));
     for (std::uint32_t step = 1; step < n; ++step) // next rank first: not all on one peer at once
@@ -754,15 +754,11 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
         std::memcpy(theirs[k] + r * count + index * pass_elems, piece, extent(index));
     // This rank's own output last, while the pass is still in cache.
     std::memcpy(out + r * count + index * pass_elems, piece, extent(index));
-    head.slot[s % slot_count].reduced.store(s, std::memory_order_release);
-    ring_doorbell(head);
+    publish_reduced(s);
     // The others' pieces: already written here, or copied from their slots.
     for (std::uint32_t step = 1; step < n; ++step) {
       const auto k = (r + step) % n;
-      const auto& slot = segments_[k]->head().slot[s % slot_count];
-      if (auto ok = wait_for(k, "hand over its piece",
-                             [&slot, s] { return slot.reduced.load(std::memory_order_acquire) == s; });
-          !ok)
+      if (auto ok = wait_reduced(k, s, "hand over its piece"); !ok)
         return ok;
       if (source == in_slot)
         std::memcpy(out + k * count + index * pass_elems, slot_of<T>(k, s), extent(index));

@@ -208,6 +208,17 @@ private:
   /// holds the same collective; returns where its values are (the header's
   /// `source`, unchecked).
   expected<std::uint64_t> wait_published(std::uint32_t k, std::uint32_t s, const pass_label& label);
+  /// Step 3 for every peer: wait_published, then where each peer's values
+  /// lie: regions[k] in its arena (checked by peer_region for `bytes`), or
+  /// nullptr for its slot. regions[rank] is nullptr.
+  template <class T>
+  expected<void> wait_all_published(std::uint32_t s, const pass_label& label, std::uint64_t bytes,
+                                    std::vector<T*>& regions);
+  /// This rank's part of pass s is final (reduced, or handed over).
+  void publish_reduced(std::uint32_t s);
+  /// Waits until peer k's part of pass s is final; `what` names the wait in
+  /// a timeout's error.
+  expected<void> wait_reduced(std::uint32_t k, std::uint32_t s, const char* what);
   /// Step 6: this rank is done reading the peers' slots of pass s.
   void release(std::uint32_t s);
 
