@@ -58,8 +58,8 @@ std::size_t pass_bytes = reducer_group_options{}.same_host_pass_bytes;
 /// Which cases run (--algorithm=...): index 0 shared memory, 1 ring, both
 /// on heap tensors; 2 shared memory on tensors in the node's arena
 /// (reducer_group::buffer: the peers read them where they lie; an
-/// all-gather's output, all_gather_into: the peers write into it), which
-/// runs whenever 0 does (not for a reduce-scatter).
+/// all-gather's output, as all_gather() allocates it: the peers write into
+/// it), which runs whenever 0 does (not for a reduce-scatter).
 constexpr int cases = 3;
 bool runs[cases] = {true, true, true};
 constexpr const char* algorithm_names[cases] = {"shared-memory", "ring", "shared-memory, arena buffers"};
@@ -129,16 +129,11 @@ expected<std::int64_t> run_once(reducer_group& g, tensor& data, const tensor& ga
     return check ? count_not(*mine, static_cast<float>(n * (n + 1) / 2)) : 0;
   }
   case collective::all_gather: {
-    tensor all = gathered;
-    if (gathered.defined()) { // into a buffer in the node's arena (case 2): the peers write into it
-      if (auto ok = all_gather_into(g, data, gathered); !ok)
-        return ok.error();
-    } else {
-      auto got = all_gather(g, data);
-      if (!got)
-        return got.error();
-      all = std::move(*got);
-    }
+    // Into a buffer in the node's arena (case 2, and what all_gather()
+    // returns): the peers write into it; or into the heap (case 0).
+    const tensor& all = gathered;
+    if (auto ok = all_gather_into(g, data, gathered); !ok)
+      return ok.error();
     std::int64_t wrong = 0;
     const auto m = data.numel();
     for (std::uint32_t k = 0; k < n && check; ++k)
@@ -158,7 +153,7 @@ expected<std::vector<double>> run_case(reducer_group& g, std::int64_t count, int
   const auto mine = gathering ? count / g.size() : count;
   // In the arena: the allreduce's tensor (read in place), the all-gather's output.
   auto data = in_arena && !gathering ? g.buffer({mine}) : tensor::empty({mine}, dtype::float32);
-  const auto gathered = in_arena && gathering ? g.buffer({count}) : tensor();
+  const auto gathered = !gathering ? tensor() : in_arena ? g.buffer({count}) : tensor::empty({count}, dtype::float32);
   std::vector<double> times;
   // An allreduce sums in place, so its input is refilled before every call
   // and every result checked. A reduce-scatter or all-gather leaves its

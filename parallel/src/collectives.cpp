@@ -325,7 +325,9 @@ expected<void> all_gather_into(reducer_group& handle, const tensor& mine, const 
 expected<tensor> all_gather(reducer_group& handle, const tensor& mine, all_gather_options options) {
   if (auto ok = check(mine, "all_gather"); !ok)
     return ok.error();
-  auto out = tensor::empty({mine.numel() * handle.size()}, mine.type());
+  // From buffer(): on one host the output lies in the node's arena, and the
+  // peers write their pieces straight into it (one copy per piece, not two).
+  auto out = handle.buffer({mine.numel() * handle.size()}, mine.type());
   if (auto ok = all_gather_into(handle, mine, out, options); !ok)
     return ok.error();
   return out;

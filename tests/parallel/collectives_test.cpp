@@ -387,9 +387,10 @@ std::string run_allreduces(reducer_group& g) {
 }
 
 /// All-gathers into outputs in the node's arena on even ranks and on the
-/// heap on odd ones (both paths, mixed in one collective); every piece must
-/// arrive bit for bit, and an arena output must have been written by the
-/// peers (the workspace's counter). Returns "" or what went wrong.
+/// heap on odd ones (both paths, mixed in one collective), then one
+/// all_gather(); every piece must arrive bit for bit, and an arena output
+/// must have been written by the peers (the workspace's counter). Returns ""
+/// or what went wrong.
 std::string run_all_gathers(reducer_group& g) {
   const auto n = g.size();
   for (std::int64_t count : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{3} << 18}) {
@@ -407,6 +408,21 @@ std::string run_all_gathers(reducer_group& g) {
         return fmt::format("{} all-gathers into this rank's {} output", published,
                            g.rank() % 2 == 0 ? "arena" : "heap");
     }
+  }
+  // all_gather() allocates its output with buffer(): on the same-host path
+  // every rank's lies in its arena and is written by the peers.
+  {
+    constexpr std::int64_t count = 5000;
+    auto* workspace = reducer_group_access::member(g).workspace();
+    const auto published_before = workspace ? workspace->published_in_place() : 0;
+    auto all = all_gather(g, input(g.rank(), count));
+    if (!all)
+      return all.error().message();
+    for (std::uint32_t r = 0; r < n; ++r)
+      if (!bitwise_equal(all->slice(0, r * count, (r + 1) * count).clone(), input(r, count)))
+        return fmt::format("rank {}'s piece of all_gather() differs", r);
+    if (workspace && workspace->published_in_place() - published_before != 1)
+      return "all_gather()'s output was not written in place by the peers";
   }
   auto wrong = tensor::empty({3}, dtype::float32);
   auto refused = all_gather_into(g, input(g.rank(), 2), wrong);

@@ -15,7 +15,12 @@ struct all_gather_options {
 };
 
 /// Concatenates every rank's `mine` (contiguous float32 or float64, the same
-/// numel on every rank) in rank order into one flat tensor.
+/// numel on every rank) in rank order into one flat tensor. The tensor comes
+/// from group.buffer(): on one host it lies in the node's shared arena and
+/// the peers write their pieces into it. (A caller that keeps many large
+/// results there leaves less of the arena to same-host messages, which then
+/// go through the data plane instead; all_gather_into a heap tensor avoids
+/// that.)
 expected<tensor> all_gather(reducer_group& group, const tensor& mine, all_gather_options options = {});
 
 /// The same into `out`: contiguous, of mine's dtype and group.size() times
