@@ -1,5 +1,7 @@
 #include "same_host_workspace.hpp"
 
+#include "same_host_layout.hpp"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <linux/futex.h>
@@ -30,48 +32,11 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-constexpr std::uint64_t magic = 0x7377'6570'756f'7274; // "troupews", little-endian
-constexpr std::uint32_t slot_count = 2;                  // passes in flight per rank
-constexpr std::size_t control_bytes = 4096;
+using namespace same_host_layout;
+
 constexpr std::string_view name_prefix = "/troupe-ws-";
 constexpr std::string_view arena_prefix = "/troupe-"; // shared_arena::name_for
 constexpr std::uint64_t max_arena_bytes = actors::shared_arena::max_bytes;
-
-/// One pass's slot, as its owner announces it. `published` and `reduced`
-/// hold pass numbers; the plain fields are written before the release
-/// store of `published` and read after an acquire load that saw it.
-struct alignas(64) slot_header {
-  std::atomic<std::uint32_t> published{0};
-  std::uint32_t element_bytes = 0;
-  std::uint32_t kind = 0; // a same_host_workspace::collective
-  std::uint64_t id = 0;
-  std::uint64_t count = 0;      // elements of the whole collective
-  std::uint64_t pass_index = 0; // which pass of the collective
-  /// Where the owner's values are: `in_slot`, or the offset of its whole
-  /// tensor in its node's arena (read in place).
-  std::uint64_t source = 0;
-  alignas(64) std::atomic<std::uint32_t> reduced{0};
-};
-constexpr std::uint64_t in_slot = ~std::uint64_t{0};
-
-/// The head of every segment. Counters sit on lines of their own: peers
-/// poll them while the owner writes its other fields.
-struct control {
-  std::uint64_t magic = 0;
-  std::uint64_t nonce = 0;
-  std::uint64_t pass_bytes = 0;
-  std::uint32_t slots = 0;
-  std::uint32_t rank = 0;
-  alignas(64) std::atomic<std::uint32_t> doorbell{0}; // futex word: bumped by every publish
-  alignas(64) std::atomic<std::uint32_t> sleepers{0}; // waiters asleep on the doorbell
-  alignas(64) std::atomic<std::uint32_t> ready{0};    // set up: every peer mapped
-  alignas(64) std::atomic<std::uint32_t> released{0}; // last pass this rank has finished reading
-  slot_header slot[slot_count];
-};
-static_assert(sizeof(control) <= control_bytes);
-static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
-
-std::size_t segment_bytes(std::size_t pass_bytes) { return control_bytes + slot_count * pass_bytes; }
 
 /// Wrap-safe "a is at or after b" for pass numbers.
 bool at_or_after(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) >= 0; }

@@ -96,6 +96,10 @@
 
 namespace troupe::parallel {
 
+namespace same_host_layout {
+enum class collective : std::uint32_t; // same_host_layout.hpp
+}
+
 struct same_host_workspace_options {
   std::uint32_t rank = 0;
   std::uint32_t size = 1;
@@ -179,7 +183,7 @@ public:
   struct segment; // one mapped segment: this rank's or a peer's
 
 private:
-  enum class collective : std::uint32_t { allreduce = 1, reduce_scatter = 2, all_gather = 3 };
+  using collective = same_host_layout::collective;
   /// What a slot of one pass holds: peers check it before they read.
   struct pass_label {
     collective kind;

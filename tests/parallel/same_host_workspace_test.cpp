@@ -1,7 +1,8 @@
 // The same-host allreduce's workspace (parallel/src/same_host_workspace.hpp):
 // the offer every member sends when joining comes from another process, so
 // its decoder is tested against bad input, and so is mapping a peer's
-// segment that does not hold what was announced. The allreduce itself is
+// segment that does not hold what was announced, and so is a slot header
+// that names values outside the peer's arena. The allreduce itself is
 // tested through reducer_group in collectives_test.cpp.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "same_host_layout.hpp"
 #include "same_host_workspace.hpp"
 #include "troupe/actors/shared_arena.hpp"
 #include <unistd.h>
@@ -271,6 +273,77 @@ TEST(SameHostWorkspace, APeersArenaMustBeWhatItAnnounced) {
   auto refused = same_host_workspace::create(bad);
   ASSERT_FALSE(refused);
   EXPECT_THAT(refused.error().message(), HasSubstr("need a mapping"));
+}
+
+
+/// A peer's segment mapped by its name (before finish_setup unlinks it), so
+/// that the test can write its header as that peer would.
+struct played_peer {
+  void* base = MAP_FAILED;
+  std::size_t bytes = 0;
+  explicit played_peer(const same_host_workspace::invitation& segment)
+      : bytes(same_host_layout::segment_bytes(segment.pass_bytes)) {
+    const int fd = shm_open(segment.name.c_str(), O_RDWR, 0);
+    EXPECT_GE(fd, 0) << segment.name;
+    if (fd >= 0) {
+      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+    }
+    EXPECT_NE(base, MAP_FAILED);
+  }
+  ~played_peer() {
+    if (base != MAP_FAILED)
+      munmap(base, bytes);
+  }
+  same_host_layout::control& head() const { return *static_cast<same_host_layout::control*>(base); }
+};
+
+TEST(SameHostWorkspace, AHeaderNamingValuesOutsideThePeersArenaIsRefused) {
+  constexpr std::int64_t count = 3000; // 12000 bytes
+  auto arena = actors::shared_arena::create(fmt::format("/troupe-wstest_{}-header", ::getpid()), 1 << 20);
+  ASSERT_TRUE(arena);
+  const std::uint64_t capacity = (*arena)->capacity();
+  struct header_case {
+    bool peer_has_arena;
+    std::uint64_t source;
+    std::string says;
+  };
+  const header_case cases[] = {
+      {false, 0, "published 12000 bytes at offset 0 of its arena, which has 0 bytes"},
+      {true, capacity - 4, fmt::format("published 12000 bytes at offset {} of its arena, which has {} bytes",
+                                       capacity - 4, capacity)},
+      // Aligned, and offset + bytes wraps around to inside the arena.
+      {true, std::uint64_t{0} - 4096, fmt::format("at offset {} of its arena", std::uint64_t{0} - 4096)},
+      {true, 2, "published 12000 bytes at offset 2 of its arena"}, // not aligned for float
+  };
+  for (const auto& c : cases) {
+    auto a = same_host_workspace::create(options_for(0));
+    auto b = same_host_workspace::create(c.peer_has_arena ? with_arena(options_for(1), **arena) : options_for(1));
+    ASSERT_TRUE(a && b);
+    ASSERT_TRUE((*a)->map_peer(1, (*b)->own()));
+    ASSERT_TRUE((*b)->map_peer(0, (*a)->own()));
+    played_peer peer((*b)->own());
+    ASSERT_NE(peer.base, MAP_FAILED);
+    std::thread other([&] { EXPECT_TRUE((*b)->finish_setup()); });
+    ASSERT_TRUE((*a)->finish_setup());
+    other.join();
+    // Rank 1 announces pass 1 of the same allreduce (id 7), its values "in its arena" at c.source.
+    auto& slot = peer.head().slot[1 % same_host_layout::slot_count];
+    slot.element_bytes = sizeof(float);
+    slot.kind = static_cast<std::uint32_t>(same_host_layout::collective::allreduce);
+    slot.id = 7;
+    slot.count = count;
+    slot.pass_index = 0;
+    slot.source = c.source;
+    slot.published.store(1, std::memory_order_release);
+    std::vector<float> x(count, 1.0f);
+    auto refused = (*a)->allreduce(x.data(), count, false, 7, (*a)->take_ticket());
+    ASSERT_FALSE(refused) << "offset " << c.source;
+    EXPECT_EQ(refused.error().code(), errc::malformed_message);
+    EXPECT_THAT(refused.error().message(), HasSubstr("same-host allreduce: replica 1 published"));
+    EXPECT_THAT(refused.error().message(), HasSubstr(c.says));
+    EXPECT_EQ(x, std::vector<float>(count, 1.0f)) << "the tensor is left as it was";
+  }
 }
 
 } // namespace
