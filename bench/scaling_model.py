@@ -3,6 +3,7 @@
 
     python3 bench/scaling_model.py LINKS_OUTPUT            # measured vs predicted, with errors
     python3 bench/scaling_model.py --extrapolate           # 64 and 256 hosts
+    python3 bench/scaling_model.py --self-test             # the played schedule against closed forms
 
 Reads the "hosts=N rate=R what=W value=V unit=U" lines of bench/links.sh,
 calibrates the machine's three constants from the unshaped 2-host run (so
@@ -20,6 +21,7 @@ DP_GRAD_BYTES = 215168 * 4  # its GPT's gradients, float32
 DP_HIDDEN = 0.5  # share of the allreduce hidden behind backward (the demo prints 22-100%)
 PP_BATCH, PP_MICRO = 32, 4  # pipeline_demo: samples per step, micro-batches (1F1B)
 PP_ACT_BYTES = (PP_BATCH // PP_MICRO) * 64 * 64 * 4  # one micro-batch's activations: 8 x 64 tokens x width 64
+PP_BACKWARD_SHARE = 2 / 3  # of a layer's forward + backward (two matrix products to the forward's one)
 
 
 def ring_time(size, n, rate_bps, alpha=ALPHA_S):
@@ -42,10 +44,73 @@ def dp_samples(n, rank_rate, t_fb, alpha):
     return DP_BATCH * n / (t_fb * share + (1 - DP_HIDDEN) * ring_time(DP_GRAD_BYTES, n, rank_rate, alpha))
 
 
+def one_f_one_b(p, m, stage):
+    """Stage `stage`'s operations in 1F1B order: p - stage - 1 forwards to
+    fill the pipeline, then one forward and one backward in turn, then the
+    backwards left."""
+    warm = min(p - stage - 1, m)
+    ops = [("F", i) for i in range(warm)]
+    forwards, backwards = warm, 0
+    while forwards < m:
+        ops += [("F", forwards), ("B", backwards)]
+        forwards, backwards = forwards + 1, backwards + 1
+    return ops + [("B", i) for i in range(backwards, m)]
+
+
+def pipeline_step(p, m, w, cores, hop=0.0, backward_share=PP_BACKWARD_SHARE):
+    """One 1F1B step over p balanced stages (work w per micro-batch through
+    all of them) whose runnable stages share `cores` equally, as the
+    kernel's scheduler shares them, with `hop` seconds between a stage
+    finishing an operation and the next stage being able to start on its
+    result (the activation or gradient crossing a link). With p <= cores
+    and no hop this is the textbook (m + p - 1) w / p; with more stages
+    than cores it lies between the cores' bound m w / cores and
+    (m + p - 1) w / cores, because a stage idle in the bubble leaves its
+    core to the others."""
+    cost = {"F": w / p * (1 - backward_share), "B": w / p * backward_share}
+    order = [one_f_one_b(p, m, s) for s in range(p)]
+    at = [0] * p  # each stage's next operation
+    left = [None] * p  # work left in it, once started
+    finished = {}  # (kind, stage, micro-batch) -> when
+
+    def ready_at(s):
+        """When stage s's next operation can start (None: not yet known)."""
+        if at[s] == len(order[s]):
+            return None
+        kind, i = order[s][at[s]]
+        if kind == "F":
+            return 0.0 if s == 0 else (finished[("F", s - 1, i)] + hop if ("F", s - 1, i) in finished else None)
+        if s == p - 1:
+            return finished.get(("F", s, i))
+        return finished[("B", s + 1, i)] + hop if ("B", s + 1, i) in finished else None
+
+    t = 0.0
+    while any(at[s] < len(order[s]) for s in range(p)):
+        starts = {s: ready_at(s) for s in range(p)}
+        running = [s for s, r in starts.items() if r is not None and r <= t + 1e-15]
+        arriving = [r for r in starts.values() if r is not None and r > t + 1e-15]
+        if not running:
+            t = min(arriving)
+            continue
+        speed = min(1.0, cores / len(running))
+        for s in running:
+            if left[s] is None:
+                left[s] = cost[order[s][at[s]][0]]
+        step = min(left[s] for s in running) / speed
+        if arriving:
+            step = min(step, min(arriving) - t)  # another stage joins: the shares change
+        t += step
+        for s in running:
+            left[s] -= step * speed
+            if left[s] <= 1e-12 * w:
+                kind, i = order[s][at[s]]
+                finished[(kind, s, i)] = t
+                at[s], left[s] = at[s] + 1, None
+    return t
+
+
 def pp_samples(p, rank_rate, w, alpha):
-    compute = max((PP_MICRO + p - 1) * w / p, PP_MICRO * w / min(p, CORES))
-    comm = 2 * (p - 1) * (PP_ACT_BYTES * 8 / rank_rate + alpha)
-    return PP_BATCH / (compute + comm)
+    return PP_BATCH / pipeline_step(p, PP_MICRO, w, CORES, hop=PP_ACT_BYTES * 8 / rank_rate + alpha)
 
 
 def read(path):
@@ -66,7 +131,11 @@ def check(path):
     dp2 = rows[(2, "none", "data_parallel_samples")]
     t_fb = DP_BATCH * 2 / dp2  # two ranks, a core each, the allreduce nearly free
     pp2 = rows[(2, "none", "pipeline_samples")]
-    w = PP_BATCH / pp2 / ((PP_MICRO + 1) / 2)
+    hop2 = PP_ACT_BYTES * 8 / per_rank_rate(rows[(2, "none", "iperf3")] * 1e6, 2, machine_bps) + ALPHA_S
+    low, high = 0.0, PP_BATCH / pp2  # the work per micro-batch whose predicted step is the measured one
+    for _ in range(60):
+        w = (low + high) / 2
+        low, high = (w, high) if pipeline_step(2, PP_MICRO, w, CORES, hop2) < PP_BATCH / pp2 else (low, w)
     # The time of one ring step on this machine, per host count, from the
     # unshaped run's 64 KiB allreduce (its bandwidth term taken off): with
     # more ranks than cores a step waits for its rank to be scheduled.
@@ -132,7 +201,36 @@ def extrapolate():
                 print(f"{name:<26} {link_gbit:>5}G {n:>5} {t_ar * 1e3:>12.1f} {step * 1e3:>8.1f} {compute_s / step:>10.0%}")
 
 
+def self_test():
+    """The played pipeline schedule against what is known in closed form."""
+    def near(a, b):
+        return abs(a - b) <= 1e-9 * max(1.0, abs(b))
+    failures = []
+    for p in (1, 2, 3, 4, 6):
+        for m in (1, 4, 8):
+            textbook = (m + p - 1) / p  # enough cores, no link time
+            got = pipeline_step(p, m, 1.0, cores=p)
+            if not near(got, textbook):
+                failures.append(f"p={p} m={m} on {p} cores: {got}, the textbook says {textbook}")
+            shared = pipeline_step(p, m, 1.0, cores=2)
+            low, high = max(textbook, m / min(p, 2)), (m + p - 1) / min(p, 2)
+            if not low - 1e-9 <= shared <= high + 1e-9:
+                failures.append(f"p={p} m={m} on 2 cores: {shared}, outside [{low}, {high}]")
+            one_core = pipeline_step(p, m, 1.0, cores=1)
+            if not near(one_core, m):  # one core: all the work, one operation after another
+                failures.append(f"p={p} m={m} on 1 core: {one_core}, want {m}")
+    # A link time per hop on 2 stages, m = 1: forward, hop, forward, backward, hop, backward.
+    if not near(pipeline_step(2, 1, 1.0, cores=2, hop=0.5), 1.0 + 2 * 0.5):
+        failures.append(f"2 stages, 1 micro-batch, hop 0.5: {pipeline_step(2, 1, 1.0, cores=2, hop=0.5)}, want 2.0")
+    for f in failures:
+        print("FAIL", f)
+    print("scaling_model self-test:", "FAILED" if failures else "OK")
+    return 1 if failures else 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] == "--self-test":
+        sys.exit(self_test())
     if len(sys.argv) == 2 and sys.argv[1] == "--extrapolate":
         extrapolate()
     elif len(sys.argv) == 2:
