@@ -6,7 +6,9 @@
 // or all_gather times those instead, as nccl-tests does: the size is the
 // whole tensor (a reduce-scatter's input, an all-gather's output) and
 // busbw = (n-1)/n * bytes / time; Gloo has no reduce-scatter, so only Open
-// MPI's Reduce_scatter_block runs beside it. Both of troupe's
+// MPI's Reduce_scatter_block runs beside it. --collective=broadcast times a
+// broadcast from the last rank (busbw = bytes / time, as nccl-tests' is),
+// beside MPI's Bcast and Gloo's broadcast. Both of troupe's
 // same-host algorithms run, interleaved case by case: the shared-memory
 // workspaces (the default on one host) and the ring of messages (what runs
 // between hosts).
@@ -64,12 +66,15 @@ constexpr int cases = 3;
 bool runs[cases] = {true, true, true};
 constexpr const char* algorithm_names[cases] = {"shared-memory", "ring", "shared-memory, arena buffers"};
 /// Which collective is timed (--collective=...).
-enum class collective { allreduce, reduce_scatter, all_gather };
+enum class collective { allreduce, reduce_scatter, all_gather, broadcast };
 collective timed = collective::allreduce;
-constexpr const char* collective_names[] = {"allreduce", "reduce_scatter", "all_gather"};
+constexpr const char* collective_names[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast"};
 const char* name_of(collective c) { return collective_names[static_cast<int>(c)]; }
-/// nccl-tests' bus bandwidth factor: what each rank must send per byte.
+/// nccl-tests' bus bandwidth factor: what each rank must send per byte
+/// (a broadcast's is 1: its bus bandwidth is its algorithm bandwidth).
 double bus_factor(std::uint32_t n) {
+  if (timed == collective::broadcast)
+    return 1.0;
   return (timed == collective::allreduce ? 2.0 : 1.0) * (n - 1) / n;
 }
 /// The group a case runs on (index as in `groups`).
@@ -139,6 +144,11 @@ expected<std::int64_t> run_once(reducer_group& g, tensor& data, const tensor& ga
     for (std::uint32_t k = 0; k < n && check; ++k)
       wrong += count_not(all.slice(0, k * m, (k + 1) * m), static_cast<float>(k + 1));
     return wrong;
+  }
+  case collective::broadcast: { // from the last rank, so that rank 0, which times, receives
+    if (auto ok = broadcast(g, data, {.root = n - 1}); !ok)
+      return ok.error();
+    return check ? count_not(data, static_cast<float>(n)) : 0;
   }
   }
   return 0;
@@ -338,7 +348,7 @@ int parent(int argc, char** argv) {
             if (!runs[a])
               continue;
             for (auto& c : children)
-              c->ask(fmt::format("{} {} {}", count, iters, a), 0).has_value(); // the answer comes after the run
+              c->tell(fmt::format("{} {} {}", count, iters, a)); // the answer comes after the run
             auto times = run_case(*group[group_of(a)], count, iters, a == 2, f.wrong);
             if (!times)
               throw std::runtime_error(fmt::format("{} procs, {}, {}: {}", n, human(bytes), algorithm_names[a],
@@ -396,8 +406,10 @@ int parent(int argc, char** argv) {
     node->stop();
   }
   if (!out.json()) {
-    fmt::print("# {}, float32 sum, busbw = {}(n-1)/n * bytes / time (GB/s); time and algbw of the first\n",
-               name_of(timed), timed == collective::allreduce ? "2" : "");
+    fmt::print("# {}, float32, busbw = {} * bytes / time (GB/s); time and algbw of the first\n", name_of(timed),
+               timed == collective::allreduce   ? "2(n-1)/n"
+               : timed == collective::broadcast ? "1"
+                                                : "(n-1)/n");
     fmt::print("# troupe column that ran; shm: shared-memory workspaces (heap tensors), shm:arena: the same with\n"
                "# tensors in the node's arena (reducer_group::buffer: an allreduce's read in place, an all-gather's\n"
                "# output written by the peers), ring: the ring's messages;\n"
@@ -439,13 +451,14 @@ int main(int argc, char** argv) {
     auto which = arg.substr(13);
     auto known = std::find(std::begin(collective_names), std::end(collective_names), which);
     if (known == std::end(collective_names)) {
-      fmt::print(stderr, "allreduce: --collective is '{}' but must be allreduce, reduce_scatter or all_gather\n",
+      fmt::print(stderr,
+                 "allreduce: --collective is '{}' but must be allreduce, reduce_scatter, all_gather or broadcast\n",
                  which);
       return 2;
     }
     timed = static_cast<collective>(known - std::begin(collective_names));
     // The arena case: the allreduce's tensors, the all-gather's outputs.
-    runs[2] = runs[2] && timed != collective::reduce_scatter;
+    runs[2] = runs[2] && timed != collective::reduce_scatter && timed != collective::broadcast;
   }
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")

@@ -78,14 +78,19 @@ public:
   bool started() const noexcept { return pid_ > 0 && in_ >= 0; }
   pid_t pid() const noexcept { return pid_; }
 
+  /// Sends one command line without reading anything: its answer stays for
+  /// read_line. (ask(command, 0) would take an answer that came at once and
+  /// drop it, as a broadcast's root, which waits for nobody, can give.)
+  bool tell(const std::string& command) {
+    auto line = command + "\n";
+    return write(in_, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  }
+
   /// Sends one command line and returns the next output line, or nullopt on
   /// EOF or when nothing arrives within `timeout_ms`.
   std::optional<std::string> ask(const std::string& command, int timeout_ms) {
-    if (!command.empty()) {
-      auto line = command + "\n";
-      if (write(in_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
-        return std::nullopt;
-    }
+    if (!command.empty() && !tell(command))
+      return std::nullopt;
     return read_line(timeout_ms);
   }
 

@@ -344,6 +344,10 @@ expected<void> broadcast(reducer_group& handle, const tensor& data, broadcast_op
   const std::uint32_t n = group.size();
   if (n == 1)
     return {};
+  if (auto* ws = group.workspace())
+    return typed(data, [&](auto* base) {
+      return ws->broadcast(base, data.numel(), options.root, id, ws->take_ticket());
+    });
   const auto position = mod(std::int64_t{group.rank()} - options.root, n); // 0 = root
   const std::uint32_t left = mod(std::int64_t{group.rank()} - 1, n);
   return finish(group, id, typed(data, [&](auto* base) -> expected<void> {

@@ -15,7 +15,7 @@ constexpr std::uint32_t slot_count = 2;                  // passes in flight per
 constexpr std::size_t control_bytes = 4096;
 
 /// What a slot's pass belongs to.
-enum class collective : std::uint32_t { allreduce = 1, reduce_scatter = 2, all_gather = 3 };
+enum class collective : std::uint32_t { allreduce = 1, reduce_scatter = 2, all_gather = 3, broadcast = 4 };
 
 /// One pass's slot, as its owner announces it. `published` and `reduced`
 /// hold pass numbers; the plain fields are written before the release
@@ -33,6 +33,8 @@ struct alignas(64) slot_header {
   alignas(64) std::atomic<std::uint32_t> reduced{0};
 };
 constexpr std::uint64_t in_slot = ~std::uint64_t{0};
+/// A broadcast's `source` on every rank but the root: it has no values.
+constexpr std::uint64_t no_values = in_slot - 1;
 
 /// The head of every segment. Counters sit on lines of their own: peers
 /// poll them while the owner writes its other fields.

@@ -420,6 +420,8 @@ const char* same_host_workspace::name_of(collective kind) {
     return "reduce-scatter";
   case collective::all_gather:
     return "all-gather";
+  case collective::broadcast:
+    return "broadcast";
   }
   return "collective";
 }
@@ -459,7 +461,7 @@ expected<std::uint64_t> same_host_workspace::wait_published(std::uint32_t k, std
   if (theirs.kind != static_cast<std::uint32_t>(label.kind) || theirs.id != label.id || theirs.count != label.count ||
       theirs.element_bytes != label.element_bytes || theirs.pass_index != label.index) {
     const bool known = theirs.kind >= static_cast<std::uint32_t>(collective::allreduce) &&
-                       theirs.kind <= static_cast<std::uint32_t>(collective::all_gather);
+                       theirs.kind <= static_cast<std::uint32_t>(collective::broadcast);
     return make_error(errc::invalid_argument,
                       "same-host {}: {} is at collective {:#x} ({} of {} elements of {} bytes, pass {}) where this "
                       "rank is at collective {:#x} ({} of {} elements of {} bytes, pass {}): replicas must issue "
@@ -509,6 +511,16 @@ expected<void> same_host_workspace::wait_reduced(std::uint32_t k, std::uint32_t 
   return wait_for(k, what, [&theirs, s] { return theirs.reduced.load(std::memory_order_acquire) == s; });
 }
 
+same_host_workspace::pass_plan same_host_workspace::plan_passes(collective kind, std::uint32_t element_bytes,
+                                                               std::uint64_t id, std::int64_t count,
+                                                               std::int64_t per_pass, std::int64_t passes) {
+  if (passes < 0)
+    passes = (count + per_pass - 1) / per_pass;
+  pass_plan plan{kind, element_bytes, id, count, per_pass, passes, pass_ + 1};
+  pass_ += static_cast<std::uint32_t>(passes);
+  return plan;
+}
+
 template <class T>
 expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool average, std::uint64_t id,
                                               std::uint64_t ticket) {
@@ -520,23 +532,15 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   std::vector<const T*> sources(n); // each rank's values of this rank's segment, one pass at a time
   std::vector<T*> in_place(n); // a peer's whole tensor in its arena, or nullptr
 
-  const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
-  const std::uint32_t first = pass_ + 1; // pass numbers first, first+1, ... (wrapping)
-  pass_ += static_cast<std::uint32_t>(passes);
-  auto extent = [&](std::int64_t index) { return std::min(pass_elems, count - index * pass_elems); };
+  const auto plan = plan_passes(collective::allreduce, sizeof(T), id, count, pass_elems);
   // This rank's tensor in its node's arena: the peers read it in place.
   const auto total_bytes = static_cast<std::uint64_t>(count) * sizeof(T);
   const std::uint64_t source = arena_offset(data, total_bytes);
 
-  auto label = [&](std::int64_t index) {
-    return pass_label{collective::allreduce, sizeof(T), id, static_cast<std::uint64_t>(count),
-                      static_cast<std::uint64_t>(index)};
-  };
-
   // Steps 1 and 2 for one pass.
   auto publish = [&](std::int64_t index) -> expected<void> {
-    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
-    const auto len = extent(index);
+    const auto s = plan.pass(index);
+    const auto len = plan.length(index);
     const T* here = data + index * pass_elems;
     // 1. The slot is free once every peer has finished pass s - slots.
     if (auto ok = wait_slot_free(s); !ok)
@@ -549,17 +553,17 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
         std::memcpy(slot_of<T>(r, s) + seg.begin, here + seg.begin,
                     static_cast<std::size_t>(seg.end - seg.begin) * sizeof(T));
       }
-    announce(s, label(index), source);
+    announce(s, plan.label(index), source);
     return {};
   };
 
   auto consume = [&](std::int64_t index) -> expected<void> {
-    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
-    const auto len = extent(index);
+    const auto s = plan.pass(index);
+    const auto len = plan.length(index);
     T* here = data + index * pass_elems;
 
     // 3. Every peer's values of this pass, for the same collective.
-    if (auto ok = wait_all_published(s, label(index), total_bytes, in_place); !ok)
+    if (auto ok = wait_all_published(s, plan.label(index), total_bytes, in_place); !ok)
       return ok;
 
     // 4. Reduce segment r, in rank order.
@@ -596,7 +600,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     release(s);
     return {};
   };
-  auto result = pipelined(passes, publish, consume);
+  auto result = pipelined(plan.passes, publish, consume);
   if (result) {
     if (source != in_slot)
       published_in_place_.fetch_add(1);
@@ -632,34 +636,29 @@ expected<void> same_host_workspace::reduce_scatter(const T* data, std::int64_t c
     segs[k] = ring_segment(count, n, k);
     longest = std::max(longest, segs[k].end - segs[k].begin);
   }
-  const std::int64_t passes = (longest + width - 1) / width;
-  const std::uint32_t first = pass_ + 1;
-  pass_ += static_cast<std::uint32_t>(passes);
+  const auto plan =
+    plan_passes(collective::reduce_scatter, sizeof(T), id, count, width, (longest + width - 1) / width);
   // Elements of segment k in pass `index` (none once it has run out).
   auto extent = [&](std::uint32_t k, std::int64_t index) {
     return std::clamp<std::int64_t>(segs[k].end - segs[k].begin - index * width, 0, width);
   };
-  auto label = [&](std::int64_t index) {
-    return pass_label{collective::reduce_scatter, sizeof(T), id, static_cast<std::uint64_t>(count),
-                      static_cast<std::uint64_t>(index)};
-  };
   auto publish = [&](std::int64_t index) -> expected<void> {
-    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    const auto s = plan.pass(index);
     if (auto ok = wait_slot_free(s); !ok)
       return ok;
     for (std::uint32_t k = 0; k < n; ++k)
       if (k != r)
         std::memcpy(slot_of<T>(r, s) + k * width, data + segs[k].begin + index * width,
                     static_cast<std::size_t>(extent(k, index)) * sizeof(T));
-    announce(s, label(index), in_slot);
+    announce(s, plan.label(index), in_slot);
     return {};
   };
   std::vector<const T*> sources(n);
   auto consume = [&](std::int64_t index) -> expected<void> {
-    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    const auto s = plan.pass(index);
     for (std::uint32_t k = 0; k < n; ++k)
       if (k != r)
-        if (auto ok = wait_published(k, s, label(index)); !ok)
+        if (auto ok = wait_published(k, s, plan.label(index)); !ok)
           return ok.error();
     // The same additions in the same (rank) order as the allreduce's.
     for (std::uint32_t k = 0; k < n; ++k)
@@ -668,7 +667,7 @@ expected<void> same_host_workspace::reduce_scatter(const T* data, std::int64_t c
     release(s);
     return {};
   };
-  auto result = pipelined(passes, publish, consume);
+  auto result = pipelined(plan.passes, publish, consume);
   done(ticket, result);
   return result;
 }
@@ -681,44 +680,34 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
   const std::uint32_t n = options_.size;
   const std::uint32_t r = options_.rank;
   const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
-  const std::int64_t passes = (count + pass_elems - 1) / pass_elems;
-  const std::uint32_t first = pass_ + 1;
-  pass_ += static_cast<std::uint32_t>(passes);
-  // Bytes of the piece in pass `index`.
-  auto extent = [&](std::int64_t index) {
-    return static_cast<std::size_t>(std::min(pass_elems, count - index * pass_elems)) * sizeof(T);
-  };
-  auto label = [&](std::int64_t index) {
-    return pass_label{collective::all_gather, sizeof(T), id, static_cast<std::uint64_t>(count),
-                      static_cast<std::uint64_t>(index)};
-  };
+  const auto plan = plan_passes(collective::all_gather, sizeof(T), id, count, pass_elems);
   // An output in this node's arena: the peers write their pieces into it.
   const auto out_bytes = static_cast<std::uint64_t>(count) * n * sizeof(T);
   const std::uint64_t source = arena_offset(out, out_bytes);
   std::vector<T*> theirs(n); // a peer's output in its arena, or nullptr
   auto publish = [&](std::int64_t index) -> expected<void> {
-    if (auto ok = wait_slot_free(first + static_cast<std::uint32_t>(index)); !ok)
+    if (auto ok = wait_slot_free(plan.pass(index)); !ok)
       return ok;
-    announce(first + static_cast<std::uint32_t>(index), label(index), source);
+    announce(plan.pass(index), plan.label(index), source);
     return {};
   };
   auto consume = [&](std::int64_t index) -> expected<void> {
-    const std::uint32_t s = first + static_cast<std::uint32_t>(index);
+    const auto s = plan.pass(index);
     const T* piece = mine + index * pass_elems;
     // Hand this pass of the piece over: into the outputs of the peers whose
     // outputs lie in their arenas, through the slot for the others.
-    if (auto ok = wait_all_published(s, label(index), out_bytes, theirs); !ok)
+    if (auto ok = wait_all_published(s, plan.label(index), out_bytes, theirs); !ok)
       return ok;
     bool through_slot = false;
     for (std::uint32_t k = 0; k < n; ++k)
       through_slot = through_slot || (k != r && theirs[k] == nullptr);
     if (through_slot)
-      std::memcpy(slot_of<T>(r, s), piece, extent(index));
+      std::memcpy(slot_of<T>(r, s), piece, plan.bytes(index));
     for (std::uint32_t step = 1; step < n; ++step) // next rank first: not all on one peer at once
       if (auto k = (r + step) % n; theirs[k] != nullptr)
-        std::memcpy(theirs[k] + r * count + index * pass_elems, piece, extent(index));
+        std::memcpy(theirs[k] + r * count + index * pass_elems, piece, plan.bytes(index));
     // This rank's own output last, while the pass is still in cache.
-    std::memcpy(out + r * count + index * pass_elems, piece, extent(index));
+    std::memcpy(out + r * count + index * pass_elems, piece, plan.bytes(index));
     publish_reduced(s);
     // The others' pieces: already written here, or copied from their slots.
     for (std::uint32_t step = 1; step < n; ++step) {
@@ -726,14 +715,58 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
       if (auto ok = wait_reduced(k, s, "hand over its piece"); !ok)
         return ok;
       if (source == in_slot)
-        std::memcpy(out + k * count + index * pass_elems, slot_of<T>(k, s), extent(index));
+        std::memcpy(out + k * count + index * pass_elems, slot_of<T>(k, s), plan.bytes(index));
     }
     release(s);
     return {};
   };
-  auto result = pipelined(passes, publish, consume);
+  auto result = pipelined(plan.passes, publish, consume);
   if (result && source != in_slot)
     published_in_place_.fetch_add(1);
+  done(ticket, result);
+  return result;
+}
+
+template <class T>
+expected<void> same_host_workspace::broadcast(T* data, std::int64_t count, std::uint32_t root, std::uint64_t id,
+                                              std::uint64_t ticket) {
+  if (auto ok = turn(ticket); !ok)
+    return ok;
+  const std::uint32_t n = options_.size;
+  const std::uint32_t r = options_.rank;
+  const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
+  const auto plan = plan_passes(collective::broadcast, sizeof(T), id, count, pass_elems);
+  auto publish = [&](std::int64_t index) -> expected<void> {
+    const auto s = plan.pass(index);
+    if (auto ok = wait_slot_free(s); !ok)
+      return ok;
+    if (r == root)
+      std::memcpy(slot_of<T>(r, s), data + index * pass_elems, plan.bytes(index));
+    announce(s, plan.label(index), r == root ? in_slot : no_values);
+    return {};
+  };
+  auto consume = [&](std::int64_t index) -> expected<void> {
+    const auto s = plan.pass(index);
+    // Every peer's header, so that all of them agree on the collective and
+    // on its root: the root's holds values, nobody else's does.
+    for (std::uint32_t k = 0; k < n; ++k) {
+      if (k == r)
+        continue;
+      auto source = wait_published(k, s, plan.label(index));
+      if (!source)
+        return source.error();
+      if ((k == root) != (*source == in_slot))
+        return make_error(errc::invalid_argument,
+                          "same-host broadcast {:#x}: this rank takes the root to be {}, but {} {}: replicas "
+                          "must name the same root",
+                          id, who(root), who(k), k == root ? "sends no values" : "sends values as a root");
+    }
+    if (r != root)
+      std::memcpy(data + index * pass_elems, slot_of<T>(root, s), plan.bytes(index));
+    release(s);
+    return {};
+  };
+  auto result = pipelined(plan.passes, publish, consume);
   done(ticket, result);
   return result;
 }
@@ -749,6 +782,10 @@ template expected<void> same_host_workspace::all_gather<float>(const float*, std
                                                                std::uint64_t);
 template expected<void> same_host_workspace::all_gather<double>(const double*, std::int64_t, double*, std::uint64_t,
                                                                 std::uint64_t);
+template expected<void> same_host_workspace::broadcast<float>(float*, std::int64_t, std::uint32_t, std::uint64_t,
+                                                              std::uint64_t);
+template expected<void> same_host_workspace::broadcast<double>(double*, std::int64_t, std::uint32_t, std::uint64_t,
+                                                               std::uint64_t);
 
 } // namespace troupe::parallel
 

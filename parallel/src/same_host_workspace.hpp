@@ -80,6 +80,7 @@
 // After any failure (a timeout, a lost replica, an order mismatch) the
 // passes of the ranks are out of step for good: the workspace refuses
 // every later collective with the first error.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -174,6 +175,12 @@ public:
   template <class T>
   expected<void> all_gather(const T* mine, std::int64_t count, T* out, std::uint64_t id, std::uint64_t ticket);
 
+  /// Broadcast: data[0, count) on every rank becomes the root's, bit for
+  /// bit. The root copies each pass into its slot once; every other rank
+  /// copies it out. Ranks that disagree on the root fail naming it.
+  template <class T>
+  expected<void> broadcast(T* data, std::int64_t count, std::uint32_t root, std::uint64_t id, std::uint64_t ticket);
+
   /// Allreduces this rank ran with its values read in place by the peers,
   /// and peers' values this rank read in place (a count per peer and
   /// collective).
@@ -193,7 +200,31 @@ private:
     std::uint64_t index; // which pass of it
   };
 
+  /// The passes of one collective: numbered pass(0), pass(1), ... (wrapping),
+  /// `per_pass` elements from offset(index) each, the last one shorter.
+  struct pass_plan {
+    collective kind;
+    std::uint32_t element_bytes;
+    std::uint64_t id;
+    std::int64_t count;    // elements of the whole collective
+    std::int64_t per_pass; // elements of a full pass
+    std::int64_t passes;
+    std::uint32_t first;
+    std::uint32_t pass(std::int64_t index) const { return first + static_cast<std::uint32_t>(index); }
+    std::int64_t offset(std::int64_t index) const { return index * per_pass; }
+    std::int64_t length(std::int64_t index) const { return std::min(per_pass, count - offset(index)); }
+    std::size_t bytes(std::int64_t index) const { return static_cast<std::size_t>(length(index)) * element_bytes; }
+    pass_label label(std::int64_t index) const {
+      return {kind, element_bytes, id, static_cast<std::uint64_t>(count), static_cast<std::uint64_t>(index)};
+    }
+  };
+
   explicit same_host_workspace(same_host_workspace_options options);
+
+  /// Numbers the next `passes` passes (by default enough for `count` in
+  /// passes of `per_pass`) for one collective.
+  pass_plan plan_passes(collective kind, std::uint32_t element_bytes, std::uint64_t id, std::int64_t count,
+                        std::int64_t per_pass, std::int64_t passes = -1);
 
   static const char* name_of(collective kind);
   /// Where [data, data + bytes) lies in this node's arena, or in_slot.

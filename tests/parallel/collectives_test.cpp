@@ -167,8 +167,8 @@ void check_reduce_scatter_all_gather_broadcast(local_ring& ring, std::uint32_t n
 
 TEST_P(Collectives, ReduceScatterAllGatherBroadcast) {
   const auto n = GetParam();
-  // Reduce-scatter and all-gather take the shared-memory allreduce on one
-  // host (4 KiB passes: many of them), broadcast the ring either way.
+  // On one host every collective takes the shared-memory path (4 KiB
+  // passes: many of them); with ring_path, the ring.
   for (auto path : {ring_path, shared_path}) {
     SCOPED_TRACE(path == ring_path ? "ring" : "shared memory");
     local_ring ring(n, 1024, 5000ms, 1, path, 4096);
@@ -311,6 +311,57 @@ TEST_P(Collectives, SameHostReduceScatterIsTheAllreducesSegmentAndAllGatherIsExa
     }
 }
 
+// The same-host broadcast hands the root's values over bit for bit (-0 and
+// NaN included), from every root, in float32 and float64, over many passes.
+TEST_P(Collectives, SameHostBroadcastIsExactFromEveryRoot) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 5000ms, 1, shared_path, 4096);
+  ASSERT_TRUE(ring.node);
+  for (auto type : {dtype::float32, dtype::float64})
+    for (std::uint32_t root = 0; root < n; ++root)
+      for (std::int64_t count : {std::int64_t{1}, std::int64_t{1023}, std::int64_t{5000}}) {
+        std::vector<tensor> data(n);
+        auto values = [&](std::uint32_t k) {
+          auto t = input(k, count).to(type);
+          t.flatten().slice(0, 0, 1).fill(-0.0);
+          if (count > 1)
+            t.flatten().slice(0, count - 1, count).fill(std::numeric_limits<double>::quiet_NaN());
+          return t;
+        };
+        ring.each([&](std::uint32_t k) {
+          data[k] = values(k);
+          auto ok = broadcast(*ring.groups[k], data[k], {.root = root});
+          EXPECT_TRUE(ok) << ok.error().message();
+        });
+        for (std::uint32_t k = 0; k < n; ++k)
+          EXPECT_TRUE(bitwise_equal(data[k], values(root)))
+            << "rank " << k << ", root " << root << ", count " << count;
+      }
+}
+
+// Replicas that name different roots fail, naming the root they expected
+// and the rank that disagrees, rather than copy from a rank that is not one.
+TEST_P(Collectives, SameHostBroadcastsWithDifferentRootsFailNamingThem) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 2000ms, 1, shared_path, 4096);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::string> errors(n);
+  ring.each([&](std::uint32_t k) {
+    auto data = input(k, 3000);
+    auto ok = broadcast(*ring.groups[k], data, {.root = k == 0 ? 0u : 1u, .context_id = 91});
+    errors[k] = ok ? "" : ok.error().message();
+  });
+  for (std::uint32_t k = 0; k < n; ++k)
+    ASSERT_NE(errors[k], "") << "rank " << k;
+  // Rank 0 is the root by its own account; rank 1 sends values too.
+  EXPECT_THAT(errors[0], HasSubstr("same-host broadcast 0x5b: this rank takes the root to be replica 0 "
+                                   "(worker0/cpu/reducer0), but replica 1 (worker0/cpu/reducer1) sends values as a "
+                                   "root"));
+  // Rank 1 takes itself for the root; rank 0 sends values it should not.
+  EXPECT_THAT(errors[1], HasSubstr("this rank takes the root to be replica 1 (worker0/cpu/reducer1), but replica 0 "
+                                   "(worker0/cpu/reducer0) sends values as a root"));
+}
+
 // Replicas that issue a reduce-scatter and an all-gather at the same place
 // (same id, same count) fail naming both, rather than sum a gather's values.
 TEST_P(Collectives, SameHostCollectivesOfDifferentKindsFailNamingThem) {
@@ -388,7 +439,7 @@ std::string run_allreduces(reducer_group& g) {
 
 /// All-gathers into outputs in the node's arena on even ranks and on the
 /// heap on odd ones (both paths, mixed in one collective), then one
-/// all_gather(); every piece must arrive bit for bit, and an arena output
+/// all_gather() and two broadcasts; every piece must arrive bit for bit, and an arena output
 /// must have been written by the peers (the workspace's counter). Returns ""
 /// or what went wrong.
 std::string run_all_gathers(reducer_group& g) {
@@ -423,6 +474,14 @@ std::string run_all_gathers(reducer_group& g) {
         return fmt::format("rank {}'s piece of all_gather() differs", r);
     if (workspace && workspace->published_in_place() - published_before != 1)
       return "all_gather()'s output was not written in place by the peers";
+  }
+  // A broadcast from the last rank, over several passes.
+  for (std::int64_t count : {std::int64_t{7}, std::int64_t{3} << 18}) {
+    auto data = input(g.rank(), count);
+    if (auto ok = broadcast(g, data, {.root = n - 1}); !ok)
+      return ok.error().message();
+    if (!bitwise_equal(data, input(n - 1, count)))
+      return fmt::format("the broadcast of {} differs from rank {}'s values", count, n - 1);
   }
   auto wrong = tensor::empty({3}, dtype::float32);
   auto refused = all_gather_into(g, input(g.rank(), 2), wrong);

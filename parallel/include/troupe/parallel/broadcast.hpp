@@ -3,7 +3,9 @@
 // the tensor into chunks and sends them right; every other rank, in ring
 // order from the root, copies each chunk in as it arrives and forwards the
 // received tensor unchanged to its right, except the last (root - 1). Chunk
-// c+1 travels while chunk c is copied further down the ring.
+// c+1 travels while chunk c is copied further down the ring. On one host it
+// takes the shared-memory path instead (reducer_group.hpp): the root copies
+// each pass into its slot once and every other rank copies it out.
 #include <cstdint>
 
 #include "troupe/parallel/reducer_group.hpp"

@@ -41,12 +41,13 @@
 // wants that path, its host and its workspace; all of them agree or none
 // takes it. A tensor allocated with buffer() lies in the node's shared
 // arena: an allreduce's is read by the peers where it lies, an all-gather's
-// output (all_gather_into) is written by them. Reduce-scatter and
-// all-gather take the shared-memory path too (a reduce-scatter's sums are
-// the allreduce's, bit for bit). These collectives run one at a time per
-// group, in call order, so replicas must issue them in the same order (as
-// with NCCL or MPI; a mismatch is an error naming the replica and both
-// collectives, never a wrong result). Broadcast always uses the ring.
+// output (all_gather_into, all_gather) is written by them. Reduce-scatter,
+// all-gather and broadcast take the shared-memory path too (a
+// reduce-scatter's sums are the allreduce's, bit for bit). These
+// collectives run one at a time per group, in call order, so replicas must
+// issue them in the same order (as with NCCL or MPI; a mismatch, or a
+// broadcast whose replicas name different roots, is an error naming the
+// replica and both collectives, never a wrong result).
 //
 // Failure. A member's node lost (node::on_peer_lost), a refused send, or no
 // chunk from the left neighbour within `timeout` fails the collective with
