@@ -59,9 +59,10 @@ std::uint32_t min_chunks = reducer_group_options{}.min_chunks;
 std::size_t pass_bytes = reducer_group_options{}.same_host_pass_bytes;
 /// Which cases run (--algorithm=...): index 0 shared memory, 1 ring, both
 /// on heap tensors; 2 shared memory on tensors in the node's arena
-/// (reducer_group::buffer: the peers read them where they lie; an
-/// all-gather's output, as all_gather() allocates it: the peers write into
-/// it), which runs whenever 0 does (not for a reduce-scatter).
+/// (reducer_group::buffer: the peers read an allreduce's or a broadcast
+/// root's where they lie; an all-gather's output, as all_gather() allocates
+/// it: the peers write into it), which runs whenever 0 does (not for a
+/// reduce-scatter).
 constexpr int cases = 3;
 bool runs[cases] = {true, true, true};
 constexpr const char* algorithm_names[cases] = {"shared-memory", "ring", "shared-memory, arena buffers"};
@@ -411,8 +412,8 @@ int parent(int argc, char** argv) {
                : timed == collective::broadcast ? "1"
                                                 : "(n-1)/n");
     fmt::print("# troupe column that ran; shm: shared-memory workspaces (heap tensors), shm:arena: the same with\n"
-               "# tensors in the node's arena (reducer_group::buffer: an allreduce's read in place, an all-gather's\n"
-               "# output written by the peers), ring: the ring's messages;\n"
+               "# tensors in the node's arena (reducer_group::buffer: an allreduce's or a broadcast root's read in\n"
+               "# place, an all-gather's output written by the peers), ring: the ring's messages;\n"
                "# peers' busbw beside;\n"
                "# each side's better median of two interleaved rounds (one with --quick)\n");
     for (const auto& l : table)
@@ -457,8 +458,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     timed = static_cast<collective>(known - std::begin(collective_names));
-    // The arena case: the allreduce's tensors, the all-gather's outputs.
-    runs[2] = runs[2] && timed != collective::reduce_scatter && timed != collective::broadcast;
+    // The arena case: the allreduce's and broadcast's tensors, the all-gather's outputs.
+    runs[2] = runs[2] && timed != collective::reduce_scatter;
   }
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--child=rank")

@@ -427,12 +427,15 @@ const char* same_host_workspace::name_of(collective kind) {
 }
 
 expected<void> same_host_workspace::wait_slot_free(std::uint32_t s) {
-  const std::uint32_t before = s - slot_count;
+  return wait_all_released(s - slot_count, "finish an earlier pass");
+}
+
+expected<void> same_host_workspace::wait_all_released(std::uint32_t s, const char* what) {
   for (std::uint32_t k = 0; k < options_.size; ++k)
     if (k != options_.rank) {
       const auto& c = segments_[k]->head();
-      auto free_again = [&c, before] { return at_or_after(c.released.load(std::memory_order_acquire), before); };
-      if (auto ok = wait_for(k, "finish an earlier pass", free_again); !ok)
+      auto done_reading = [&c, s] { return at_or_after(c.released.load(std::memory_order_acquire), s); };
+      if (auto ok = wait_for(k, what, done_reading); !ok)
         return ok;
     }
   return {};
@@ -736,15 +739,19 @@ expected<void> same_host_workspace::broadcast(T* data, std::int64_t count, std::
   const std::uint32_t r = options_.rank;
   const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
   const auto plan = plan_passes(collective::broadcast, sizeof(T), id, count, pass_elems);
+  // A root tensor in the node's arena is read where it lies.
+  const auto total_bytes = static_cast<std::uint64_t>(count) * sizeof(T);
+  const std::uint64_t source = r == root ? arena_offset(data, total_bytes) : no_values;
   auto publish = [&](std::int64_t index) -> expected<void> {
     const auto s = plan.pass(index);
     if (auto ok = wait_slot_free(s); !ok)
       return ok;
-    if (r == root)
+    if (source == in_slot)
       std::memcpy(slot_of<T>(r, s), data + index * pass_elems, plan.bytes(index));
-    announce(s, plan.label(index), r == root ? in_slot : no_values);
+    announce(s, plan.label(index), source);
     return {};
   };
+  const T* in_place = nullptr; // the root's tensor in its arena
   auto consume = [&](std::int64_t index) -> expected<void> {
     const auto s = plan.pass(index);
     // Every peer's header, so that all of them agree on the collective and
@@ -752,21 +759,35 @@ expected<void> same_host_workspace::broadcast(T* data, std::int64_t count, std::
     for (std::uint32_t k = 0; k < n; ++k) {
       if (k == r)
         continue;
-      auto source = wait_published(k, s, plan.label(index));
-      if (!source)
-        return source.error();
-      if ((k == root) != (*source == in_slot))
+      auto theirs = wait_published(k, s, plan.label(index));
+      if (!theirs)
+        return theirs.error();
+      if ((k == root) == (*theirs == no_values))
         return make_error(errc::invalid_argument,
                           "same-host broadcast {:#x}: this rank takes the root to be {}, but {} {}: replicas "
                           "must name the same root",
                           id, who(root), who(k), k == root ? "sends no values" : "sends values as a root");
+      if (k == root && *theirs != in_slot) {
+        auto region = peer_region(k, *theirs, total_bytes, alignof(T), "broadcast");
+        if (!region)
+          return region.error();
+        in_place = reinterpret_cast<const T*>(*region);
+      }
     }
     if (r != root)
-      std::memcpy(data + index * pass_elems, slot_of<T>(root, s), plan.bytes(index));
+      std::memcpy(data + index * pass_elems,
+                  in_place != nullptr ? in_place + index * pass_elems : slot_of<T>(root, s), plan.bytes(index));
     release(s);
     return {};
   };
   auto result = pipelined(plan.passes, publish, consume);
+  // A root read in place returns once every peer is done reading: its
+  // caller may change the tensor next.
+  if (result && source != in_slot && source != no_values && plan.passes > 0) {
+    result = wait_all_released(plan.pass(plan.passes - 1), "finish reading the broadcast's values");
+    if (result)
+      published_in_place_.fetch_add(1);
+  }
   done(ticket, result);
   return result;
 }

@@ -176,14 +176,17 @@ public:
   expected<void> all_gather(const T* mine, std::int64_t count, T* out, std::uint64_t id, std::uint64_t ticket);
 
   /// Broadcast: data[0, count) on every rank becomes the root's, bit for
-  /// bit. The root copies each pass into its slot once; every other rank
-  /// copies it out. Ranks that disagree on the root fail naming it.
+  /// bit. The root copies each pass into its slot once (a root tensor in
+  /// the node's arena is read where it lies instead, and the root returns
+  /// once every peer is done with it); every other rank copies it out.
+  /// Ranks that disagree on the root fail naming it.
   template <class T>
   expected<void> broadcast(T* data, std::int64_t count, std::uint32_t root, std::uint64_t id, std::uint64_t ticket);
 
-  /// Allreduces this rank ran with its values read in place by the peers,
-  /// and peers' values this rank read in place (a count per peer and
-  /// collective).
+  /// Collectives in which the peers used this rank's arena tensor in place
+  /// (an allreduce's or a broadcast root's values read, an all-gather's
+  /// output written), and peers' allreduce values this rank read in place
+  /// (a count per peer and collective).
   std::uint64_t published_in_place() const noexcept { return published_in_place_.load(); }
   std::uint64_t read_in_place() const noexcept { return read_in_place_.load(); }
 
@@ -237,6 +240,9 @@ private:
   template <class T> T* slot_of(std::uint32_t rank, std::uint32_t s) const;
   /// Step 1: waits until every peer has finished reading pass s - slots.
   expected<void> wait_slot_free(std::uint32_t s);
+  /// Waits until every peer has finished reading pass s (its `released`);
+  /// `what` names the wait in a timeout's error.
+  expected<void> wait_all_released(std::uint32_t s, const char* what);
   /// Publishes this rank's slot of pass s (its values already written).
   void announce(std::uint32_t s, const pass_label& label, std::uint64_t source);
   /// Step 3 for peer k: waits for its slot of pass s and checks that it

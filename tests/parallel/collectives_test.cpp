@@ -404,6 +404,16 @@ TEST(Collectives, SilentNeighbourTimesOutNamingIt) {
 
 // ---- across processes -------------------------------------------------------
 
+/// This rank's input(rank, count), on the heap or in a g.buffer().
+tensor input_in(reducer_group& g, std::int64_t count, bool from_buffer) {
+  auto data = input(g.rank(), count);
+  if (!from_buffer)
+    return data;
+  auto buffer = g.buffer({count});
+  buffer.copy_from(data);
+  return buffer;
+}
+
 /// Runs the cross-process allreduces as `rank`; "" when every one is right.
 /// Allreduces of 4 KiB and 16 MiB, on heap tensors and then on tensors from
 /// g.buffer() (in the node's arena on the same-host path, where the peers
@@ -412,12 +422,7 @@ std::string run_allreduces(reducer_group& g) {
   for (bool from_buffer : {false, true})
     for (std::int64_t bytes : {std::int64_t{4} << 10, std::int64_t{16} << 20}) {
       auto count = bytes / 4;
-      auto data = input(g.rank(), count);
-      if (from_buffer) {
-        auto buffer = g.buffer({count});
-        buffer.copy_from(data);
-        data = buffer;
-      }
+      auto data = input_in(g, count, from_buffer);
       auto* workspace = reducer_group_access::member(g).workspace();
       const auto read_before = workspace ? workspace->read_in_place() : 0;
       auto ok = ring_allreduce(g, data);
@@ -475,14 +480,22 @@ std::string run_all_gathers(reducer_group& g) {
     if (workspace && workspace->published_in_place() - published_before != 1)
       return "all_gather()'s output was not written in place by the peers";
   }
-  // A broadcast from the last rank, over several passes.
-  for (std::int64_t count : {std::int64_t{7}, std::int64_t{3} << 18}) {
-    auto data = input(g.rank(), count);
-    if (auto ok = broadcast(g, data, {.root = n - 1}); !ok)
-      return ok.error().message();
-    if (!bitwise_equal(data, input(n - 1, count)))
-      return fmt::format("the broadcast of {} differs from rank {}'s values", count, n - 1);
-  }
+  // Broadcasts from the last rank, over several passes, its tensor on the
+  // heap and then from buffer() (read where it lies: the workspace's counter).
+  for (bool from_buffer : {false, true})
+    for (std::int64_t count : {std::int64_t{7}, std::int64_t{3} << 18}) {
+      auto data = input_in(g, count, from_buffer);
+      auto* workspace = reducer_group_access::member(g).workspace();
+      const auto published_before = workspace ? workspace->published_in_place() : 0;
+      if (auto ok = broadcast(g, data, {.root = n - 1}); !ok)
+        return ok.error().message();
+      if (!bitwise_equal(data, input(n - 1, count)))
+        return fmt::format("the broadcast of {} differs from rank {}'s values", count, n - 1);
+      const bool read_in_place = from_buffer && g.rank() == n - 1;
+      if (workspace && workspace->published_in_place() - published_before != (read_in_place ? 1u : 0u))
+        return fmt::format("the root's {} tensor of {} was {}read in place", from_buffer ? "buffer()" : "heap",
+                           count, read_in_place ? "not " : "");
+    }
   auto wrong = tensor::empty({3}, dtype::float32);
   auto refused = all_gather_into(g, input(g.rank(), 2), wrong);
   if (refused || refused.error().message().find("want float32 of " + std::to_string(2 * n)) == std::string::npos)
