@@ -137,13 +137,12 @@ expected<std::int64_t> run_once(reducer_group& g, tensor& data, const tensor& ga
   case collective::all_gather: {
     // Into a buffer in the node's arena (case 2, and what all_gather()
     // returns): the peers write into it; or into the heap (case 0).
-    const tensor& all = gathered;
     if (auto ok = all_gather_into(g, data, gathered); !ok)
       return ok.error();
     std::int64_t wrong = 0;
     const auto m = data.numel();
     for (std::uint32_t k = 0; k < n && check; ++k)
-      wrong += count_not(all.slice(0, k * m, (k + 1) * m), static_cast<float>(k + 1));
+      wrong += count_not(gathered.slice(0, k * m, (k + 1) * m), static_cast<float>(k + 1));
     return wrong;
   }
   case collective::broadcast: { // from the last rank, so that rank 0, which times, receives
@@ -162,7 +161,7 @@ expected<std::vector<double>> run_case(reducer_group& g, std::int64_t count, int
                                        std::int64_t& wrong) {
   const bool gathering = timed == collective::all_gather;
   const auto mine = gathering ? count / g.size() : count;
-  // In the arena: the allreduce's tensor (read in place), the all-gather's output.
+  // In the arena: the allreduce's or broadcast's tensor (read in place), the all-gather's output.
   auto data = in_arena && !gathering ? g.buffer({mine}) : tensor::empty({mine}, dtype::float32);
   const auto gathered = !gathering ? tensor() : in_arena ? g.buffer({count}) : tensor::empty({count}, dtype::float32);
   std::vector<double> times;
