@@ -26,6 +26,7 @@
 #include "control_plane_connect.hpp"
 #include "control_plane_listener.hpp"
 #include "control_plane_tls.hpp"
+#include "stop_watch.hpp"
 
 // Scheduler defaults, measured on the 2-core development machine (Node.
 // DISABLED_SmallMessageRoundTrip in tests/actors/node_test.cpp: median round
@@ -528,17 +529,22 @@ void node::stop() {
   if (stopped_)
     return;
   stopped_ = true;
+  stop_watch watch(options_.name, std::chrono::seconds{10});
   // Flush the trace whatever else happens.
   struct trace_guard {
     bool on;
+    stop_watch& watch;
     ~trace_guard() {
-      if (on)
+      if (on) {
+        watch.phase("flushing the trace");
         trace::stop();
+      }
     }
-  } flush{traced_};
+  } flush{traced_, watch};
   if (!system_)
     return;
   // Leave first, so the others do not report this orderly stop as a loss.
+  watch.phase("leaving the registry");
   if (registry_ && agent_)
     (void)ask_registry<caf::ok_atom>(*system_, *state_,
                                      std::min(options_.request_timeout, std::chrono::milliseconds{2000}), "leave",
@@ -555,6 +561,7 @@ void node::stop() {
     router.swap(state_->router);
   }
   // Goodbye on the data plane before the actors go.
+  watch.phase("closing the data plane");
   if (router)
     router->stop();
   for (auto& handle : spawned)
@@ -570,8 +577,10 @@ void node::stop() {
     std::lock_guard<std::mutex> guard(state_->mutex);
     state_->registry = nullptr;
   }
+  watch.phase("waiting for the node's actors to stop");
   await_actors_stopped();
   // The actor system's destructor waits for the actors stopped above.
+  watch.phase("in the actor system's shutdown");
   system_.reset();
   config_.reset();
 }

@@ -1,12 +1,16 @@
 #include "troupe/job.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -141,6 +145,40 @@ caf::behavior release_ranks(caf::event_based_actor* self, std::vector<caf::actor
   ask_every_rank(self, st);
   return {[](caf::ok_atom) {}};
 }
+
+/// Runs `stop` (the node's shutdown once the job's work is done) and ends
+/// the process with `status` if it has not returned within `bound`: a
+/// shutdown that hangs (the node's stop_watch says in which phase) must not
+/// keep the process, and the launcher waiting on it, from ending. The
+/// trace of such a process may lack its last events.
+void stop_within(std::chrono::seconds bound, const std::string& program, int status,
+                 const std::function<void()>& stop) {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool stopped = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(mutex);
+    if (changed.wait_for(lock, bound, [&] { return stopped; }))
+      return;
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: the node did not stop within {} s of the job's end; ending the process with status {}\n",
+               program, bound.count(), status);
+    std::fflush(stderr);
+    std::_Exit(status);
+  });
+  stop();
+  {
+    std::lock_guard guard(mutex);
+    stopped = true;
+  }
+  changed.notify_all();
+  watchdog.join();
+}
+
+/// How long a node may take to stop once the job's work is done: longer
+/// than any bounded wait inside it (leaving the registry, the data plane's
+/// goodbye), shorter than a launcher's timeout.
+constexpr auto stop_bound = 60s;
 
 } // namespace
 
@@ -474,17 +512,24 @@ int job::finish(int status) {
       if (settled.wait_for(2 * release_timeout + 5s) != std::future_status::ready)
         caf::anon_send_exit(releaser, caf::exit_reason::user_shutdown);
     }
-    st.stop_node();
+    stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
     return status;
   }
   // Other ranks wait for the driver's release (their last collective may
-  // still need the driver's node), or for the driver's loss.
+  // still need the driver's node), or for the driver's loss. The driver may
+  // still be working, so the wait has no bound; it is reported instead.
   caf::anon_send(st.self_actor, caf::put_atom::value);
-  const bool released = st.served.get_future().get() == 0;
+  auto decided = st.served.get_future();
+  for (auto waited = 0s; decided.wait_for(30s) != std::future_status::ready;) {
+    waited += 30s;
+    fmt::print(stderr, "{}: rank {}: waiting for the driver's release for {} s\n", st.program, rank(),
+               waited.count());
+  }
+  const bool released = decided.get() == 0;
   if (st.serving)
     st.at_finish->run_all();
   if (released) {
-    st.stop_node();
+    stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
     return status;
   }
   // The driver's process is gone, and the coordinator with it: an orderly
