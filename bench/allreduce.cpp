@@ -15,7 +15,7 @@
 //
 //   build/bench/allreduce [--json] [--quick] [--no-peers] [--chunk-kib=1024] [--min-chunks=4]
 //                         [--pass-kib=1024] [--algorithm=both|shared-memory|ring]
-//                         [--collective=allreduce|reduce_scatter|all_gather]
+//                         [--collective=allreduce|reduce_scatter|all_gather|broadcast] [--single-copy=on|off]
 //
 // Each side runs twice, interleaved (peers, troupe, peers, troupe; once with
 // --quick), and keeps its better median per size.
@@ -57,6 +57,9 @@ std::size_t chunk_bytes = reducer_group_options{}.chunk_bytes;
 std::uint32_t min_chunks = reducer_group_options{}.min_chunks;
 /// Pass size of the shared-memory allreduce (--pass-kib=N).
 std::size_t pass_bytes = reducer_group_options{}.same_host_pass_bytes;
+/// Whether the peers read all-gather pieces from their owners' memory
+/// (--single-copy=on|off).
+bool single_copy = reducer_group_options{}.same_host_single_copy;
 /// Which cases run (--algorithm=...): index 0 shared memory, 1 ring, both
 /// on heap tensors; 2 shared memory on tensors in the node's arena
 /// (reducer_group::buffer: the peers read an allreduce's or a broadcast
@@ -90,6 +93,7 @@ reducer_group_options group_options(std::uint32_t rank, std::uint32_t n, int alg
   o.min_chunks = min_chunks;
   o.same_host = algorithm == 0 ? same_host_algorithm::shared_memory : same_host_algorithm::ring;
   o.same_host_pass_bytes = pass_bytes;
+  o.same_host_single_copy = single_copy;
   return o;
 }
 
@@ -317,7 +321,7 @@ int parent(int argc, char** argv) {
     auto children = bench::start_ranks(
         *node, n, "rank",
         {fmt::format("--chunk-kib={}", chunk_bytes >> 10), fmt::format("--min-chunks={}", min_chunks),
-         fmt::format("--pass-kib={}", pass_bytes >> 10),
+         fmt::format("--pass-kib={}", pass_bytes >> 10), fmt::format("--single-copy={}", single_copy ? "on" : "off"),
          fmt::format("--algorithm={}", runs[0] && runs[1] ? "both" : algorithm_names[runs[0] ? 0 : 1]),
          fmt::format("--collective={}", name_of(timed))});
     {
@@ -446,6 +450,16 @@ int main(int argc, char** argv) {
   }
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
+    if (!arg.starts_with("--single-copy="))
+      continue;
+    if (arg != "--single-copy=on" && arg != "--single-copy=off") {
+      fmt::print(stderr, "allreduce: --single-copy is '{}' but must be on or off\n", arg.substr(14));
+      return 2;
+    }
+    single_copy = arg == "--single-copy=on";
+  }
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
     if (!arg.starts_with("--collective="))
       continue;
     auto which = arg.substr(13);
@@ -464,7 +478,8 @@ int main(int argc, char** argv) {
     if (std::string_view(argv[i]) == "--child=rank")
       return child(argc, argv);
   bench::check_flags("allreduce", argc, argv,
-                     {"quick", "no-peers", "chunk-kib=", "min-chunks=", "pass-kib=", "algorithm=", "collective="});
+                     {"quick", "no-peers", "chunk-kib=", "min-chunks=", "pass-kib=", "algorithm=", "collective=",
+                      "single-copy="});
   try {
     return parent(argc, argv);
   } catch (const std::exception& e) {

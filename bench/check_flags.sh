@@ -28,7 +28,8 @@ for b in "$@"; do
                    expect 2 "\-\-model is 'gpt2' but must be one of mlp, gpt" -- "$b" --model=gpt2 ;;
     allreduce) expect 2 "\-\-chunk-kib is '-1' but must be an integer" -- "$b" --chunk-kib=-1
                expect 2 "\-\-pass-kib is '1' but must be an integer in \[4," -- "$b" --pass-kib=1
-               expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest ;;
+               expect 2 "\-\-algorithm is 'fastest' but must be both, shared-memory or ring" -- "$b" --algorithm=fastest
+               expect 2 "\-\-single-copy is 'yes' but must be on or off" -- "$b" --single-copy=yes ;;
     tensor_parallel) expect 2 "\-\-width is '4' but must be an integer in \[8," -- "$b" --width=4 ;;
     gpt_step) expect 2 "\-\-models: 'gpt2' is not one of" -- "$b" --models=gpt,gpt2
               expect 2 "\-\-device: 'cuda:1' is not cpu or cuda:0" -- "$b" --device=cuda:1

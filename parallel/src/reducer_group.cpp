@@ -227,6 +227,7 @@ expected<void> reducer_member::offer_same_host() {
         .arena_name = arena != nullptr ? arena->name() : std::string(),
         .arena_base = arena != nullptr ? arena->base() : nullptr,
         .arena_bytes = arena != nullptr ? arena->capacity() : 0,
+        .single_copy = options_.same_host_single_copy,
     });
     if (created) {
       ws = std::move(*created);

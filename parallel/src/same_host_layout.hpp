@@ -10,7 +10,7 @@
 
 namespace troupe::parallel::same_host_layout {
 
-constexpr std::uint64_t magic = 0x7377'6570'756f'7274; // "troupews", little-endian
+constexpr std::uint64_t magic = 0x3277'6570'756f'7274; // "troupew2", little-endian
 constexpr std::uint32_t slot_count = 2;                  // passes in flight per rank
 constexpr std::size_t control_bytes = 4096;
 
@@ -30,6 +30,10 @@ struct alignas(64) slot_header {
   /// Where the owner's values are: `in_slot`, or the offset of its whole
   /// tensor in its node's arena (read in place).
   std::uint64_t source = 0;
+  /// Where the owner's values are in its own process, for the peers to read
+  /// with process_vm_readv (an all-gather's piece); 0: nowhere, take them
+  /// from `source`.
+  std::uint64_t address = 0;
   alignas(64) std::atomic<std::uint32_t> reduced{0};
 };
 constexpr std::uint64_t in_slot = ~std::uint64_t{0};
@@ -44,9 +48,12 @@ struct control {
   std::uint64_t pass_bytes = 0;
   std::uint32_t slots = 0;
   std::uint32_t rank = 0;
+  std::uint64_t pid = 0;          // the owner's process, for process_vm_readv
+  std::uint64_t base_address = 0; // where the owner mapped this segment: a probe reads `magic` there
   alignas(64) std::atomic<std::uint32_t> doorbell{0}; // futex word: bumped by every publish
   alignas(64) std::atomic<std::uint32_t> sleepers{0}; // waiters asleep on the doorbell
   alignas(64) std::atomic<std::uint32_t> ready{0};    // set up: every peer mapped
+  std::uint32_t reads_peers = 0; // 1: this rank can read every peer's memory (set before `ready`)
   alignas(64) std::atomic<std::uint32_t> released{0}; // last pass this rank has finished reading
   slot_header slot[slot_count];
 };

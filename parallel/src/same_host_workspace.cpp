@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -160,6 +161,8 @@ expected<std::unique_ptr<same_host_workspace>> same_host_workspace::create(same_
   c->pass_bytes = o.pass_bytes;
   c->slots = slot_count;
   c->rank = o.rank;
+  c->pid = static_cast<std::uint64_t>(::getpid());
+  c->base_address = reinterpret_cast<std::uintptr_t>(base);
   std::atomic_thread_fence(std::memory_order_release);
   c->magic = magic;
   ws->segments_[o.rank] = std::move(seg);
@@ -294,18 +297,39 @@ expected<void> same_host_workspace::finish_setup() {
     if (!segments_[k])
       return make_error(errc::invalid_argument, "same-host workspace: rank {}'s segment is not mapped", k);
   auto& mine = *segments_[options_.rank];
+  reads_peers_ = options_.single_copy && probe_single_copy();
+  mine.head().reads_peers = reads_peers_ ? 1 : 0;
   mine.head().ready.store(1);
   ring_doorbell(mine.head());
+  read_by_peers_ = options_.single_copy;
   for (std::uint32_t k = 0; k < options_.size; ++k)
     if (k != options_.rank) {
       const auto& c = segments_[k]->head();
       if (auto ok = wait_for(k, "map every member's workspace", [&c] { return c.ready.load() != 0; }); !ok)
         return ok;
+      read_by_peers_ = read_by_peers_ && c.reads_peers == 1;
     }
   // Every peer has mapped this segment: the name is no longer needed.
   ::shm_unlink(mine.name.c_str());
   mine.linked = false;
   return {};
+}
+
+bool same_host_workspace::probe_single_copy() const {
+  for (std::uint32_t k = 0; k < options_.size; ++k) {
+    if (k == options_.rank)
+      continue;
+    const auto& c = segments_[k]->head();
+    if (c.pid == 0 || c.pid > static_cast<std::uint64_t>(INT_MAX))
+      return false;
+    std::uint64_t head[2] = {0, 0}; // magic, nonce: control's first fields
+    iovec local{head, sizeof head};
+    iovec remote{reinterpret_cast<void*>(c.base_address), sizeof head};
+    if (::process_vm_readv(static_cast<pid_t>(c.pid), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(sizeof head) ||
+        head[0] != magic || head[1] != c.nonce)
+      return false;
+  }
+  return true;
 }
 
 std::uint64_t same_host_workspace::take_ticket() {
@@ -441,7 +465,8 @@ expected<void> same_host_workspace::wait_all_released(std::uint32_t s, const cha
   return {};
 }
 
-void same_host_workspace::announce(std::uint32_t s, const pass_label& label, std::uint64_t source) {
+void same_host_workspace::announce(std::uint32_t s, const pass_label& label, std::uint64_t source,
+                                   const void* address) {
   auto& head = segments_[options_.rank]->head();
   auto& own_slot = head.slot[s % slot_count];
   own_slot.element_bytes = label.element_bytes;
@@ -450,6 +475,7 @@ void same_host_workspace::announce(std::uint32_t s, const pass_label& label, std
   own_slot.count = label.count;
   own_slot.pass_index = label.index;
   own_slot.source = source;
+  own_slot.address = reinterpret_cast<std::uintptr_t>(address);
   own_slot.published.store(s, std::memory_order_release);
   ring_doorbell(head);
 }
@@ -481,6 +507,30 @@ void same_host_workspace::release(std::uint32_t s) {
   auto& head = segments_[options_.rank]->head();
   head.released.store(s, std::memory_order_release);
   ring_doorbell(head);
+}
+
+std::uint64_t same_host_workspace::announced_address(std::uint32_t k, std::uint32_t s) const {
+  return segments_[k]->head().slot[s % slot_count].address;
+}
+
+expected<void> same_host_workspace::read_from_peer(std::uint32_t k, std::uint64_t address, void* to,
+                                                   std::size_t bytes, const char* what) {
+  const auto pid = static_cast<pid_t>(segments_[k]->head().pid);
+  auto* into = static_cast<std::byte*>(to);
+  for (std::size_t done = 0; done < bytes;) {
+    // A read stops short at a page the peer does not map; the rest is
+    // asked for again, so that such a page is the error reported.
+    iovec local{into + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
+    const auto got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got <= 0)
+      return make_error(errc::malformed_message,
+                        "same-host {}: reading {} bytes at {:#x} of {}'s process (pid {}) failed at byte {}: {}", what,
+                        bytes, address, who(k), pid, done, got < 0 ? std::strerror(errno) : "nothing read");
+    done += static_cast<std::size_t>(got);
+  }
+  read_across_processes_.fetch_add(1);
+  return {};
 }
 
 template <class T>
@@ -688,22 +738,30 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
   const auto out_bytes = static_cast<std::uint64_t>(count) * n * sizeof(T);
   const std::uint64_t source = arena_offset(out, out_bytes);
   std::vector<T*> theirs(n); // a peer's output in its arena, or nullptr
+  // Every peer can read this rank's piece where it lies (single copy).
+  const bool single_copy = read_by_peers_ && static_cast<std::uint64_t>(count) * sizeof(T) >= single_copy_min_bytes;
+  const T* announced = single_copy ? mine : nullptr;
+  bool read_from_here = false; // a peer read this rank's piece from its memory
   auto publish = [&](std::int64_t index) -> expected<void> {
     if (auto ok = wait_slot_free(plan.pass(index)); !ok)
       return ok;
-    announce(plan.pass(index), plan.label(index), source);
+    announce(plan.pass(index), plan.label(index), source, announced);
     return {};
   };
   auto consume = [&](std::int64_t index) -> expected<void> {
     const auto s = plan.pass(index);
     const T* piece = mine + index * pass_elems;
     // Hand this pass of the piece over: into the outputs of the peers whose
-    // outputs lie in their arenas, through the slot for the others.
+    // outputs lie in their arenas; the others read it from this process, or
+    // from the slot.
     if (auto ok = wait_all_published(s, plan.label(index), out_bytes, theirs); !ok)
       return ok;
     bool through_slot = false;
     for (std::uint32_t k = 0; k < n; ++k)
-      through_slot = through_slot || (k != r && theirs[k] == nullptr);
+      if (k != r && theirs[k] == nullptr) {
+        through_slot = through_slot || announced == nullptr;
+        read_from_here = read_from_here || announced != nullptr;
+      }
     if (through_slot)
       std::memcpy(slot_of<T>(r, s), piece, plan.bytes(index));
     for (std::uint32_t step = 1; step < n; ++step) // next rank first: not all on one peer at once
@@ -712,18 +770,29 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
     // This rank's own output last, while the pass is still in cache.
     std::memcpy(out + r * count + index * pass_elems, piece, plan.bytes(index));
     publish_reduced(s);
-    // The others' pieces: already written here, or copied from their slots.
+    // The others' pieces: already written here, read from their
+    // processes, or copied from their slots.
     for (std::uint32_t step = 1; step < n; ++step) {
       const auto k = (r + step) % n;
+      T* to = out + k * count + index * pass_elems;
+      if (const auto address = announced_address(k, s); source == in_slot && address != 0) {
+        const auto from = address + static_cast<std::uint64_t>(index * pass_elems) * sizeof(T);
+        if (auto ok = read_from_peer(k, from, to, plan.bytes(index), "all-gather"); !ok)
+          return ok;
+        continue;
+      }
       if (auto ok = wait_reduced(k, s, "hand over its piece"); !ok)
         return ok;
       if (source == in_slot)
-        std::memcpy(out + k * count + index * pass_elems, slot_of<T>(k, s), plan.bytes(index));
+        std::memcpy(to, slot_of<T>(k, s), plan.bytes(index));
     }
     release(s);
     return {};
   };
   auto result = pipelined(plan.passes, publish, consume);
+  // A piece read from this process stays as it is until every peer is done.
+  if (result && read_from_here)
+    result = wait_all_released(plan.pass(plan.passes - 1), "finish reading the all-gather's pieces");
   if (result && source != in_slot)
     published_in_place_.fetch_add(1);
   done(ticket, result);

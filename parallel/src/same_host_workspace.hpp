@@ -77,6 +77,21 @@
 // kind, so replicas that issue different collectives at the same place
 // fail instead of reading each other's values as their own.
 //
+// Single copy. Where the system lets a process read another's memory
+// (process_vm_readv: same user, no ptrace restriction; probed at set-up by
+// reading each peer's segment head through its process), an all-gather's
+// owner announces where its piece lies in its own process instead of
+// copying it into the slot, and the peers with heap outputs copy it
+// straight into them, as Open MPI's "cma" single-copy mechanism does. The
+// owner then returns only once every peer has released the last pass (its
+// caller may change the piece next). Used only when every peer can read
+// this way (no pass needs both paths), and for pieces of at least
+// single_copy_min_bytes: below that the system call and the final wait
+// cost more than the copy saves. A broadcast keeps its slot: there the
+// root's one copy serves every reader, and the readers' copies from the
+// slot, which is in cache, were as fast or faster than reading the root's
+// memory (docs/performance.md, 2026-11-28).
+//
 // After any failure (a timeout, a lost replica, an order mismatch) the
 // passes of the ranks are out of step for good: the workspace refuses
 // every later collective with the first error.
@@ -118,10 +133,16 @@ struct same_host_workspace_options {
   std::string arena_name;
   const void* arena_base = nullptr;
   std::size_t arena_bytes = 0;
+  /// Let the peers read an all-gather's pieces straight from this
+  /// process's memory ("Single copy" above), where the system allows it.
+  bool single_copy = true;
 };
 
 class same_host_workspace {
 public:
+  /// The least all-gather piece the peers read from the owner's memory.
+  static constexpr std::uint64_t single_copy_min_bytes = 32 << 10;
+
   /// What a rank tells the others about its segment.
   struct invitation {
     std::string name;
@@ -189,6 +210,9 @@ public:
   /// (a count per peer and collective).
   std::uint64_t published_in_place() const noexcept { return published_in_place_.load(); }
   std::uint64_t read_in_place() const noexcept { return read_in_place_.load(); }
+  /// Peers' values this rank read straight from their processes' memory (a
+  /// count per peer and pass).
+  std::uint64_t read_across_processes() const noexcept { return read_across_processes_.load(); }
 
   struct segment; // one mapped segment: this rank's or a peer's
 
@@ -244,7 +268,7 @@ private:
   /// `what` names the wait in a timeout's error.
   expected<void> wait_all_released(std::uint32_t s, const char* what);
   /// Publishes this rank's slot of pass s (its values already written).
-  void announce(std::uint32_t s, const pass_label& label, std::uint64_t source);
+  void announce(std::uint32_t s, const pass_label& label, std::uint64_t source, const void* address = nullptr);
   /// Step 3 for peer k: waits for its slot of pass s and checks that it
   /// holds the same collective; returns where its values are (the header's
   /// `source`, unchecked).
@@ -262,6 +286,16 @@ private:
   expected<void> wait_reduced(std::uint32_t k, std::uint32_t s, const char* what);
   /// Step 6: this rank is done reading the peers' slots of pass s.
   void release(std::uint32_t s);
+  /// The address peer k announced with pass s (after wait_published saw it).
+  std::uint64_t announced_address(std::uint32_t k, std::uint32_t s) const;
+  /// Copies `bytes` at `address` of peer k's process to `to`
+  /// (process_vm_readv); an address the peer does not map is
+  /// errc::malformed_message naming the peer.
+  expected<void> read_from_peer(std::uint32_t k, std::uint64_t address, void* to, std::size_t bytes,
+                                const char* what);
+  /// Whether this rank can read every peer's memory: a read of each peer's
+  /// segment head through its process must find its magic and nonce.
+  bool probe_single_copy() const;
 
   template <class Pred> expected<void> wait_for(std::uint32_t peer, const char* what, Pred ready);
   /// "replica 2 (worker2/cpu/reducer2)", or "rank 2" without a describe function.
@@ -273,6 +307,8 @@ private:
   std::vector<std::unique_ptr<segment>> segments_; // by rank
   std::uint32_t pass_ = 0;                         // last pass run (wraps)
   bool spin_ = false;
+  bool reads_peers_ = false; // this rank reads peers' announced addresses (set up in finish_setup)
+  bool read_by_peers_ = false; // every peer reads this rank's announced addresses
 
   std::mutex order_mutex_;
   std::condition_variable order_changed_;
@@ -281,6 +317,7 @@ private:
   std::optional<error> broken_;
   std::atomic<std::uint64_t> published_in_place_{0};
   std::atomic<std::uint64_t> read_in_place_{0};
+  std::atomic<std::uint64_t> read_across_processes_{0};
 };
 
 /// What every member tells every other when a group is joined: whether it

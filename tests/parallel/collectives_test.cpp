@@ -311,6 +311,20 @@ TEST_P(Collectives, SameHostReduceScatterIsTheAllreducesSegmentAndAllGatherIsExa
     }
 }
 
+/// Peers' values that rank k of `ring` has read straight from their memory.
+std::uint64_t read_across(local_ring& ring, std::uint32_t k) {
+  return reducer_group_access::member(*ring.groups[k]).workspace()->read_across_processes();
+}
+
+/// Rank k's piece for the exactness tests: -0 first and NaN last.
+tensor signed_piece(std::uint32_t k, std::int64_t count, dtype type) {
+  auto t = input(k, count).to(type);
+  t.flatten().slice(0, 0, 1).fill(-0.0);
+  if (count > 1)
+    t.flatten().slice(0, count - 1, count).fill(std::numeric_limits<double>::quiet_NaN());
+  return t;
+}
+
 // The same-host broadcast hands the root's values over bit for bit (-0 and
 // NaN included), from every root, in float32 and float64, over many passes.
 TEST_P(Collectives, SameHostBroadcastIsExactFromEveryRoot) {
@@ -321,22 +335,50 @@ TEST_P(Collectives, SameHostBroadcastIsExactFromEveryRoot) {
     for (std::uint32_t root = 0; root < n; ++root)
       for (std::int64_t count : {std::int64_t{1}, std::int64_t{1023}, std::int64_t{5000}}) {
         std::vector<tensor> data(n);
-        auto values = [&](std::uint32_t k) {
-          auto t = input(k, count).to(type);
-          t.flatten().slice(0, 0, 1).fill(-0.0);
-          if (count > 1)
-            t.flatten().slice(0, count - 1, count).fill(std::numeric_limits<double>::quiet_NaN());
-          return t;
-        };
         ring.each([&](std::uint32_t k) {
-          data[k] = values(k);
+          data[k] = signed_piece(k, count, type);
           auto ok = broadcast(*ring.groups[k], data[k], {.root = root});
           EXPECT_TRUE(ok) << ok.error().message();
         });
         for (std::uint32_t k = 0; k < n; ++k)
-          EXPECT_TRUE(bitwise_equal(data[k], values(root)))
+          EXPECT_TRUE(bitwise_equal(data[k], signed_piece(root, count, type)))
             << "rank " << k << ", root " << root << ", count " << count;
       }
+}
+
+// all_gather_into a heap output: each piece arrives bit for bit, read from
+// its owner's memory (single copy, for pieces of 32 KiB and more) or
+// through its slot; an owner returns only once the peers have read it, so
+// it may change its piece at once.
+TEST_P(Collectives, SameHostAllGatherIntoHeapOutputsIsExact) {
+  const auto n = GetParam();
+  for (bool single_copy : {true, false}) {
+    local_ring ring(n, 1024, 5000ms, 1, shared_path, 4096, single_copy);
+    ASSERT_TRUE(ring.node);
+    for (auto type : {dtype::float32, dtype::float64})
+      for (std::int64_t count : {std::int64_t{1}, std::int64_t{1023}, std::int64_t{5000}, std::int64_t{20000}}) {
+        const auto piece_bytes = static_cast<std::uint64_t>(count) * size_of(type);
+        const bool read_across_expected = single_copy && piece_bytes >= same_host_workspace::single_copy_min_bytes;
+        std::vector<tensor> out(n);
+        std::vector<std::uint64_t> read(n);
+        ring.each([&](std::uint32_t k) {
+          auto piece = signed_piece(k, count, type);
+          out[k] = tensor::empty({count * n}, type);
+          const auto before = read_across(ring, k);
+          auto ok = all_gather_into(*ring.groups[k], piece, out[k]);
+          EXPECT_TRUE(ok) << ok.error().message();
+          read[k] = read_across(ring, k) - before;
+          piece.fill(7.0); // the peers are done with it
+        });
+        for (std::uint32_t k = 0; k < n; ++k) {
+          for (std::uint32_t r = 0; r < n; ++r)
+            EXPECT_TRUE(
+                bitwise_equal(out[k].slice(0, r * count, (r + 1) * count).clone(), signed_piece(r, count, type)))
+              << "rank " << k << " gathered rank " << r << "'s piece of " << count << ", single copy " << single_copy;
+          EXPECT_EQ(read[k] > 0, read_across_expected) << "rank " << k << ", count " << count;
+        }
+      }
+  }
 }
 
 // Replicas that name different roots fail, naming the root they expected
@@ -453,6 +495,7 @@ std::string run_all_gathers(reducer_group& g) {
     auto out = g.rank() % 2 == 0 ? g.buffer({count * n}) : tensor::empty({count * n}, dtype::float32);
     auto* workspace = reducer_group_access::member(g).workspace();
     const auto published_before = workspace ? workspace->published_in_place() : 0;
+    const auto read_before = workspace ? workspace->read_across_processes() : 0;
     if (auto ok = all_gather_into(g, input(g.rank(), count), out); !ok)
       return ok.error().message();
     for (std::uint32_t r = 0; r < n; ++r)
@@ -462,6 +505,11 @@ std::string run_all_gathers(reducer_group& g) {
       const auto published = workspace->published_in_place() - published_before;
       if (published != (g.rank() % 2 == 0 ? 1u : 0u))
         return fmt::format("{} all-gathers into this rank's {} output", published,
+                           g.rank() % 2 == 0 ? "arena" : "heap");
+      // A heap output reads the peers' pieces of 32 KiB or more from their processes.
+      const auto read = workspace->read_across_processes() - read_before;
+      if ((read > 0) != (g.rank() % 2 == 1 && count * 4 >= std::int64_t{same_host_workspace::single_copy_min_bytes}))
+        return fmt::format("{} pieces read from the peers' memory into this rank's {} output", read,
                            g.rank() % 2 == 0 ? "arena" : "heap");
     }
   }

@@ -2,7 +2,8 @@
 // the offer every member sends when joining comes from another process, so
 // its decoder is tested against bad input, and so is mapping a peer's
 // segment that does not hold what was announced, and so is a slot header
-// that names values outside the peer's arena. The allreduce itself is
+// that names values outside the peer's arena or an address its process
+// does not map. The allreduce itself is
 // tested through reducer_group in collectives_test.cpp.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -298,6 +300,32 @@ struct played_peer {
   same_host_layout::control& head() const { return *static_cast<same_host_layout::control*>(base); }
 };
 
+/// Ranks 0 (`a`, the one tested) and 1 (`b`) set up with each other, and
+/// rank 1's segment mapped for the test to write its slot headers.
+struct played_pair {
+  std::unique_ptr<same_host_workspace> a, b;
+  std::optional<played_peer> peer;
+  explicit played_pair(same_host_workspace_options b_options) {
+    auto made_a = same_host_workspace::create(options_for(0));
+    auto made_b = same_host_workspace::create(std::move(b_options));
+    if (!made_a || !made_b) {
+      ADD_FAILURE() << "workspaces not created";
+      return;
+    }
+    a = std::move(*made_a);
+    b = std::move(*made_b);
+    EXPECT_TRUE(a->map_peer(1, b->own()));
+    EXPECT_TRUE(b->map_peer(0, a->own()));
+    peer.emplace(b->own());
+    std::thread other([&] { EXPECT_TRUE(b->finish_setup()); });
+    EXPECT_TRUE(a->finish_setup());
+    other.join();
+  }
+  bool ready() const { return a && b && peer && peer->base != MAP_FAILED; }
+  /// Rank 1's header of pass 1, the first pass of the next collective.
+  same_host_layout::slot_header& first_slot() const { return peer->head().slot[1 % same_host_layout::slot_count]; }
+};
+
 TEST(SameHostWorkspace, AHeaderNamingValuesOutsideThePeersArenaIsRefused) {
   constexpr std::int64_t count = 3000; // 12000 bytes
   auto arena = actors::shared_arena::create(fmt::format("/troupe-wstest_{}-header", ::getpid()), 1 << 20);
@@ -317,18 +345,11 @@ TEST(SameHostWorkspace, AHeaderNamingValuesOutsideThePeersArenaIsRefused) {
       {true, 2, "published 12000 bytes at offset 2 of its arena"}, // not aligned for float
   };
   for (const auto& c : cases) {
-    auto a = same_host_workspace::create(options_for(0));
-    auto b = same_host_workspace::create(c.peer_has_arena ? with_arena(options_for(1), **arena) : options_for(1));
-    ASSERT_TRUE(a && b);
-    ASSERT_TRUE((*a)->map_peer(1, (*b)->own()));
-    ASSERT_TRUE((*b)->map_peer(0, (*a)->own()));
-    played_peer peer((*b)->own());
-    ASSERT_NE(peer.base, MAP_FAILED);
-    std::thread other([&] { EXPECT_TRUE((*b)->finish_setup()); });
-    ASSERT_TRUE((*a)->finish_setup());
-    other.join();
+    played_pair pair(c.peer_has_arena ? with_arena(options_for(1), **arena) : options_for(1));
+    ASSERT_TRUE(pair.ready());
+    auto& a = pair.a;
     // Rank 1 announces pass 1 of the same allreduce (id 7), its values "in its arena" at c.source.
-    auto& slot = peer.head().slot[1 % same_host_layout::slot_count];
+    auto& slot = pair.first_slot();
     slot.element_bytes = sizeof(float);
     slot.kind = static_cast<std::uint32_t>(same_host_layout::collective::allreduce);
     slot.id = 7;
@@ -337,13 +358,57 @@ TEST(SameHostWorkspace, AHeaderNamingValuesOutsideThePeersArenaIsRefused) {
     slot.source = c.source;
     slot.published.store(1, std::memory_order_release);
     std::vector<float> x(count, 1.0f);
-    auto refused = (*a)->allreduce(x.data(), count, false, 7, (*a)->take_ticket());
+    auto refused = a->allreduce(x.data(), count, false, 7, a->take_ticket());
     ASSERT_FALSE(refused) << "offset " << c.source;
     EXPECT_EQ(refused.error().code(), errc::malformed_message);
     EXPECT_THAT(refused.error().message(), HasSubstr("same-host allreduce: replica 1 published"));
     EXPECT_THAT(refused.error().message(), HasSubstr(c.says));
     EXPECT_EQ(x, std::vector<float>(count, 1.0f)) << "the tensor is left as it was";
   }
+}
+
+// A peer that announces its all-gather piece at an address of its process
+// that it does not map (wholly, or from some byte on) gets an error naming
+// it, the address and the first byte that could not be read.
+TEST(SameHostWorkspace, AHeaderNamingAnAddressThePeerDoesNotMapIsRefused) {
+  constexpr std::int64_t count = 1024; // one pass of 4096 bytes
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // One readable page followed by one that is not mapped.
+  auto* pages = static_cast<std::byte*>(mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                             -1, 0));
+  ASSERT_NE(pages, MAP_FAILED);
+  ASSERT_EQ(munmap(pages + page, page), 0);
+  struct address_case {
+    std::uint64_t address;
+    std::string says;
+  };
+  const auto straddling = reinterpret_cast<std::uintptr_t>(pages) + page - 100;
+  const address_case cases[] = {
+      {16, "reading 4096 bytes at 0x10 of replica 1's process"},
+      {straddling, fmt::format("reading 4096 bytes at {:#x} of replica 1's process (pid {}) failed at byte 100",
+                               straddling, ::getpid())},
+  };
+  for (const auto& c : cases) {
+    played_pair pair(options_for(1));
+    ASSERT_TRUE(pair.ready());
+    auto& a = pair.a;
+    // Rank 1 announces pass 1, the first of all-gather 9, its piece "at" c.address of its process.
+    auto& slot = pair.first_slot();
+    slot.element_bytes = sizeof(float);
+    slot.kind = static_cast<std::uint32_t>(same_host_layout::collective::all_gather);
+    slot.id = 9;
+    slot.count = count;
+    slot.pass_index = 0;
+    slot.source = same_host_layout::in_slot;
+    slot.address = c.address;
+    slot.published.store(1, std::memory_order_release);
+    std::vector<float> mine(count, 1.0f), out(2 * count, 0.0f);
+    auto refused = a->all_gather(mine.data(), count, out.data(), 9, a->take_ticket());
+    ASSERT_FALSE(refused) << "address " << c.address;
+    EXPECT_EQ(refused.error().code(), errc::malformed_message);
+    EXPECT_THAT(refused.error().message(), HasSubstr("same-host all-gather: " + c.says));
+  }
+  munmap(pages, page);
 }
 
 } // namespace

@@ -104,6 +104,11 @@ struct reducer_group_options {
   /// processes (2026-11-23, alternated runs): 4 MiB passes were 1.5-2x
   /// slower at 4-64 MiB, 128 KiB slower on 4 processes.
   std::size_t same_host_pass_bytes = std::size_t{256} << 10;
+  /// On the same-host path, let the peers read an all-gather's pieces
+  /// straight from this process's memory (process_vm_readv, where the
+  /// system allows it) rather than through a shared slot: one copy instead
+  /// of two for outputs on the heap. Off: always the slots.
+  bool same_host_single_copy = true;
 };
 
 /// The default places for `size` members with one rank per node:
