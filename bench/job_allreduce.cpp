@@ -9,7 +9,8 @@
 //   build/bin/troupe-launch -n 4 --hosts HOSTS -- build/bench/job_allreduce --min-kib=64 --max-kib=65536
 //
 // Flags: --min-kib, --max-kib (sizes step x4), --iterations (timed, after 2
-// warm-ups; the median is printed), --json. On one host the ring's messages
+// warm-ups; the median is printed), --json, --chunk-kib and --min-chunks
+// (the ring's chunking, reducer_group_options). On one host the ring's messages
 // run too (never the shared-memory path), so one host measures what hosts
 // would. Exit 1 when any element is wrong.
 #include <algorithm>
@@ -30,13 +31,17 @@ int main(int argc, char** argv) {
   const auto max_kib = job.flag("max-kib", 65536, 1, 1 << 20);
   const auto iterations = job.flag("iterations", 5, 1, 1000);
   const bool json = job.flag("json", "no", {"no", "yes"}) == "yes";
+  const reducer_group_options defaults;
+  const auto chunk_kib = job.flag("chunk-kib", static_cast<std::int64_t>(defaults.chunk_bytes >> 10), 1, 1 << 20);
+  const auto min_chunks = job.flag("min-chunks", defaults.min_chunks, 1, 1024);
   if (min_kib > max_kib)
     job.reject(fmt::format("--min-kib={} is above --max-kib={}", min_kib, max_kib));
   job.start();
   // A minute per chunk: a 64 MiB segment over a 1 Gbit/s link takes ~0.5 s,
   // and 8 ranks on 2 cores wait on each other.
   auto group = job.must(reducer_group::join(
-    job, {.timeout = std::chrono::milliseconds(60000), .same_host = same_host_algorithm::ring}));
+    job, {.chunk_bytes = static_cast<std::size_t>(chunk_kib) << 10, .min_chunks = static_cast<std::uint32_t>(min_chunks),
+          .timeout = std::chrono::milliseconds(60000), .same_host = same_host_algorithm::ring}));
   const auto n = group.size();
   const float want = static_cast<float>(n * (n + 1) / 2);
   std::int64_t any_wrong = 0;
