@@ -594,7 +594,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   auto publish = [&](std::int64_t index) -> expected<void> {
     const auto s = plan.pass(index);
     const auto len = plan.length(index);
-    const T* here = data + index * pass_elems;
+    const T* here = data + plan.offset(index);
     // 1. The slot is free once every peer has finished pass s - slots.
     if (auto ok = wait_slot_free(s); !ok)
       return ok;
@@ -613,7 +613,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
   auto consume = [&](std::int64_t index) -> expected<void> {
     const auto s = plan.pass(index);
     const auto len = plan.length(index);
-    T* here = data + index * pass_elems;
+    T* here = data + plan.offset(index);
 
     // 3. Every peer's values of this pass, for the same collective.
     if (auto ok = wait_all_published(s, plan.label(index), total_bytes, in_place); !ok)
@@ -623,7 +623,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     auto own = ring_segment(len, n, r);
     for (std::uint32_t k = 0; k < n; ++k)
       sources[k] = (k == r                 ? here
-                    : in_place[k] != nullptr ? in_place[k] + index * pass_elems
+                    : in_place[k] != nullptr ? in_place[k] + plan.offset(index)
                                              : slot_of<T>(k, s)) +
                    own.begin;
     reduce_segment(sources, slot_of<T>(r, s) + own.begin, here + own.begin, own.end - own.begin, average);
@@ -632,7 +632,7 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     // 5's copy for this segment.
     for (std::uint32_t k = 0; k < n; ++k)
       if (k != r && in_place[k] != nullptr)
-        std::memcpy(in_place[k] + index * pass_elems + own.begin, slot_of<T>(r, s) + own.begin,
+        std::memcpy(in_place[k] + plan.offset(index) + own.begin, slot_of<T>(r, s) + own.begin,
                     static_cast<std::size_t>(own.end - own.begin) * sizeof(T));
     publish_reduced(s);
 
@@ -750,7 +750,7 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
   };
   auto consume = [&](std::int64_t index) -> expected<void> {
     const auto s = plan.pass(index);
-    const T* piece = mine + index * pass_elems;
+    const T* piece = mine + plan.offset(index);
     // Hand this pass of the piece over: into the outputs of the peers whose
     // outputs lie in their arenas; the others read it from this process, or
     // from the slot.
@@ -766,17 +766,17 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
       std::memcpy(slot_of<T>(r, s), piece, plan.bytes(index));
     for (std::uint32_t step = 1; step < n; ++step) // next rank first: not all on one peer at once
       if (auto k = (r + step) % n; theirs[k] != nullptr)
-        std::memcpy(theirs[k] + r * count + index * pass_elems, piece, plan.bytes(index));
+        std::memcpy(theirs[k] + r * count + plan.offset(index), piece, plan.bytes(index));
     // This rank's own output last, while the pass is still in cache.
-    std::memcpy(out + r * count + index * pass_elems, piece, plan.bytes(index));
+    std::memcpy(out + r * count + plan.offset(index), piece, plan.bytes(index));
     publish_reduced(s);
     // The others' pieces: already written here, read from their
     // processes, or copied from their slots.
     for (std::uint32_t step = 1; step < n; ++step) {
       const auto k = (r + step) % n;
-      T* to = out + k * count + index * pass_elems;
+      T* to = out + k * count + plan.offset(index);
       if (const auto address = announced_address(k, s); source == in_slot && address != 0) {
-        const auto from = address + static_cast<std::uint64_t>(index * pass_elems) * sizeof(T);
+        const auto from = address + static_cast<std::uint64_t>(plan.offset(index)) * sizeof(T);
         if (auto ok = read_from_peer(k, from, to, plan.bytes(index), "all-gather"); !ok)
           return ok;
         continue;
@@ -816,7 +816,7 @@ expected<void> same_host_workspace::broadcast(T* data, std::int64_t count, std::
     if (auto ok = wait_slot_free(s); !ok)
       return ok;
     if (source == in_slot)
-      std::memcpy(slot_of<T>(r, s), data + index * pass_elems, plan.bytes(index));
+      std::memcpy(slot_of<T>(r, s), data + plan.offset(index), plan.bytes(index));
     announce(s, plan.label(index), source);
     return {};
   };
@@ -844,8 +844,8 @@ expected<void> same_host_workspace::broadcast(T* data, std::int64_t count, std::
       }
     }
     if (r != root)
-      std::memcpy(data + index * pass_elems,
-                  in_place != nullptr ? in_place + index * pass_elems : slot_of<T>(root, s), plan.bytes(index));
+      std::memcpy(data + plan.offset(index),
+                  in_place != nullptr ? in_place + plan.offset(index) : slot_of<T>(root, s), plan.bytes(index));
     release(s);
     return {};
   };

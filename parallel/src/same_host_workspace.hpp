@@ -228,13 +228,18 @@ private:
   };
 
   /// The passes of one collective: numbered pass(0), pass(1), ... (wrapping),
-  /// `per_pass` elements from offset(index) each, the last one shorter.
+  /// each labelled for the peers' checks. An allreduce, an all-gather and a
+  /// broadcast cut one range of `count` elements into passes of `per_pass`
+  /// from offset(index), the last one shorter (length, bytes); a
+  /// reduce-scatter cuts each rank's segment into runs of `per_pass` and
+  /// computes its own extents, so offset, length and bytes mean nothing
+  /// for it.
   struct pass_plan {
     collective kind;
     std::uint32_t element_bytes;
     std::uint64_t id;
     std::int64_t count;    // elements of the whole collective
-    std::int64_t per_pass; // elements of a full pass
+    std::int64_t per_pass; // elements of a full pass (a reduce-scatter's: of each segment)
     std::int64_t passes;
     std::uint32_t first;
     std::uint32_t pass(std::int64_t index) const { return first + static_cast<std::uint32_t>(index); }
