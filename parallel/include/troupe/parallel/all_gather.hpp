@@ -24,9 +24,11 @@ struct all_gather_options {
 expected<tensor> all_gather(reducer_group& group, const tensor& mine, all_gather_options options = {});
 
 /// The same into `out`: contiguous, of mine's dtype and group.size() times
-/// its numel (PyTorch's all_gather_into_tensor). With `out` from
-/// group.buffer() the peers on this host write their pieces straight into
-/// it, one copy per piece instead of two.
+/// its numel (PyTorch's all_gather_into_tensor). On one host every piece
+/// is copied once: with `out` from group.buffer() its owner writes it
+/// there; with `out` on the heap this rank reads pieces of 32 KiB or more
+/// from their owners' memory (process_vm_readv, where the system allows
+/// it) and smaller ones through their owners' shared slots (two copies).
 expected<void> all_gather_into(reducer_group& group, const tensor& mine, const tensor& out,
                                all_gather_options options = {});
 
