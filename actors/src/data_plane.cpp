@@ -529,7 +529,7 @@ void data_plane::impl::drop_peer(peer& p, std::string_view why, bool force_close
 /// time. Endpoints to peers already gone (they said goodbye, or the control
 /// plane reported them lost) are force-closed at once: a flush towards a
 /// process that has exited only ends in UCX's "Endpoint timeout" error,
-/// which it prints (seen at the end of every 8-host job over TCP).
+/// which it prints.
 void data_plane::impl::shutdown() {
   closing_now_ = true;
   std::vector<peer*> all;

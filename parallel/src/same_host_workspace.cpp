@@ -297,8 +297,7 @@ expected<void> same_host_workspace::finish_setup() {
     if (!segments_[k])
       return make_error(errc::invalid_argument, "same-host workspace: rank {}'s segment is not mapped", k);
   auto& mine = *segments_[options_.rank];
-  reads_peers_ = options_.single_copy && probe_single_copy();
-  mine.head().reads_peers = reads_peers_ ? 1 : 0;
+  mine.head().reads_peers = options_.single_copy && probe_single_copy() ? 1 : 0;
   mine.head().ready.store(1);
   ring_doorbell(mine.head());
   read_by_peers_ = options_.single_copy;
@@ -565,6 +564,11 @@ expected<void> same_host_workspace::wait_reduced(std::uint32_t k, std::uint32_t 
 }
 
 same_host_workspace::pass_plan same_host_workspace::plan_passes(collective kind, std::uint32_t element_bytes,
+                                                               std::uint64_t id, std::int64_t count) {
+  return plan_passes(kind, element_bytes, id, count, static_cast<std::int64_t>(options_.pass_bytes / element_bytes));
+}
+
+same_host_workspace::pass_plan same_host_workspace::plan_passes(collective kind, std::uint32_t element_bytes,
                                                                std::uint64_t id, std::int64_t count,
                                                                std::int64_t per_pass, std::int64_t passes) {
   if (passes < 0)
@@ -581,11 +585,10 @@ expected<void> same_host_workspace::allreduce(T* data, std::int64_t count, bool 
     return ok;
   const std::uint32_t n = options_.size;
   const std::uint32_t r = options_.rank;
-  const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
   std::vector<const T*> sources(n); // each rank's values of this rank's segment, one pass at a time
   std::vector<T*> in_place(n); // a peer's whole tensor in its arena, or nullptr
 
-  const auto plan = plan_passes(collective::allreduce, sizeof(T), id, count, pass_elems);
+  const auto plan = plan_passes(collective::allreduce, sizeof(T), id, count);
   // This rank's tensor in its node's arena: the peers read it in place.
   const auto total_bytes = static_cast<std::uint64_t>(count) * sizeof(T);
   const std::uint64_t source = arena_offset(data, total_bytes);
@@ -732,8 +735,7 @@ expected<void> same_host_workspace::all_gather(const T* mine, std::int64_t count
     return ok;
   const std::uint32_t n = options_.size;
   const std::uint32_t r = options_.rank;
-  const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
-  const auto plan = plan_passes(collective::all_gather, sizeof(T), id, count, pass_elems);
+  const auto plan = plan_passes(collective::all_gather, sizeof(T), id, count);
   // An output in this node's arena: the peers write their pieces into it.
   const auto out_bytes = static_cast<std::uint64_t>(count) * n * sizeof(T);
   const std::uint64_t source = arena_offset(out, out_bytes);
@@ -806,8 +808,7 @@ expected<void> same_host_workspace::broadcast(T* data, std::int64_t count, std::
     return ok;
   const std::uint32_t n = options_.size;
   const std::uint32_t r = options_.rank;
-  const auto pass_elems = static_cast<std::int64_t>(options_.pass_bytes / sizeof(T));
-  const auto plan = plan_passes(collective::broadcast, sizeof(T), id, count, pass_elems);
+  const auto plan = plan_passes(collective::broadcast, sizeof(T), id, count);
   // A root tensor in the node's arena is read where it lies.
   const auto total_bytes = static_cast<std::uint64_t>(count) * sizeof(T);
   const std::uint64_t source = r == root ? arena_offset(data, total_bytes) : no_values;

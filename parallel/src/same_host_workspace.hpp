@@ -257,6 +257,8 @@ private:
   /// passes of `per_pass`) for one collective.
   pass_plan plan_passes(collective kind, std::uint32_t element_bytes, std::uint64_t id, std::int64_t count,
                         std::int64_t per_pass, std::int64_t passes = -1);
+  /// The same in passes that fill a slot (pass_bytes each).
+  pass_plan plan_passes(collective kind, std::uint32_t element_bytes, std::uint64_t id, std::int64_t count);
 
   static const char* name_of(collective kind);
   /// Where [data, data + bytes) lies in this node's arena, or in_slot.
@@ -312,8 +314,7 @@ private:
   std::vector<std::unique_ptr<segment>> segments_; // by rank
   std::uint32_t pass_ = 0;                         // last pass run (wraps)
   bool spin_ = false;
-  bool reads_peers_ = false; // this rank reads peers' announced addresses (set up in finish_setup)
-  bool read_by_peers_ = false; // every peer reads this rank's announced addresses
+  bool read_by_peers_ = false; // every peer reads this rank's announced addresses (set up in finish_setup)
 
   std::mutex order_mutex_;
   std::condition_variable order_changed_;

@@ -322,8 +322,21 @@ struct played_pair {
     other.join();
   }
   bool ready() const { return a && b && peer && peer->base != MAP_FAILED; }
-  /// Rank 1's header of pass 1, the first pass of the next collective.
-  same_host_layout::slot_header& first_slot() const { return peer->head().slot[1 % same_host_layout::slot_count]; }
+  /// Publishes, as rank 1, pass 1 (the first of the next collective): the
+  /// first pass of collective `id` of `count` float32 values, which lie at
+  /// `source` of its arena, or at `address` of its process.
+  void publish_first_pass(same_host_layout::collective kind, std::uint64_t id, std::uint64_t count,
+                          std::uint64_t source, std::uint64_t address = 0) const {
+    auto& slot = peer->head().slot[1 % same_host_layout::slot_count];
+    slot.element_bytes = sizeof(float);
+    slot.kind = static_cast<std::uint32_t>(kind);
+    slot.id = id;
+    slot.count = count;
+    slot.pass_index = 0;
+    slot.source = source;
+    slot.address = address;
+    slot.published.store(1, std::memory_order_release);
+  }
 };
 
 TEST(SameHostWorkspace, AHeaderNamingValuesOutsideThePeersArenaIsRefused) {
@@ -349,14 +362,7 @@ TEST(SameHostWorkspace, AHeaderNamingValuesOutsideThePeersArenaIsRefused) {
     ASSERT_TRUE(pair.ready());
     auto& a = pair.a;
     // Rank 1 announces pass 1 of the same allreduce (id 7), its values "in its arena" at c.source.
-    auto& slot = pair.first_slot();
-    slot.element_bytes = sizeof(float);
-    slot.kind = static_cast<std::uint32_t>(same_host_layout::collective::allreduce);
-    slot.id = 7;
-    slot.count = count;
-    slot.pass_index = 0;
-    slot.source = c.source;
-    slot.published.store(1, std::memory_order_release);
+    pair.publish_first_pass(same_host_layout::collective::allreduce, 7, count, c.source);
     std::vector<float> x(count, 1.0f);
     auto refused = a->allreduce(x.data(), count, false, 7, a->take_ticket());
     ASSERT_FALSE(refused) << "offset " << c.source;
@@ -393,15 +399,7 @@ TEST(SameHostWorkspace, AHeaderNamingAnAddressThePeerDoesNotMapIsRefused) {
     ASSERT_TRUE(pair.ready());
     auto& a = pair.a;
     // Rank 1 announces pass 1, the first of all-gather 9, its piece "at" c.address of its process.
-    auto& slot = pair.first_slot();
-    slot.element_bytes = sizeof(float);
-    slot.kind = static_cast<std::uint32_t>(same_host_layout::collective::all_gather);
-    slot.id = 9;
-    slot.count = count;
-    slot.pass_index = 0;
-    slot.source = same_host_layout::in_slot;
-    slot.address = c.address;
-    slot.published.store(1, std::memory_order_release);
+    pair.publish_first_pass(same_host_layout::collective::all_gather, 9, count, same_host_layout::in_slot, c.address);
     std::vector<float> mine(count, 1.0f), out(2 * count, 0.0f);
     auto refused = a->all_gather(mine.data(), count, out.data(), 9, a->take_ticket());
     ASSERT_FALSE(refused) << "address " << c.address;
