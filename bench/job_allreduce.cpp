@@ -1,4 +1,4 @@
-// Float32 sum allreduce over the ring, across whatever ranks the launcher
+// Float32 sum allreduce over messages (the ring, or halving-doubling), across whatever ranks the launcher
 // started (one host, or many over ssh: bench/links.sh runs it on namespace
 // hosts behind shaped links), in the nccl-tests manner: size, count, time,
 // algbw, busbw = 2(n-1)/n * bytes / time, and #wrong from checking every
@@ -10,7 +10,8 @@
 //
 // Flags: --min-kib, --max-kib (sizes step x4), --iterations (timed, after 2
 // warm-ups; the median is printed), --json, --chunk-kib and --min-chunks
-// (the ring's chunking, reducer_group_options). On one host the ring's messages
+// (the chunking, reducer_group_options), --algorithm=ring|halving-doubling|
+// automatic (reducer_group_options::messages). On one host the messages
 // run too (never the shared-memory path), so one host measures what hosts
 // would. Exit 1 when any element is wrong.
 #include <algorithm>
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
   const reducer_group_options defaults;
   const auto chunk_kib = job.flag("chunk-kib", static_cast<std::int64_t>(defaults.chunk_bytes >> 10), 1, 1 << 20);
   const auto min_chunks = job.flag("min-chunks", defaults.min_chunks, 1, 1024);
+  const auto algorithm = job.flag("algorithm", "ring", {"ring", "halving-doubling", "automatic"});
+  const auto messages = algorithm == "ring"               ? message_algorithm::ring
+                        : algorithm == "halving-doubling" ? message_algorithm::halving_doubling
+                                                          : message_algorithm::automatic;
   if (min_kib > max_kib)
     job.reject(fmt::format("--min-kib={} is above --max-kib={}", min_kib, max_kib));
   job.start();
@@ -41,13 +46,14 @@ int main(int argc, char** argv) {
   // and 8 ranks on 2 cores wait on each other.
   auto group = job.must(reducer_group::join(
     job, {.chunk_bytes = static_cast<std::size_t>(chunk_kib) << 10, .min_chunks = static_cast<std::uint32_t>(min_chunks),
-          .timeout = std::chrono::milliseconds(60000), .same_host = same_host_algorithm::ring}));
+          .timeout = std::chrono::milliseconds(60000), .same_host = same_host_algorithm::ring,
+          .messages = messages}));
   const auto n = group.size();
   const float want = static_cast<float>(n * (n + 1) / 2);
   std::int64_t any_wrong = 0;
   if (job.is_driver() && !json)
-    fmt::print("# ring allreduce, {} ranks, median of {} after 2 warm-ups\n{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}\n",
-               n, iterations, "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong");
+    fmt::print("# {} allreduce, {} ranks, median of {} after 2 warm-ups\n{:>12} {:>12} {:>12} {:>10} {:>10} {:>8}\n",
+               algorithm, n, iterations, "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong");
   for (std::int64_t kib = min_kib; kib <= max_kib; kib *= 4) {
     const std::int64_t count = kib * 1024 / 4;
     auto data = tensor::empty({count}, dtype::float32);
@@ -75,9 +81,10 @@ int main(int argc, char** argv) {
     if (!job.is_driver())
       continue;
     if (json)
-      fmt::print("{{\"bench\":\"job_allreduce\",\"ranks\":{},\"bytes\":{},\"time_us\":{:.1f},\"algbw_gbs\":{:.4f},"
+      fmt::print("{{\"bench\":\"job_allreduce\",\"algorithm\":\"{}\",\"ranks\":{},\"bytes\":{},\"time_us\":{:.1f},"
+                 "\"algbw_gbs\":{:.4f},"
                  "\"busbw_gbs\":{:.4f},\"wrong\":{}}}\n",
-                 n, count * 4, t * 1e6, algbw, busbw, wrong);
+                 algorithm, n, count * 4, t * 1e6, algbw, busbw, wrong);
     else
       fmt::print("{:>12} {:>12} {:>12.1f} {:>10.3f} {:>10.3f} {:>8}\n", count * 4, count, t * 1e6, algbw, busbw,
                  wrong ? fmt::format("{} WRONG", wrong) : "0");

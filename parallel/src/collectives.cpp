@@ -1,6 +1,8 @@
-// The ring collectives (ring_allreduce.hpp, reduce_scatter.hpp,
-// all_gather.hpp, broadcast.hpp). One engine runs the ring: phase 1
-// (reduce-scatter) and/or phase 3 (all-gather), chunk by chunk.
+// The collectives over messages (ring_allreduce.hpp, reduce_scatter.hpp,
+// all_gather.hpp, broadcast.hpp). Two engines, chosen by the group's
+// message_algorithm, each a reduce-scatter and/or an all-gather, chunk by
+// chunk: the ring, and recursive halving then doubling. Both leave segment
+// r (ring_segment) reduced on rank r, so either can serve reduce_scatter.
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -205,6 +207,144 @@ expected<void> ring(reducer_member& g, T* base, std::int64_t count, std::uint64_
   return {};
 }
 
+/// Where rank r stands at step j of halving_doubling: the segments
+/// [begin, end) it keeps, and the partner it trades the rest with.
+struct hd_block {
+  std::uint32_t begin, end;
+};
+
+/// The elements of segments [block.begin, block.end) cut into chunks of at
+/// most `chunk_elems`: both ends of an exchange compute the same cuts.
+struct hd_chunks {
+  std::int64_t begin, end, count;
+  hd_chunks(std::int64_t total, std::uint32_t n, hd_block block, std::int64_t chunk_elems)
+      : begin(ring_segment(total, n, block.begin).begin), end(ring_segment(total, n, block.end - 1).end),
+        count(std::max<std::int64_t>(1, (end - begin + chunk_elems - 1) / chunk_elems)) {}
+  ring_range chunk(std::int64_t c) const {
+    const auto len = end - begin;
+    return {begin + len * c / count, begin + len * (c + 1) / count};
+  }
+};
+
+/// Recursive halving (reduce-scatter) then recursive doubling (all-gather)
+/// over `base[0, count)`, n a power of two (joining checks it). Halving
+/// step j pairs rank r with r ^ (n >> (j + 1)): each keeps the half of its
+/// segments that its bit selects, sends the other half and adds what the
+/// partner sent for its own, so after log2(n) steps segment r is reduced
+/// on rank r. Doubling reverses it: rank r and r ^ 2^j swap the blocks they
+/// hold. 2 log2(n) exchanges instead of the ring's 2(n-1), the same bytes.
+/// Every final value is summed on its owner and copied to the others, so
+/// every rank holds the same bits. Steps are numbered 0.. for halving and
+/// n.. for doubling (a group runs one algorithm, so no ring step collides).
+template <class T>
+expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, std::uint64_t id, bool reduce,
+                                bool gather, bool average) {
+  const std::uint32_t n = g.size();
+  const std::uint32_t r = g.rank();
+  if (n == 1)
+    return {};
+  const auto chunk_elems = static_cast<std::int64_t>(std::max<std::size_t>(1, g.options().chunk_bytes / sizeof(T)));
+
+  // Trades chunks with `partner`: this rank's elements of `out` go to it,
+  // its chunks of `in` come back, each handed to `take(range, chunk)`.
+  // Paced: `window` chunks go out at once, and one more each time one of
+  // the partner's arrives. A partner's chunk shows that it has reached this
+  // step, so a host still receiving its previous step from someone else is
+  // sent at most `window` chunks meanwhile. Unpaced (the whole half posted
+  // at once) two senders met at one host's link: on 8 namespace hosts at
+  // 1 Gbit/s TCP retransmitted 9,894 segments in one run, against at most
+  // 22 for the ring, which never has two senders to one host.
+  constexpr std::int64_t window = 2;
+  auto exchange = [&](std::uint32_t step, std::uint32_t partner, hd_block out, hd_block in,
+                      auto&& take) -> expected<void> {
+    hd_chunks sending(count, n, out, chunk_elems);
+    hd_chunks receiving(count, n, in, chunk_elems);
+    auto send = [&](std::int64_t c) -> expected<void> {
+      auto range = sending.chunk(c);
+      if (range.begin == range.end)
+        return {}; // empty chunks (count < n) are skipped by both ends
+      return g.send_to(partner, id, step, static_cast<std::uint32_t>(c),
+                       copy_of(g, partner, base + range.begin, range.end - range.begin));
+    };
+    std::int64_t sent = 0;
+    for (; sent < std::min(window, sending.count); ++sent)
+      if (auto ok = send(sent); !ok)
+        return ok;
+    for (std::int64_t c = 0; c < receiving.count; ++c) {
+      auto range = receiving.chunk(c);
+      if (range.begin != range.end) {
+        auto got = g.receive(partner, id, step, static_cast<std::uint32_t>(c));
+        if (!got)
+          return got.error();
+        if (got->numel() != range.end - range.begin || got->type() != dtype_of<T>::value)
+          return make_error(errc::malformed_message,
+                            "reducer{}: chunk {} of step {} from {} has {} elements, want {}", r, c, step,
+                            g.describe(partner), got->numel(), range.end - range.begin);
+        take(range, got->template data<T>());
+      }
+      if (sent < sending.count)
+        if (auto ok = send(sent++); !ok)
+          return ok;
+    }
+    for (; sent < sending.count; ++sent) // the partner had fewer chunks for this rank
+      if (auto ok = send(sent); !ok)
+        return ok;
+    return {};
+  };
+
+  hd_block mine{0, n};
+  if (reduce) {
+    std::uint32_t step = 0;
+    for (std::uint32_t half = n / 2; half >= 1; half /= 2, ++step) {
+      const std::uint32_t partner = r ^ half;
+      const std::uint32_t middle = mine.begin + half;
+      const bool upper = (r & half) != 0;
+      const hd_block keep = upper ? hd_block{middle, mine.end} : hd_block{mine.begin, middle};
+      const hd_block give = upper ? hd_block{mine.begin, middle} : hd_block{middle, mine.end};
+      const bool last = half == 1;
+      auto ok = exchange(step, partner, give, keep, [&](ring_range range, const T* src) {
+        final_sum(base + range.begin, src, range.end - range.begin, last && average, static_cast<T>(n),
+                  static_cast<T*>(nullptr));
+      });
+      if (!ok)
+        return ok;
+      mine = keep;
+    }
+  } else {
+    mine = {r, r + 1}; // an all-gather on its own: segment r is this rank's
+  }
+  if (gather) {
+    std::uint32_t step = n;
+    for (std::uint32_t width = 1; width < n; width *= 2, ++step) {
+      const std::uint32_t partner = r ^ width;
+      const std::uint32_t theirs = partner / width * width;
+      const hd_block other{theirs, theirs + width};
+      auto ok = exchange(step, partner, mine, other, [&](ring_range range, const T* src) {
+        std::memcpy(base + range.begin, src, static_cast<std::size_t>(range.end - range.begin) * sizeof(T));
+      });
+      if (!ok)
+        return ok;
+      mine = {std::min(mine.begin, other.begin), std::max(mine.end, other.end)};
+    }
+  }
+  return {};
+}
+
+/// The group's engine over messages. `count` is the whole collective's
+/// (every rank's the same), so every rank of a group picks alike.
+template <class T>
+expected<void> over_messages(reducer_member& g, T* base, std::int64_t count, std::uint64_t id, bool reduce,
+                             bool gather, bool average) {
+  constexpr std::size_t automatic_max_bytes = std::size_t{256} << 10;
+  const auto n = g.size();
+  const auto algorithm = g.options().messages;
+  if (algorithm == message_algorithm::halving_doubling ||
+      (algorithm == message_algorithm::automatic && (n & (n - 1)) == 0 &&
+       static_cast<std::size_t>(count) * sizeof(T) <= automatic_max_bytes))
+    return halving_doubling(g, base, count, id, reduce, gather, average);
+  return ring(g, base, count, id, reduce, gather, average);
+}
+
 template <class F> expected<void> typed(const tensor& t, F&& f) {
   if (t.type() == dtype::float32)
     return f(t.data<float>());
@@ -240,7 +380,7 @@ expected<void> allreduce(reducer_member& group, const tensor& data, allreduce_op
   if (group.workspace() != nullptr)
     return same_host_sum(group, data, average, id, ticket);
   return finish(group, id, typed(data, [&](auto* base) {
-                  return ring(group, base, data.numel(), id, true, true, average);
+                  return over_messages(group, base, data.numel(), id, true, true, average);
                 }));
 }
 
@@ -292,7 +432,7 @@ expected<tensor> reduce_scatter(reducer_group& handle, const tensor& input, redu
   }
   auto work = input.clone();
   auto ok = finish(group, id, typed(work, [&](auto* base) {
-                     return ring(group, base, work.numel(), id, true, false, average);
+                     return over_messages(group, base, work.numel(), id, true, false, average);
                    }));
   if (!ok)
     return ok.error();
@@ -318,7 +458,7 @@ expected<void> all_gather_into(reducer_group& handle, const tensor& mine, const 
     });
   out.flatten().slice(0, m * group.rank(), m * (group.rank() + 1)).copy_from(mine.flatten());
   return finish(group, id, typed(out, [&](auto* base) {
-                  return ring(group, base, out.numel(), id, false, true, false);
+                  return over_messages(group, base, out.numel(), id, false, true, false);
                 }));
 }
 

@@ -120,6 +120,11 @@ expected<std::shared_ptr<reducer_member>> reducer_member::join(actors::node& nod
   if (options.places.empty() || options.rank >= options.places.size())
     return make_error(errc::invalid_argument, "reducer_group: rank {} is outside the {} places", options.rank,
                       options.places.size());
+  if (const auto n = options.places.size();
+      options.messages == message_algorithm::halving_doubling && (n & (n - 1)) != 0)
+    return make_error(errc::invalid_argument,
+                      "reducer_group: halving_doubling needs a power-of-two number of members, not {} (use the ring)",
+                      n);
   if (options.chunk_bytes < 64)
     return make_error(errc::invalid_argument, "reducer_group: chunk_bytes {} is below 64", options.chunk_bytes);
   std::vector<actors::place> places;
@@ -206,6 +211,7 @@ expected<void> reducer_member::offer_same_host() {
   constexpr std::uint64_t offer_id = 0;
   same_host_offer mine;
   mine.host_key = state_->router->host_key();
+  mine.messages = options_.messages;
   std::unique_ptr<same_host_workspace> ws;
   if (options_.same_host == same_host_algorithm::shared_memory && !mine.host_key.empty()) {
     std::weak_ptr<state> weak = state_;
@@ -266,6 +272,20 @@ expected<void> reducer_member::offer_same_host() {
     all = all && offer->wants && offer->host_key == mine.host_key;
     offers[k] = std::move(*offer);
   }
+  // Checked once every offer is in: a member that left at the first
+  // mismatch could leave before a slower one had sent its own offers, and
+  // that one would wait for it until the timeout instead of saying why.
+  for (std::uint32_t k = 0; k < size(); ++k)
+    if (k != rank() && offers[k].messages != mine.messages) {
+      auto name = [](message_algorithm a) {
+        return a == message_algorithm::ring ? "ring" : a == message_algorithm::halving_doubling ? "halving_doubling"
+                                                                                               : "automatic";
+      };
+      return make_error(errc::invalid_argument,
+                        "reducer_group: {} runs its collectives over messages by {}, this rank ({}) by {}; every "
+                        "member must choose the same",
+                        describe(k), name(offers[k].messages), describe(rank()), name(mine.messages));
+    }
   if (!all)
     return {}; // some member is elsewhere or declined: the ring for everything
   // Every member saw the same offers, so every member is here now.

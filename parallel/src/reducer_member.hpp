@@ -72,7 +72,8 @@ public:
 
 private:
   reducer_member(actors::node& node, reducer_group_options options, std::vector<actors::place> places);
-  /// Joining's last step: the same-host offers, and the workspace if all agree.
+  /// Joining's last step: the same-host offers, and the workspace if all
+  /// agree; a member with another message algorithm fails the join.
   expected<void> offer_same_host();
 
   actors::node& node_;

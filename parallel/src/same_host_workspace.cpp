@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -23,6 +24,7 @@
 #include <type_traits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "troupe/actors/shared_arena.hpp"
 #include "troupe/parallel/ring_allreduce.hpp"
@@ -883,14 +885,17 @@ template expected<void> same_host_workspace::broadcast<double>(double*, std::int
 namespace troupe::parallel {
 
 namespace {
-constexpr std::string_view offer_magic = "troupe-same-host 2";
+constexpr std::string_view offer_magic = "troupe-same-host 3";
+/// message_algorithm's values as an offer names them, by value.
+constexpr std::array<std::string_view, 3> algorithm_names = {"ring", "halving-doubling", "automatic"};
 constexpr std::size_t max_offer_bytes = 1024;
 } // namespace
 
 std::vector<std::byte> encode_offer(const same_host_offer& offer) {
-  auto text = fmt::format("{}\n{}\n{}\n{}\n{:x}\n{}\n{}\n{}\n", offer_magic, offer.wants ? 1 : 0, offer.host_key,
-                          offer.segment.name, offer.segment.nonce, offer.segment.pass_bytes, offer.segment.arena,
-                          offer.segment.arena_bytes);
+  auto text = fmt::format("{}\n{}\n{}\n{}\n{:x}\n{}\n{}\n{}\n{}\n", offer_magic, offer.wants ? 1 : 0,
+                          offer.host_key, offer.segment.name, offer.segment.nonce, offer.segment.pass_bytes,
+                          offer.segment.arena, offer.segment.arena_bytes,
+                          algorithm_names.at(static_cast<std::size_t>(offer.messages)));
   auto bytes = std::as_bytes(std::span(text.data(), text.size()));
   return {bytes.begin(), bytes.end()};
 }
@@ -909,8 +914,8 @@ expected<same_host_offer> decode_offer(std::span<const std::byte> bytes) {
     lines.push_back(text.substr(0, end));
     text.remove_prefix(end + 1);
   }
-  if (lines.size() != 8)
-    return make_error(errc::malformed_message, "same-host offer: {} lines, want 8", lines.size());
+  if (lines.size() != 9)
+    return make_error(errc::malformed_message, "same-host offer: {} lines, want 9", lines.size());
   if (lines[0] != offer_magic)
     return make_error(errc::malformed_message, "same-host offer: first line '{}' is not '{}'", lines[0], offer_magic);
   same_host_offer out;
@@ -963,6 +968,11 @@ expected<same_host_offer> decode_offer(std::span<const std::byte> bytes) {
   if (!out.segment.arena.empty())
     if (auto ok = check_arena_name(out.segment.arena); !ok)
       return make_error(errc::malformed_message, "same-host offer: {}", ok.error().message());
+  auto named = std::find(algorithm_names.begin(), algorithm_names.end(), lines[8]);
+  if (named == algorithm_names.end())
+    return make_error(errc::malformed_message, "same-host offer: message algorithm '{}' is not one of {}", lines[8],
+                      fmt::join(algorithm_names, ", "));
+  out.messages = static_cast<message_algorithm>(named - algorithm_names.begin());
   return out;
 }
 

@@ -109,6 +109,7 @@
 #include <vector>
 
 #include "troupe/tensor/expected.hpp"
+#include "troupe/parallel/reducer_group.hpp"
 
 namespace troupe::parallel {
 
@@ -327,13 +328,15 @@ private:
 };
 
 /// What every member tells every other when a group is joined: whether it
-/// wants the same-host path, which host it is on, and its segment. Sent as
+/// wants the same-host path, which host it is on, and its segment; and the
+/// algorithm it runs over messages, which every member must share. Sent as
 /// a uint8 tensor through the ring (it comes from another process: the
 /// decoder checks every field).
 struct same_host_offer {
   bool wants = false;
   std::string host_key;
   same_host_workspace::invitation segment;
+  message_algorithm messages = message_algorithm::ring;
 };
 std::vector<std::byte> encode_offer(const same_host_offer& offer);
 /// errc::malformed_message naming the field that is wrong.

@@ -113,22 +113,27 @@ TEST_P(Collectives, SegmentsShorterThanAChunkAreCutIntoSeveral) {
   check_allreduce_sizes(ring, n);
 }
 
+/// A float64 average on `ring` against the reference, bitwise equal across ranks.
+void check_average_float64(local_ring& ring, std::uint32_t n) {
+  const std::int64_t count = 4099;
+  std::vector<tensor> data(n);
+  ring.each([&](std::uint32_t k) {
+    data[k] = input(k, count).to(dtype::float64);
+    EXPECT_TRUE(ring_allreduce(*ring.groups[k], data[k], {.op = reduce_op::average}));
+  });
+  auto got = data[0].to_vector<double>();
+  for (std::int64_t i = 0; i < count; ++i)
+    ASSERT_NEAR(got[static_cast<std::size_t>(i)], reference(n, i) / n, 1e-12);
+  for (std::uint32_t k = 1; k < n; ++k)
+    EXPECT_TRUE(bitwise_equal(data[0], data[k]));
+}
+
 TEST_P(Collectives, AllreduceAverageFloat64) {
   const auto n = GetParam();
   for (auto path : {ring_path, shared_path}) {
     local_ring ring(n, 1024, 5000ms, 1, path, 4096);
     ASSERT_TRUE(ring.node);
-    const std::int64_t count = 4099;
-    std::vector<tensor> data(n);
-    ring.each([&](std::uint32_t k) {
-      data[k] = input(k, count).to(dtype::float64);
-      EXPECT_TRUE(ring_allreduce(*ring.groups[k], data[k], {.op = reduce_op::average}));
-    });
-    auto got = data[0].to_vector<double>();
-    for (std::int64_t i = 0; i < count; ++i)
-      ASSERT_NEAR(got[static_cast<std::size_t>(i)], reference(n, i) / n, 1e-12);
-    for (std::uint32_t k = 1; k < n; ++k)
-      EXPECT_TRUE(bitwise_equal(data[0], data[k]));
+    check_average_float64(ring, n);
   }
 }
 
@@ -430,6 +435,157 @@ TEST_P(Collectives, SameHostCollectivesOfDifferentKindsFailNamingThem) {
 
 INSTANTIATE_TEST_SUITE_P(Ring, Collectives, ::testing::Values(2u, 3u, 4u));
 
+class HalvingDoubling : public ::testing::TestWithParam<std::uint32_t> {};
+
+constexpr auto halving = message_algorithm::halving_doubling;
+
+TEST_P(HalvingDoubling, AllreduceMatchesReferenceAndIsBitwiseEqual) {
+  const auto n = GetParam();
+  // 1 KiB chunks: the large sizes cut each exchange into many.
+  local_ring ring(n, 1024, 5000ms, 1, ring_path, 4096, true, halving);
+  ASSERT_TRUE(ring.node);
+  EXPECT_FALSE(ring.groups[0]->shares_memory());
+  check_allreduce_sizes(ring, n);
+}
+
+TEST_P(HalvingDoubling, AverageFloat64) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 5000ms, 1, ring_path, 4096, true, halving);
+  ASSERT_TRUE(ring.node);
+  check_average_float64(ring, n);
+}
+
+TEST_P(HalvingDoubling, ReduceScatterAllGatherBroadcast) {
+  const auto n = GetParam();
+  local_ring ring(n, 1024, 5000ms, 1, ring_path, 4096, true, halving);
+  ASSERT_TRUE(ring.node);
+  check_reduce_scatter_all_gather_broadcast(ring, n);
+}
+
+TEST_P(HalvingDoubling, AllreduceEqualsTheRingsWithinRounding) {
+  // The two algorithms add in different orders: the same sums within
+  // float32 rounding, each bitwise equal across its ranks (checked above).
+  const auto n = GetParam();
+  const std::int64_t count = 100003;
+  std::vector<tensor> by_ring(n), by_halving(n);
+  {
+    local_ring ring(n, 4096, 5000ms, 1, ring_path);
+    ring.each([&](std::uint32_t k) {
+      by_ring[k] = input(k, count);
+      EXPECT_TRUE(ring_allreduce(*ring.groups[k], by_ring[k]));
+    });
+  }
+  {
+    local_ring ring(n, 4096, 5000ms, 1, ring_path, 4096, true, halving);
+    ring.each([&](std::uint32_t k) {
+      by_halving[k] = input(k, count);
+      EXPECT_TRUE(ring_allreduce(*ring.groups[k], by_halving[k]));
+    });
+  }
+  auto a = by_ring[0].to_vector<float>();
+  auto b = by_halving[0].to_vector<float>();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], 1e-5f * std::abs(a[i])) << "element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(PowersOfTwo, HalvingDoubling, ::testing::Values(2u, 4u, 8u));
+
+/// Joins n members of one node in this process, member k with
+/// `algorithm(k)`; every rank's join error ("" where it joined).
+template <class F> std::vector<std::string> join_errors(std::uint32_t n, F&& algorithm) {
+  auto started = troupe::test::start_local_node();
+  EXPECT_TRUE(started);
+  if (!started)
+    return {};
+  std::vector<std::string> places;
+  for (std::uint32_t k = 0; k < n; ++k)
+    places.push_back("worker0/cpu/reducer" + std::to_string(k));
+  std::vector<std::string> errors(n);
+  {
+    std::vector<std::optional<reducer_group>> groups(n);
+    std::vector<std::thread> joins;
+    for (std::uint32_t k = 0; k < n; ++k)
+      joins.emplace_back([&, k] {
+        auto g = reducer_group::join(**started, {.rank = k, .places = places, .timeout = 3000ms,
+                                                 .same_host = ring_path, .messages = algorithm(k)});
+        if (g)
+          groups[k].emplace(std::move(*g));
+        else
+          errors[k] = g.error().message();
+      });
+    for (auto& t : joins)
+      t.join();
+  }
+  (*started)->stop();
+  return errors;
+}
+
+TEST(HalvingDoubling, AGroupWhoseSizeIsNotAPowerOfTwoIsRefused) {
+  for (std::uint32_t n : {3u, 6u}) {
+    auto errors = join_errors(n, [](std::uint32_t) { return halving; });
+    for (std::uint32_t k = 0; k < n; ++k)
+      EXPECT_THAT(errors[k], HasSubstr("halving_doubling needs a power-of-two number of members, not " +
+                                       std::to_string(n)));
+  }
+}
+
+TEST(HalvingDoubling, MembersWithDifferentAlgorithmsFailToJoinNamingThem) {
+  // Rank 3 alone chooses the ring: every member learns it from the offers.
+  auto errors = join_errors(4, [](std::uint32_t k) { return k == 3 ? message_algorithm::ring : halving; });
+  EXPECT_THAT(errors[0], HasSubstr("replica 3 (worker0/cpu/reducer3) runs its collectives over messages by ring, "
+                                   "this rank (replica 0 (worker0/cpu/reducer0)) by halving_doubling"));
+  EXPECT_THAT(errors[3], HasSubstr("replica 0 (worker0/cpu/reducer0) runs its collectives over messages by "
+                                   "halving_doubling, this rank (replica 3 (worker0/cpu/reducer3)) by ring"));
+}
+
+/// Ranks 0-2 of 4 allreduce `count` float32 by `algorithm` while rank 3
+/// never calls; what each of the three reports.
+std::vector<std::string> errors_with_rank_3_silent(message_algorithm algorithm, std::int64_t count) {
+  local_ring ring(4, 1024, 1000ms, 1, ring_path, 4096, true, algorithm);
+  std::vector<std::string> errors(3);
+  if (!ring.node)
+    return errors;
+  std::vector<std::thread> threads;
+  for (std::uint32_t k = 0; k < 3; ++k)
+    threads.emplace_back([&, k] {
+      auto data = input(k, count);
+      auto ok = ring_allreduce(*ring.groups[k], data);
+      errors[k] = ok ? "" : ok.error().message();
+    });
+  for (auto& t : threads)
+    t.join();
+  return errors;
+}
+
+TEST(HalvingDoubling, ASilentMemberTimesOutNamingThePartnerWaitedFor) {
+  // Rank 0 trades with rank 2, then with rank 1, which waits for rank 3
+  // first: rank 0 names replica 1 (on the ring it would name its left
+  // neighbour, replica 3), ranks 1 and 2 name replica 3.
+  auto errors = errors_with_rank_3_silent(halving, 4099);
+  EXPECT_THAT(errors[0], HasSubstr("nothing from replica 1 (worker0/cpu/reducer1)"));
+  EXPECT_THAT(errors[1], HasSubstr("nothing from replica 3 (worker0/cpu/reducer3)"));
+  EXPECT_THAT(errors[2], HasSubstr("nothing from replica 3 (worker0/cpu/reducer3)"));
+}
+
+TEST(HalvingDoubling, AutomaticHalvesUpTo256KiBAndRingsAbove) {
+  // Who rank 0 waits for says which algorithm ran (see the test above).
+  auto small = errors_with_rank_3_silent(message_algorithm::automatic, 65536); // 256 KiB
+  EXPECT_THAT(small[0], HasSubstr("nothing from replica 1 (worker0/cpu/reducer1)"));
+  auto large = errors_with_rank_3_silent(message_algorithm::automatic, 65537);
+  EXPECT_THAT(large[0], HasSubstr("nothing from replica 3 (worker0/cpu/reducer3)"));
+}
+
+TEST(HalvingDoubling, AutomaticIsExactOnEveryGroupSize) {
+  // 3 members: the ring at every size; 4: halving-doubling up to 256 KiB.
+  for (std::uint32_t n : {3u, 4u}) {
+    local_ring ring(n, 1024, 5000ms, 1, ring_path, 4096, true, message_algorithm::automatic);
+    ASSERT_TRUE(ring.node);
+    check_allreduce_sizes(ring, n);
+    check_reduce_scatter_all_gather_broadcast(ring, n);
+  }
+}
+
 TEST(Collectives, SilentNeighbourTimesOutNamingIt) {
   for (auto path : {ring_path, shared_path}) {
     local_ring ring(2, 1024, 1000ms, 1, path);
@@ -565,7 +721,11 @@ int run_child(int argc, char** argv) {
     const std::string_view mode = argv[1];
     auto group = reducer_group::join(**started, {.rank = (*started)->rank(), .places = places_for(n),
                                                  .timeout = 10000ms,
-                                                 .same_host = mode.ends_with("-ring") ? ring_path : shared_path});
+                                                 .same_host = mode.ends_with("-ring") || mode.ends_with("-halving")
+                                                                  ? ring_path
+                                                                  : shared_path,
+                                                 .messages = mode.ends_with("-halving") ? halving
+                                                                                        : message_algorithm::ring});
     if (!group) {
       std::printf("JOIN ERROR %s\n", group.error().message().c_str());
       std::fflush(stdout);
@@ -590,12 +750,18 @@ int run_child(int argc, char** argv) {
 
 class CrossProcess : public ::testing::TestWithParam<std::uint32_t> {};
 
-/// Every rank's allreduces and all-gathers across `n` processes, on `path`.
-void collectives_across_processes(std::uint32_t n, same_host_algorithm path) {
+/// Every rank's allreduces and all-gathers across `n` processes, on `path`
+/// (over messages by `messages` where that is the ring).
+void collectives_across_processes(std::uint32_t n, same_host_algorithm path,
+                                  message_algorithm messages = message_algorithm::ring) {
   cluster c;
-  ASSERT_NO_FATAL_FAILURE(start_cluster(c, n, path == ring_path ? "--reducer-child-ring" : "--reducer-child"));
-  auto group = reducer_group::join(*c.coordinator,
-                                   {.rank = 0, .places = places_for(n), .timeout = 10000ms, .same_host = path});
+  const char* mode = path == shared_path ? "--reducer-child"
+                     : messages == halving ? "--reducer-child-halving"
+                                           : "--reducer-child-ring";
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, n, mode));
+  auto group = reducer_group::join(
+      *c.coordinator,
+      {.rank = 0, .places = places_for(n), .timeout = 10000ms, .same_host = path, .messages = messages});
   ASSERT_TRUE(group) << group.error().message() << "\n" << c.workers[0].output() << "\n" << c.workers.back().output();
   // Processes on one host (the same boot and /dev/shm) share memory unless told not to.
   EXPECT_EQ(group->shares_memory(), path == shared_path);
@@ -610,6 +776,10 @@ TEST_P(CrossProcess, CollectivesCorrectOnEveryRank) { collectives_across_process
 TEST_P(CrossProcess, RingCollectivesCorrectOnEveryRank) { collectives_across_processes(GetParam(), ring_path); }
 
 INSTANTIATE_TEST_SUITE_P(Ring, CrossProcess, ::testing::Values(2u, 3u));
+
+TEST(CrossProcessHalvingDoubling, CollectivesCorrectOnEveryRankOf4) {
+  collectives_across_processes(4, ring_path, halving);
+}
 
 class KilledPeer : public ::testing::TestWithParam<same_host_algorithm> {};
 

@@ -41,7 +41,8 @@ struct local_ring {
   explicit local_ring(std::uint32_t n, std::size_t chunk_bytes = 1024,
                       std::chrono::milliseconds timeout = 5000ms, std::uint32_t min_chunks = 1,
                       parallel::same_host_algorithm same_host = parallel::same_host_algorithm::shared_memory,
-                      std::size_t same_host_pass_bytes = std::size_t{256} << 10, bool same_host_single_copy = true) {
+                      std::size_t same_host_pass_bytes = std::size_t{256} << 10, bool same_host_single_copy = true,
+                      parallel::message_algorithm messages = parallel::message_algorithm::ring) {
     auto started = start_local_node();
     EXPECT_TRUE(started) << started.error().message();
     if (!started)
@@ -57,7 +58,7 @@ struct local_ring {
         reducer_group_options o{.rank = k, .places = places, .chunk_bytes = chunk_bytes, .min_chunks = min_chunks,
                                 .timeout = timeout, .same_host = same_host,
                                 .same_host_pass_bytes = same_host_pass_bytes,
-                                .same_host_single_copy = same_host_single_copy};
+                                .same_host_single_copy = same_host_single_copy, .messages = messages};
         auto g = reducer_group::join(*node, o);
         if (g)
           groups[k].emplace(std::move(*g));

@@ -52,6 +52,14 @@ TEST(SameHostOffer, RoundTrips) {
   EXPECT_EQ(decoded->segment.pass_bytes, 262144u);
   EXPECT_EQ(decoded->segment.arena, "/troupe-00ff_123-worker1");
   EXPECT_EQ(decoded->segment.arena_bytes, std::uint64_t{1} << 30);
+  EXPECT_EQ(decoded->messages, message_algorithm::ring);
+  for (auto algorithm : {message_algorithm::halving_doubling, message_algorithm::automatic}) {
+    auto other = sample();
+    other.messages = algorithm;
+    auto decoded_other = decode_offer(encode_offer(other));
+    ASSERT_TRUE(decoded_other) << decoded_other.error().message();
+    EXPECT_EQ(decoded_other->messages, algorithm);
+  }
   // A member that declines sends no segment.
   auto declined = decode_offer(encode_offer({.wants = false, .host_key = "", .segment = {}}));
   ASSERT_TRUE(declined) << declined.error().message();
@@ -65,27 +73,29 @@ TEST(SameHostOffer, MalformedOffersAreErrorsNamingTheField) {
     std::string text;
     const char* names;
   };
-  const std::string head = "troupe-same-host 2\n1\nk\n";
+  const std::string head = "troupe-same-host 3\n1\nk\n";
   const std::vector<bad> cases = {
       {"", "0 lines"},
       {text.substr(0, text.size() - 1), "does not end in a newline"},
-      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\nff\n4096\n\n0\n", "first line"},
-      {"troupe-same-host 2\n2\nk\n/troupe-ws-1\nff\n4096\n\n0\n", "'wants' is '2'"},
-      {"troupe-same-host 2\n1\nk\x01\n/troupe-ws-1\nff\n4096\n\n0\n", "unprintable byte 0x1"},
-      {head + "/etc/passwd\nff\n4096\n\n0\n", "must start with '/troupe-ws-'"},
-      {head + "/troupe-ws-../x\nff\n4096\n\n0\n", "has character 0x2e"},
-      {head + "/troupe-ws-1\nfg\n4096\n\n0\n", "nonce 'fg' is not a base-16 number"},
-      {head + "/troupe-ws-1\n1ffffffffffffffff\n4096\n\n0\n", "nonce '1ffffffffffffffff' is above"},
-      {head + "/troupe-ws-1\nff\n\n\n0\n", "pass_bytes '' is not a number"},
-      {head + "/troupe-ws-1\nff\n1073741825\n\n0\n", "pass_bytes '1073741825' is above 1073741824"},
-      {head + "/troupe-ws-1\nff\n4096\n\n0\nextra\n", "9 lines, want 8"},
-      {head + "/troupe-ws-1\nff\n4096\n", "6 lines, want 8"},
-      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n\n", "arena_bytes '' is not a number"},
-      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n1099511627777\n", "arena_bytes '1099511627777' is above"},
-      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n0\n", "arena '/troupe-a-w0' with 0 bytes"},
-      {head + "/troupe-ws-1\nff\n4096\n\n4096\n", "arena '' with 4096 bytes"},
-      {head + "/troupe-ws-1\nff\n4096\n/dev/shm/x\n4096\n", "must start with '/troupe-'"},
-      {head + "/troupe-ws-1\nff\n4096\n/troupe-a/../b\n4096\n", "has character 0x2f"},
+      {"troupe-same-host 1\n1\nk\n/troupe-ws-1\nff\n4096\n\n0\nring\n", "first line"},
+      {"troupe-same-host 3\n2\nk\n/troupe-ws-1\nff\n4096\n\n0\nring\n", "'wants' is '2'"},
+      {"troupe-same-host 3\n1\nk\x01\n/troupe-ws-1\nff\n4096\n\n0\nring\n", "unprintable byte 0x1"},
+      {head + "/etc/passwd\nff\n4096\n\n0\nring\n", "must start with '/troupe-ws-'"},
+      {head + "/troupe-ws-../x\nff\n4096\n\n0\nring\n", "has character 0x2e"},
+      {head + "/troupe-ws-1\nfg\n4096\n\n0\nring\n", "nonce 'fg' is not a base-16 number"},
+      {head + "/troupe-ws-1\n1ffffffffffffffff\n4096\n\n0\nring\n", "nonce '1ffffffffffffffff' is above"},
+      {head + "/troupe-ws-1\nff\n\n\n0\nring\n", "pass_bytes '' is not a number"},
+      {head + "/troupe-ws-1\nff\n1073741825\n\n0\nring\n", "pass_bytes '1073741825' is above 1073741824"},
+      {head + "/troupe-ws-1\nff\n4096\n\n0\nring\nextra\n", "10 lines, want 9"},
+      {head + "/troupe-ws-1\nff\n4096\n", "6 lines, want 9"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n\nring\n", "arena_bytes '' is not a number"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n1099511627777\nring\n", "arena_bytes '1099511627777' is above"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a-w0\n0\nring\n", "arena '/troupe-a-w0' with 0 bytes"},
+      {head + "/troupe-ws-1\nff\n4096\n\n4096\nring\n", "arena '' with 4096 bytes"},
+      {head + "/troupe-ws-1\nff\n4096\n/dev/shm/x\n4096\nring\n", "must start with '/troupe-'"},
+      {head + "/troupe-ws-1\nff\n4096\n/troupe-a/../b\n4096\nring\n", "has character 0x2f"},
+      {head + "/troupe-ws-1\nff\n4096\n\n0\nRing\n",
+       "message algorithm 'Ring' is not one of ring, halving-doubling, automatic"},
       {text + std::string(1100, 'x'), "at most 1024 allowed"},
   };
   for (const auto& c : cases) {

@@ -75,6 +75,18 @@ enum class same_host_algorithm {
   ring,          ///< the ring's messages, as between hosts
 };
 
+/// How allreduce, reduce-scatter and all-gather run over the members'
+/// messages: between hosts, and on one host when same_host is `ring`.
+/// Both move 2(n-1)/n of the data per rank; they differ in how many steps
+/// each pays a hop's latency and a wake-up for.
+enum class message_algorithm {
+  ring,             ///< 2(n-1) steps to the right neighbour, chunks pipelined
+  halving_doubling, ///< 2 log2(n) steps to partners rank ^ 2^j; n a power of two
+  /// halving_doubling for collectives of at most 256 KiB on a power-of-two
+  /// group, where a step's latency outweighs its bytes; the ring otherwise.
+  automatic,
+};
+
 struct reducer_group_options {
   /// This replica's rank in the ring, 0 <= rank < places.size().
   std::uint32_t rank = 0;
@@ -109,6 +121,13 @@ struct reducer_group_options {
   /// system allows it) rather than through a shared slot: one copy instead
   /// of two for outputs on the heap. Off: always the slots.
   bool same_host_single_copy = true;
+  /// Collectives over messages (members on several hosts, or same_host =
+  /// ring). halving_doubling needs a group whose size is a power of two.
+  /// On 8 namespace hosts (docs/scaling.md) it took 1.4-4.5x the ring's
+  /// busbw from 16 to 256 KiB and was slower from 4 MiB.
+  /// Every member must choose the same: joining checks it. Broadcast always
+  /// runs as a chain from the root.
+  message_algorithm messages = message_algorithm::ring;
 };
 
 /// The default places for `size` members with one rank per node:
