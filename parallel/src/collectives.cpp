@@ -251,9 +251,9 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
   // the partner's arrives. A partner's chunk shows that it has reached this
   // step, so a host still receiving its previous step from someone else is
   // sent at most `window` chunks meanwhile. Unpaced (the whole half posted
-  // at once) two senders met at one host's link: on 8 namespace hosts at
-  // 1 Gbit/s TCP retransmitted 9,894 segments in one run, against at most
-  // 22 for the ring, which never has two senders to one host.
+  // at once) two senders met at one host's link and TCP lost segments by
+  // the thousand where the ring, which never has two senders to one host,
+  // lost none to speak of (docs/scaling.md, "Recursive halving-doubling").
   constexpr std::int64_t window = 2;
   auto exchange = [&](std::uint32_t step, std::uint32_t partner, hd_block out, hd_block in,
                       auto&& take) -> expected<void> {

@@ -123,8 +123,8 @@ struct reducer_group_options {
   bool same_host_single_copy = true;
   /// Collectives over messages (members on several hosts, or same_host =
   /// ring). halving_doubling needs a group whose size is a power of two.
-  /// On 8 namespace hosts (docs/scaling.md) it took 1.4-4.5x the ring's
-  /// busbw from 16 to 256 KiB and was slower from 4 MiB.
+  /// It beats the ring on small collectives and loses to it on large ones
+  /// over shaped links (docs/scaling.md, "Recursive halving-doubling").
   /// Every member must choose the same: joining checks it. Broadcast always
   /// runs as a chain from the root.
   message_algorithm messages = message_algorithm::ring;
