@@ -207,8 +207,8 @@ expected<void> ring(reducer_member& g, T* base, std::int64_t count, std::uint64_
   return {};
 }
 
-/// Where rank r stands at step j of halving_doubling: the segments
-/// [begin, end) it keeps, and the partner it trades the rest with.
+/// A run of whole segments [begin, end) (ring_segment): what a rank of
+/// halving_doubling keeps, gives or holds at one of its steps.
 struct hd_block {
   std::uint32_t begin, end;
 };

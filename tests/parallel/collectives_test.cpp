@@ -724,8 +724,9 @@ int run_child(int argc, char** argv) {
                                                  .same_host = mode.ends_with("-ring") || mode.ends_with("-halving")
                                                                   ? ring_path
                                                                   : shared_path,
-                                                 .messages = mode.ends_with("-halving") ? halving
-                                                                                        : message_algorithm::ring});
+                                                 .messages = mode.ends_with("-halving")
+                                                                 ? halving
+                                                                 : reducer_group_options{}.messages});
     if (!group) {
       std::printf("JOIN ERROR %s\n", group.error().message().c_str());
       std::fflush(stdout);
@@ -751,9 +752,10 @@ int run_child(int argc, char** argv) {
 class CrossProcess : public ::testing::TestWithParam<std::uint32_t> {};
 
 /// Every rank's allreduces and all-gathers across `n` processes, on `path`
-/// (over messages by `messages` where that is the ring).
+/// (over messages by `messages` where that is the ring: the default, or
+/// halving-doubling).
 void collectives_across_processes(std::uint32_t n, same_host_algorithm path,
-                                  message_algorithm messages = message_algorithm::ring) {
+                                  message_algorithm messages = reducer_group_options{}.messages) {
   cluster c;
   const char* mode = path == shared_path ? "--reducer-child"
                      : messages == halving ? "--reducer-child-halving"

@@ -19,6 +19,8 @@
 // gone, or when the job it was joined from finishes.
 //
 // ring_allreduce sums by default; {.op = reduce_op::average} averages.
+// Despite the name, a group of 2^k members runs collectives of at most
+// 256 KiB by recursive halving-doubling instead of the ring (options.messages).
 //
 // The collectives (ring_allreduce.hpp, reduce_scatter.hpp, all_gather.hpp,
 // broadcast.hpp; collectives.hpp includes them all) run on the calling thread
@@ -124,10 +126,10 @@ struct reducer_group_options {
   /// Collectives over messages (members on several hosts, or same_host =
   /// ring). halving_doubling needs a group whose size is a power of two.
   /// It beats the ring on small collectives and loses to it on large ones
-  /// over shaped links (docs/scaling.md, "Recursive halving-doubling").
-  /// Every member must choose the same: joining checks it. Broadcast always
-  /// runs as a chain from the root.
-  message_algorithm messages = message_algorithm::ring;
+  /// over shaped links, hence automatic by default (docs/scaling.md,
+  /// "Recursive halving-doubling"). Every member must choose the same:
+  /// joining checks it. Broadcast always runs as a chain from the root.
+  message_algorithm messages = message_algorithm::automatic;
 };
 
 /// The default places for `size` members with one rank per node:
