@@ -20,6 +20,7 @@
 #include "troupe/parallel/remote.hpp"
 
 #include "finish_hook.hpp"
+#include "stop_within.hpp"
 
 namespace troupe {
 
@@ -144,35 +145,6 @@ caf::behavior release_ranks(caf::event_based_actor* self, std::vector<caf::actor
     self->monitor(r);
   ask_every_rank(self, st);
   return {[](caf::ok_atom) {}};
-}
-
-/// Runs `stop` (the node's shutdown once the job's work is done) and ends
-/// the process with `status` if it has not returned within `bound`: a
-/// shutdown that hangs (the node's stop_watch says in which phase) must not
-/// keep the process, and the launcher waiting on it, from ending. The
-/// trace of such a process may lack its last events.
-void stop_within(std::chrono::seconds bound, const std::string& program, int status,
-                 const std::function<void()>& stop) {
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool stopped = false;
-  std::thread watchdog([&] {
-    std::unique_lock lock(mutex);
-    if (changed.wait_for(lock, bound, [&] { return stopped; }))
-      return;
-    std::fflush(stdout);
-    fmt::print(stderr, "{}: the node did not stop within {} s of the job's end; ending the process with status {}\n",
-               program, bound.count(), status);
-    std::fflush(stderr);
-    std::_Exit(status);
-  });
-  stop();
-  {
-    std::lock_guard guard(mutex);
-    stopped = true;
-  }
-  changed.notify_all();
-  watchdog.join();
 }
 
 /// How long a node may take to stop once the job's work is done: longer
@@ -512,7 +484,7 @@ int job::finish(int status) {
       if (settled.wait_for(2 * release_timeout + 5s) != std::future_status::ready)
         caf::anon_send_exit(releaser, caf::exit_reason::user_shutdown);
     }
-    stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
+    parallel::stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
     return status;
   }
   // Other ranks wait for the driver's release (their last collective may
@@ -529,7 +501,7 @@ int job::finish(int status) {
   if (st.serving)
     st.at_finish->run_all();
   if (released) {
-    stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
+    parallel::stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
     return status;
   }
   // The driver's process is gone, and the coordinator with it: an orderly
