@@ -277,14 +277,10 @@ expected<void> reducer_member::offer_same_host() {
   // that one would wait for it until the timeout instead of saying why.
   for (std::uint32_t k = 0; k < size(); ++k)
     if (k != rank() && offers[k].messages != mine.messages) {
-      auto name = [](message_algorithm a) {
-        return a == message_algorithm::ring ? "ring" : a == message_algorithm::halving_doubling ? "halving_doubling"
-                                                                                               : "automatic";
-      };
       return make_error(errc::invalid_argument,
                         "reducer_group: {} runs its collectives over messages by {}, this rank ({}) by {}; every "
                         "member must choose the same",
-                        describe(k), name(offers[k].messages), describe(rank()), name(mine.messages));
+                        describe(k), name_of(offers[k].messages), describe(rank()), name_of(mine.messages));
     }
   if (!all)
     return {}; // some member is elsewhere or declined: the ring for everything

@@ -891,11 +891,15 @@ constexpr std::array<std::string_view, 3> algorithm_names = {"ring", "halving-do
 constexpr std::size_t max_offer_bytes = 1024;
 } // namespace
 
+std::string_view name_of(message_algorithm algorithm) {
+  return algorithm_names.at(static_cast<std::size_t>(algorithm));
+}
+
 std::vector<std::byte> encode_offer(const same_host_offer& offer) {
   auto text = fmt::format("{}\n{}\n{}\n{}\n{:x}\n{}\n{}\n{}\n{}\n", offer_magic, offer.wants ? 1 : 0,
                           offer.host_key, offer.segment.name, offer.segment.nonce, offer.segment.pass_bytes,
                           offer.segment.arena, offer.segment.arena_bytes,
-                          algorithm_names.at(static_cast<std::size_t>(offer.messages)));
+                          name_of(offer.messages));
   auto bytes = std::as_bytes(std::span(text.data(), text.size()));
   return {bytes.begin(), bytes.end()};
 }

@@ -534,9 +534,9 @@ TEST(HalvingDoubling, MembersWithDifferentAlgorithmsFailToJoinNamingThem) {
   // Rank 3 alone chooses the ring: every member learns it from the offers.
   auto errors = join_errors(4, [](std::uint32_t k) { return k == 3 ? message_algorithm::ring : halving; });
   EXPECT_THAT(errors[0], HasSubstr("replica 3 (worker0/cpu/reducer3) runs its collectives over messages by ring, "
-                                   "this rank (replica 0 (worker0/cpu/reducer0)) by halving_doubling"));
+                                   "this rank (replica 0 (worker0/cpu/reducer0)) by halving-doubling"));
   EXPECT_THAT(errors[3], HasSubstr("replica 0 (worker0/cpu/reducer0) runs its collectives over messages by "
-                                   "halving_doubling, this rank (replica 3 (worker0/cpu/reducer3)) by ring"));
+                                   "halving-doubling, this rank (replica 3 (worker0/cpu/reducer3)) by ring"));
 }
 
 /// Ranks 0-2 of 4 allreduce `count` float32 by `algorithm` while rank 3
