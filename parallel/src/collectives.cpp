@@ -227,23 +227,80 @@ struct hd_chunks {
 };
 
 /// Recursive halving (reduce-scatter) then recursive doubling (all-gather)
-/// over `base[0, count)`, n a power of two (joining checks it). Halving
+/// over `base[0, count)` among the first n ranks, n the largest power of
+/// two in the group (the whole group, joining checks, except for an
+/// allreduce under `automatic`). Halving
 /// step j pairs rank r with r ^ (n >> (j + 1)): each keeps the half of its
 /// segments that its bit selects, sends the other half and adds what the
 /// partner sent for its own, so after log2(n) steps segment r is reduced
 /// on rank r. Doubling reverses it: rank r and r ^ 2^j swap the blocks they
 /// hold. 2 log2(n) exchanges instead of the ring's 2(n-1), the same bytes.
 /// Every final value is summed on its owner and copied to the others, so
-/// every rank holds the same bits. Steps are numbered 0.. for halving and
-/// n.. for doubling (a group runs one algorithm, so no ring step collides).
+/// every rank holds the same bits.
+///
+/// An allreduce on a group of another size folds it first (as MPICH's
+/// Rabenseifner allreduce does): rank n + k sends its whole vector to rank
+/// k, which adds it before the halving and sends it the result after the
+/// doubling, 2 log2(n) + 2 exchanges in all.
+///
+/// Steps are numbered 0.. for halving, size.. for doubling, 2 size and
+/// 2 size + 1 for the fold (a group runs one algorithm at a time, so no
+/// ring step collides).
 template <class T>
 expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, std::uint64_t id, bool reduce,
                                 bool gather, bool average) {
-  const std::uint32_t n = g.size();
+  const std::uint32_t size = g.size();
   const std::uint32_t r = g.rank();
-  if (n == 1)
+  if (size == 1)
     return {};
+  std::uint32_t n = 1;
+  while (n * 2 <= size)
+    n *= 2;
   const auto chunk_elems = static_cast<std::int64_t>(std::max<std::size_t>(1, g.options().chunk_bytes / sizeof(T)));
+
+  // The fold's one-way transfers of the whole vector, in the halving's chunks.
+  const hd_chunks whole(count, n, hd_block{0, n}, chunk_elems);
+  auto send_whole = [&](std::uint32_t to, std::uint32_t step) -> expected<void> {
+    for (std::int64_t c = 0; c < whole.count; ++c) {
+      auto range = whole.chunk(c);
+      if (range.begin != range.end)
+        if (auto ok = g.send_to(to, id, step, static_cast<std::uint32_t>(c),
+                                copy_of(g, to, base + range.begin, range.end - range.begin));
+            !ok)
+          return ok;
+    }
+    return {};
+  };
+  auto receive_whole = [&](std::uint32_t from, std::uint32_t step, auto&& take) -> expected<void> {
+    for (std::int64_t c = 0; c < whole.count; ++c) {
+      auto range = whole.chunk(c);
+      if (range.begin == range.end)
+        continue;
+      auto got = g.receive(from, id, step, static_cast<std::uint32_t>(c));
+      if (!got)
+        return got.error();
+      if (got->numel() != range.end - range.begin || got->type() != dtype_of<T>::value)
+        return make_error(errc::malformed_message, "reducer{}: chunk {} of step {} from {} has {} elements, want {}",
+                          r, c, step, g.describe(from), got->numel(), range.end - range.begin);
+      take(range, got->template data<T>());
+    }
+    return {};
+  };
+  auto copy_in = [&](ring_range range, const T* src) {
+    std::memcpy(base + range.begin, src, static_cast<std::size_t>(range.end - range.begin) * sizeof(T));
+  };
+  if (r >= n) { // folded in: hand the vector over, take the result back
+    if (auto ok = send_whole(r - n, 2 * size); !ok)
+      return ok;
+    return receive_whole(r - n, 2 * size + 1, copy_in);
+  }
+  const bool has_folded = r + n < size;
+  if (has_folded)
+    if (auto ok = receive_whole(r + n, 2 * size, [&](ring_range range, const T* src) {
+          final_sum(base + range.begin, src, range.end - range.begin, false, T{1}, static_cast<T*>(nullptr));
+        });
+        !ok)
+      return ok;
 
   // Trades chunks with `partner`: this rank's elements of `out` go to it,
   // its chunks of `in` come back, each handed to `take(range, chunk)`.
@@ -303,7 +360,7 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
       const hd_block give = upper ? hd_block{mine.begin, middle} : hd_block{middle, mine.end};
       const bool last = half == 1;
       auto ok = exchange(step, partner, give, keep, [&](ring_range range, const T* src) {
-        final_sum(base + range.begin, src, range.end - range.begin, last && average, static_cast<T>(n),
+        final_sum(base + range.begin, src, range.end - range.begin, last && average, static_cast<T>(size),
                   static_cast<T*>(nullptr));
       });
       if (!ok)
@@ -314,19 +371,18 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
     mine = {r, r + 1}; // an all-gather on its own: segment r is this rank's
   }
   if (gather) {
-    std::uint32_t step = n;
+    std::uint32_t step = size;
     for (std::uint32_t width = 1; width < n; width *= 2, ++step) {
       const std::uint32_t partner = r ^ width;
       const std::uint32_t theirs = partner / width * width;
       const hd_block other{theirs, theirs + width};
-      auto ok = exchange(step, partner, mine, other, [&](ring_range range, const T* src) {
-        std::memcpy(base + range.begin, src, static_cast<std::size_t>(range.end - range.begin) * sizeof(T));
-      });
-      if (!ok)
+      if (auto ok = exchange(step, partner, mine, other, copy_in); !ok)
         return ok;
       mine = {std::min(mine.begin, other.begin), std::max(mine.end, other.end)};
     }
   }
+  if (has_folded)
+    return send_whole(r + n, 2 * size + 1);
   return {};
 }
 
@@ -335,12 +391,19 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
 template <class T>
 expected<void> over_messages(reducer_member& g, T* base, std::int64_t count, std::uint64_t id, bool reduce,
                              bool gather, bool average) {
+  // A group whose size is not a power of two folds into one for an
+  // allreduce, which moves the whole vector twice more: worth it for
+  // smaller collectives only (docs/scaling.md). A reduce-scatter or an
+  // all-gather alone keeps the ring there.
   constexpr std::size_t automatic_max_bytes = std::size_t{256} << 10;
+  constexpr std::size_t automatic_folded_max_bytes = std::size_t{64} << 10;
   const auto n = g.size();
+  const bool power_of_two = (n & (n - 1)) == 0;
+  const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
   const auto algorithm = g.options().messages;
   if (algorithm == message_algorithm::halving_doubling ||
-      (algorithm == message_algorithm::automatic && (n & (n - 1)) == 0 &&
-       static_cast<std::size_t>(count) * sizeof(T) <= automatic_max_bytes))
+      (algorithm == message_algorithm::automatic &&
+       (power_of_two ? bytes <= automatic_max_bytes : reduce && gather && bytes <= automatic_folded_max_bytes)))
     return halving_doubling(g, base, count, id, reduce, gather, average);
   return ring(g, base, count, id, reduce, gather, average);
 }

@@ -539,15 +539,15 @@ TEST(HalvingDoubling, MembersWithDifferentAlgorithmsFailToJoinNamingThem) {
                                    "halving-doubling, this rank (replica 3 (worker0/cpu/reducer3)) by ring"));
 }
 
-/// Ranks 0-2 of 4 allreduce `count` float32 by `algorithm` while rank 3
-/// never calls; what each of the three reports.
-std::vector<std::string> errors_with_rank_3_silent(message_algorithm algorithm, std::int64_t count) {
-  local_ring ring(4, 1024, 1000ms, 1, ring_path, 4096, true, algorithm);
-  std::vector<std::string> errors(3);
+/// Ranks 0..n-2 allreduce `count` float32 by `algorithm` while rank n-1
+/// never calls; what each of them reports.
+std::vector<std::string> errors_with_last_silent(std::uint32_t n, message_algorithm algorithm, std::int64_t count) {
+  local_ring ring(n, 1024, 1000ms, 1, ring_path, 4096, true, algorithm);
+  std::vector<std::string> errors(n - 1);
   if (!ring.node)
     return errors;
   std::vector<std::thread> threads;
-  for (std::uint32_t k = 0; k < 3; ++k)
+  for (std::uint32_t k = 0; k + 1 < n; ++k)
     threads.emplace_back([&, k] {
       auto data = input(k, count);
       auto ok = ring_allreduce(*ring.groups[k], data);
@@ -562,26 +562,47 @@ TEST(HalvingDoubling, ASilentMemberTimesOutNamingThePartnerWaitedFor) {
   // Rank 0 trades with rank 2, then with rank 1, which waits for rank 3
   // first: rank 0 names replica 1 (on the ring it would name its left
   // neighbour, replica 3), ranks 1 and 2 name replica 3.
-  auto errors = errors_with_rank_3_silent(halving, 4099);
+  auto errors = errors_with_last_silent(4, halving, 4099);
   EXPECT_THAT(errors[0], HasSubstr("nothing from replica 1 (worker0/cpu/reducer1)"));
   EXPECT_THAT(errors[1], HasSubstr("nothing from replica 3 (worker0/cpu/reducer3)"));
   EXPECT_THAT(errors[2], HasSubstr("nothing from replica 3 (worker0/cpu/reducer3)"));
 }
 
-TEST(HalvingDoubling, AutomaticHalvesUpTo256KiBAndRingsAbove) {
-  // Who rank 0 waits for says which algorithm ran (see the test above).
-  auto small = errors_with_rank_3_silent(message_algorithm::automatic, 65536); // 256 KiB
-  EXPECT_THAT(small[0], HasSubstr("nothing from replica 1 (worker0/cpu/reducer1)"));
-  auto large = errors_with_rank_3_silent(message_algorithm::automatic, 65537);
-  EXPECT_THAT(large[0], HasSubstr("nothing from replica 3 (worker0/cpu/reducer3)"));
+/// Who rank 0 waits for says which algorithm ran (see the test above):
+/// `partner` under halving-doubling for `floats` float32, rank n - 1 (its
+/// left neighbour) on the ring for one float more.
+void expect_automatic_bound(std::uint32_t n, std::int64_t floats, std::uint32_t partner) {
+  auto at = errors_with_last_silent(n, message_algorithm::automatic, floats);
+  EXPECT_THAT(at[0], HasSubstr(fmt::format("nothing from replica {} (worker0/cpu/reducer{})", partner, partner)));
+  auto above = errors_with_last_silent(n, message_algorithm::automatic, floats + 1);
+  EXPECT_THAT(above[0], HasSubstr(fmt::format("nothing from replica {} (worker0/cpu/reducer{})", n - 1, n - 1)));
 }
 
+TEST(HalvingDoubling, AutomaticHalvesUpTo256KiBAndRingsAbove) { expect_automatic_bound(4, 65536, 1); }
+
+TEST(HalvingDoubling, AutomaticFoldsAGroupOfSixForAnAllreduce) {
+  // Ranks 4 and 5 fold into 0 and 1; rank 5 is silent. Rank 1 waits for
+  // it; rank 0, done with rank 4 and rank 2, then waits for rank 1; rank 4
+  // for its result from rank 0. On the ring rank 0 and rank 4 would name
+  // their left neighbours, replicas 5 and 3.
+  auto errors = errors_with_last_silent(6, message_algorithm::automatic, 4099);
+  EXPECT_THAT(errors[1], HasSubstr("nothing from replica 5 (worker0/cpu/reducer5)"));
+  EXPECT_THAT(errors[0], HasSubstr("nothing from replica 1 (worker0/cpu/reducer1)"));
+  EXPECT_THAT(errors[4], HasSubstr("nothing from replica 0 (worker0/cpu/reducer0)"));
+}
+
+TEST(HalvingDoubling, AutomaticFoldsAllreducesUpTo64KiB) { expect_automatic_bound(6, 16384, 1); }
+
 TEST(HalvingDoubling, AutomaticIsExactOnEveryGroupSize) {
-  // 3 members: the ring at every size; 4: halving-doubling up to 256 KiB.
-  for (std::uint32_t n : {3u, 4u}) {
+  // Halving-doubling up to 256 KiB, folded for an allreduce up to 64 KiB
+  // where the size is not a power of two (reduce-scatter and all-gather
+  // there: the ring); the ring above.
+  for (std::uint32_t n : {3u, 4u, 5u, 6u, 7u}) {
+    SCOPED_TRACE(n);
     local_ring ring(n, 1024, 5000ms, 1, ring_path, 4096, true, message_algorithm::automatic);
     ASSERT_TRUE(ring.node);
     check_allreduce_sizes(ring, n);
+    check_average_float64(ring, n);
     check_reduce_scatter_all_gather_broadcast(ring, n);
   }
 }

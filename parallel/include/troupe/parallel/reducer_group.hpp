@@ -19,8 +19,8 @@
 // gone, or when the job it was joined from finishes.
 //
 // ring_allreduce sums by default; {.op = reduce_op::average} averages.
-// Despite the name, a group of 2^k members runs collectives of at most
-// 256 KiB by recursive halving-doubling instead of the ring (options.messages).
+// Despite the name, small collectives (up to 256 KiB; see options.messages)
+// run by recursive halving-doubling instead of the ring by default.
 //
 // The collectives (ring_allreduce.hpp, reduce_scatter.hpp, all_gather.hpp,
 // broadcast.hpp; collectives.hpp includes them all) run on the calling thread
@@ -84,8 +84,10 @@ enum class same_host_algorithm {
 enum class message_algorithm {
   ring,             ///< 2(n-1) steps to the right neighbour, chunks pipelined
   halving_doubling, ///< 2 log2(n) steps to partners rank ^ 2^j; n a power of two
-  /// halving_doubling for collectives of at most 256 KiB on a power-of-two
-  /// group, where a step's latency outweighs its bytes; the ring otherwise.
+  /// halving_doubling for collectives of at most 256 KiB, where a step's
+  /// latency outweighs its bytes (on a group whose size is not a power of
+  /// two, allreduces of at most 64 KiB: the extra members fold into the
+  /// others, two exchanges of the whole vector more); the ring otherwise.
   automatic,
 };
 
