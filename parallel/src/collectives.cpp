@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
-#include <span>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -73,6 +72,31 @@ template <class T> tensor copy_of(reducer_member& g, std::uint32_t to, const T* 
   return out;
 }
 
+/// Sends a copy of base[range] to rank `to` as chunk `c` of `step`; an
+/// empty range (count < n) is skipped by both ends.
+template <class T>
+expected<void> send_chunk(reducer_member& g, std::uint32_t to, std::uint64_t id, std::uint32_t step,
+                          std::uint32_t c, const T* base, ring_range range) {
+  if (range.begin == range.end)
+    return {};
+  return g.send_to(to, id, step, c, copy_of(g, to, base + range.begin, range.end - range.begin));
+}
+
+/// Waits for chunk `c` of `step` from rank `from`, which must hold exactly
+/// the elements of `range` (it comes from another process).
+template <class T>
+expected<tensor> receive_chunk(reducer_member& g, std::uint32_t from, std::uint64_t id, std::uint32_t step,
+                               std::uint32_t c, ring_range range) {
+  auto got = g.receive(from, id, step, c);
+  if (!got)
+    return got;
+  if (got->numel() != range.end - range.begin || got->type() != dtype_of<T>::value)
+    return make_error(errc::malformed_message,
+                      "reducer{}: chunk {} of step {} from {} has {} elements of {}, want {} of {}", g.rank(), c,
+                      step, g.describe(from), got->numel(), got->type(), range.end - range.begin, dtype_of<T>::value);
+  return got;
+}
+
 /// dst = src + dst (divided by n when averaging: the same two operations as
 /// before, so results do not change by a bit), also written to `also` when
 /// given.
@@ -111,21 +135,12 @@ expected<void> ring(reducer_member& g, T* base, std::int64_t count, std::uint64_
   layout lay(count, n, static_cast<std::int64_t>(std::max<std::size_t>(1, o.chunk_bytes / sizeof(T))),
              static_cast<std::int64_t>(std::max<std::size_t>(1, o.min_chunk_bytes / sizeof(T))), o.min_chunks);
 
-  auto send = [&](std::uint32_t step, std::uint32_t seg, std::uint32_t c) -> expected<void> {
-    auto range = lay.chunk(seg, c);
-    if (range.begin == range.end)
-      return {}; // empty chunks (count < N) are skipped by both ends
-    const auto right = mod(std::int64_t{r} + 1, n);
-    return g.send_right(id, step, c, copy_of(g, right, base + range.begin, range.end - range.begin));
+  const std::uint32_t right = mod(std::int64_t{r} + 1, n);
+  auto send = [&](std::uint32_t step, std::uint32_t seg, std::uint32_t c) {
+    return send_chunk(g, right, id, step, c, base, lay.chunk(seg, c));
   };
-  auto receive = [&](std::uint32_t step, ring_range range, std::uint32_t c) -> expected<tensor> {
-    auto got = g.receive(left, id, step, c);
-    if (!got)
-      return got;
-    if (got->numel() != range.end - range.begin || got->type() != tensor::from(std::span<const T>(), {0}).type())
-      return make_error(errc::malformed_message, "reducer{}: chunk {} of step {} from {} has {} elements, want {}",
-                        r, c, step, g.describe(left), got->numel(), range.end - range.begin);
-    return got;
+  auto receive = [&](std::uint32_t step, ring_range range, std::uint32_t c) {
+    return receive_chunk<T>(g, left, id, step, c, range);
   };
 
   if (reduce) {
@@ -153,7 +168,6 @@ expected<void> ring(reducer_member& g, T* base, std::int64_t count, std::uint64_
           // value arrives in the all-gather), so the sum is written straight
           // into the outgoing chunk: one pass over the chunk instead of an
           // add into `base` and a copy out of it.
-          const auto right = mod(std::int64_t{r} + 1, n);
           auto out = g.chunk_buffer(right, dtype_of<T>::value, len);
           T* sum = out.template data<T>();
           for (std::int64_t i = 0; i < len; ++i)
@@ -168,7 +182,7 @@ expected<void> ring(reducer_member& g, T* base, std::int64_t count, std::uint64_
         tensor out;
         T* also = nullptr;
         if (gather) {
-          out = g.chunk_buffer(mod(std::int64_t{r} + 1, n), dtype_of<T>::value, len);
+          out = g.chunk_buffer(right, dtype_of<T>::value, len);
           also = out.template data<T>();
         }
         final_sum(dst, src, len, average, static_cast<T>(n), also);
@@ -261,14 +275,9 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
   // The fold's one-way transfers of the whole vector, in the halving's chunks.
   const hd_chunks whole(count, n, hd_block{0, n}, chunk_elems);
   auto send_whole = [&](std::uint32_t to, std::uint32_t step) -> expected<void> {
-    for (std::int64_t c = 0; c < whole.count; ++c) {
-      auto range = whole.chunk(c);
-      if (range.begin != range.end)
-        if (auto ok = g.send_to(to, id, step, static_cast<std::uint32_t>(c),
-                                copy_of(g, to, base + range.begin, range.end - range.begin));
-            !ok)
-          return ok;
-    }
+    for (std::int64_t c = 0; c < whole.count; ++c)
+      if (auto ok = send_chunk(g, to, id, step, static_cast<std::uint32_t>(c), base, whole.chunk(c)); !ok)
+        return ok;
     return {};
   };
   auto receive_whole = [&](std::uint32_t from, std::uint32_t step, auto&& take) -> expected<void> {
@@ -276,12 +285,9 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
       auto range = whole.chunk(c);
       if (range.begin == range.end)
         continue;
-      auto got = g.receive(from, id, step, static_cast<std::uint32_t>(c));
+      auto got = receive_chunk<T>(g, from, id, step, static_cast<std::uint32_t>(c), range);
       if (!got)
         return got.error();
-      if (got->numel() != range.end - range.begin || got->type() != dtype_of<T>::value)
-        return make_error(errc::malformed_message, "reducer{}: chunk {} of step {} from {} has {} elements, want {}",
-                          r, c, step, g.describe(from), got->numel(), range.end - range.begin);
       take(range, got->template data<T>());
     }
     return {};
@@ -316,12 +322,8 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
                       auto&& take) -> expected<void> {
     hd_chunks sending(count, n, out, chunk_elems);
     hd_chunks receiving(count, n, in, chunk_elems);
-    auto send = [&](std::int64_t c) -> expected<void> {
-      auto range = sending.chunk(c);
-      if (range.begin == range.end)
-        return {}; // empty chunks (count < n) are skipped by both ends
-      return g.send_to(partner, id, step, static_cast<std::uint32_t>(c),
-                       copy_of(g, partner, base + range.begin, range.end - range.begin));
+    auto send = [&](std::int64_t c) {
+      return send_chunk(g, partner, id, step, static_cast<std::uint32_t>(c), base, sending.chunk(c));
     };
     std::int64_t sent = 0;
     for (; sent < std::min(window, sending.count); ++sent)
@@ -330,13 +332,9 @@ expected<void> halving_doubling(reducer_member& g, T* base, std::int64_t count, 
     for (std::int64_t c = 0; c < receiving.count; ++c) {
       auto range = receiving.chunk(c);
       if (range.begin != range.end) {
-        auto got = g.receive(partner, id, step, static_cast<std::uint32_t>(c));
+        auto got = receive_chunk<T>(g, partner, id, step, static_cast<std::uint32_t>(c), range);
         if (!got)
           return got.error();
-        if (got->numel() != range.end - range.begin || got->type() != dtype_of<T>::value)
-          return make_error(errc::malformed_message,
-                            "reducer{}: chunk {} of step {} from {} has {} elements, want {}", r, c, step,
-                            g.describe(partner), got->numel(), range.end - range.begin);
         take(range, got->template data<T>());
       }
       if (sent < sending.count)

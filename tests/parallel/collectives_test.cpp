@@ -607,6 +607,27 @@ TEST(HalvingDoubling, AutomaticIsExactOnEveryGroupSize) {
   }
 }
 
+TEST(Collectives, AChunkOfTheWrongSizeOrTypeIsAnErrorNamingItsSender) {
+  // Rank 1 plays a peer that sends rank 0 a bad first chunk of collective
+  // 77 instead of taking part: too few elements, then float64 elements.
+  for (auto algorithm : {message_algorithm::ring, halving}) {
+    SCOPED_TRACE(algorithm == halving ? "halving-doubling" : "ring");
+    for (auto bad : {tensor::from(std::vector<float>{1, 2, 3}, {3}), input(1, 100).to(dtype::float64)}) {
+      local_ring ring(2, 1024, 3000ms, 1, ring_path, 4096, true, algorithm);
+      ASSERT_TRUE(ring.node);
+      ASSERT_TRUE(reducer_group_access::member(*ring.groups[1]).send_to(0, 77, 0, 0, bad));
+      auto data = input(0, 200); // rank 0 waits for 100 (its half) under both algorithms
+      auto ok = ring_allreduce(*ring.groups[0], data, {.context_id = 77});
+      ASSERT_FALSE(ok);
+      EXPECT_EQ(ok.error().code(), errc::malformed_message);
+      EXPECT_THAT(ok.error().message(),
+                  HasSubstr(fmt::format("chunk 0 of step 0 from replica 1 (worker0/cpu/reducer1) has {} elements of "
+                                        "{}, want 100 of float32",
+                                        bad.numel(), bad.type())));
+    }
+  }
+}
+
 TEST(Collectives, SilentNeighbourTimesOutNamingIt) {
   for (auto path : {ring_path, shared_path}) {
     local_ring ring(2, 1024, 1000ms, 1, path);
