@@ -10,8 +10,9 @@
 //
 // Flags: --min-kib, --max-kib (sizes step x4), --iterations (timed, after 2
 // warm-ups; the median is printed), --json, --chunk-kib and --min-chunks
-// (the chunking, reducer_group_options), --algorithm=ring|halving-doubling|
-// automatic (reducer_group_options::messages). On one host the messages
+// (the chunking, reducer_group_options). The algorithm is the job's:
+// --troupe.collectives=ring|halving-doubling|automatic (automatic unless
+// given; bench/links.sh asks for the ring). On one host the messages
 // run too (never the shared-memory path), so one host measures what hosts
 // would. Exit 1 when any element is wrong.
 #include <algorithm>
@@ -35,10 +36,6 @@ int main(int argc, char** argv) {
   const reducer_group_options defaults;
   const auto chunk_kib = job.flag("chunk-kib", static_cast<std::int64_t>(defaults.chunk_bytes >> 10), 1, 1 << 20);
   const auto min_chunks = job.flag("min-chunks", defaults.min_chunks, 1, 1024);
-  const auto algorithm = job.flag("algorithm", "ring", {"ring", "halving-doubling", "automatic"});
-  const auto messages = algorithm == "ring"               ? message_algorithm::ring
-                        : algorithm == "halving-doubling" ? message_algorithm::halving_doubling
-                                                          : message_algorithm::automatic;
   if (min_kib > max_kib)
     job.reject(fmt::format("--min-kib={} is above --max-kib={}", min_kib, max_kib));
   job.start();
@@ -46,9 +43,9 @@ int main(int argc, char** argv) {
   // and 8 ranks on 2 cores wait on each other.
   auto group = job.must(reducer_group::join(
     job, {.chunk_bytes = static_cast<std::size_t>(chunk_kib) << 10, .min_chunks = static_cast<std::uint32_t>(min_chunks),
-          .timeout = std::chrono::milliseconds(60000), .same_host = same_host_algorithm::ring,
-          .messages = messages}));
+          .timeout = std::chrono::milliseconds(60000), .same_host = same_host_algorithm::ring}));
   const auto n = group.size();
+  const auto algorithm = name_of(group.options().messages.value());
   const float want = static_cast<float>(n * (n + 1) / 2);
   std::int64_t any_wrong = 0;
   if (job.is_driver() && !json)

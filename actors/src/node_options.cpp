@@ -237,6 +237,13 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
     intra_op_threads = threads;
     return {};
   }
+  if (key == "collectives") {
+    if (value != "ring" && value != "halving-doubling" && value != "automatic")
+      return make_error(errc::invalid_argument, "{}=\"{}\" must be ring, halving-doubling or automatic", source,
+                        value);
+    collectives = value;
+    return {};
+  }
   if (key.starts_with("device-map.")) {
     auto destination = key.substr(11);
     if (auto ok = validate_node_name(destination); !ok)
@@ -251,7 +258,7 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
                     "{}: unknown option \"{}\" (known: name, rank, world-size, coordinator, port, listen-address, "
                     "heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout, tls.certificate, "
                     "tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy, scheduler.max-threads, middleman.workers, "
-                    "arena-bytes, arena-copy-min-bytes, network-eager-bytes, data-plane-spin, intra-op-threads, device-map.<node>, "
+                    "arena-bytes, arena-copy-min-bytes, network-eager-bytes, data-plane-spin, intra-op-threads, collectives, device-map.<node>, "
                     "config)",
                     source, key);
 }

@@ -398,7 +398,7 @@ expected<void> over_messages(reducer_member& g, T* base, std::int64_t count, std
   const auto n = g.size();
   const bool power_of_two = (n & (n - 1)) == 0;
   const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
-  const auto algorithm = g.options().messages;
+  const auto algorithm = g.options().messages.value(); // set by joining
   if (algorithm == message_algorithm::halving_doubling ||
       (algorithm == message_algorithm::automatic &&
        (power_of_two ? bytes <= automatic_max_bytes : reduce && gather && bytes <= automatic_folded_max_bytes)))

@@ -1,10 +1,13 @@
 #include "troupe/parallel/reducer_group.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/job.hpp"
@@ -19,6 +22,23 @@ struct reducer_member::reducer_actor {
 };
 
 using namespace std::chrono_literals;
+
+namespace {
+/// message_algorithm's names, by value.
+constexpr std::array<std::string_view, 3> algorithm_names = {"ring", "halving-doubling", "automatic"};
+} // namespace
+
+std::string_view name_of(message_algorithm algorithm) {
+  return algorithm_names.at(static_cast<std::size_t>(algorithm));
+}
+
+expected<message_algorithm> message_algorithm_named(std::string_view name) {
+  auto named = std::find(algorithm_names.begin(), algorithm_names.end(), name);
+  if (named == algorithm_names.end())
+    return make_error(errc::invalid_argument, "message algorithm '{}' is not one of {}", name,
+                      fmt::join(algorithm_names, ", "));
+  return static_cast<message_algorithm>(named - algorithm_names.begin());
+}
 
 struct reducer_member::state {
   std::mutex mutex;
@@ -120,6 +140,13 @@ expected<std::shared_ptr<reducer_member>> reducer_member::join(actors::node& nod
   if (options.places.empty() || options.rank >= options.places.size())
     return make_error(errc::invalid_argument, "reducer_group: rank {} is outside the {} places", options.rank,
                       options.places.size());
+  if (!options.messages) {
+    auto configured = message_algorithm_named(node.options().collectives);
+    if (!configured)
+      return make_error(errc::invalid_argument, "reducer_group: --troupe.collectives: {}",
+                        configured.error().message());
+    options.messages = *configured;
+  }
   if (const auto n = options.places.size();
       options.messages == message_algorithm::halving_doubling && (n & (n - 1)) != 0)
     return make_error(errc::invalid_argument,
@@ -211,7 +238,7 @@ expected<void> reducer_member::offer_same_host() {
   constexpr std::uint64_t offer_id = 0;
   same_host_offer mine;
   mine.host_key = state_->router->host_key();
-  mine.messages = options_.messages;
+  mine.messages = options_.messages.value();
   std::unique_ptr<same_host_workspace> ws;
   if (options_.same_host == same_host_algorithm::shared_memory && !mine.host_key.empty()) {
     std::weak_ptr<state> weak = state_;

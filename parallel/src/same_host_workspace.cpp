@@ -886,14 +886,8 @@ namespace troupe::parallel {
 
 namespace {
 constexpr std::string_view offer_magic = "troupe-same-host 3";
-/// message_algorithm's values as an offer names them, by value.
-constexpr std::array<std::string_view, 3> algorithm_names = {"ring", "halving-doubling", "automatic"};
 constexpr std::size_t max_offer_bytes = 1024;
 } // namespace
-
-std::string_view name_of(message_algorithm algorithm) {
-  return algorithm_names.at(static_cast<std::size_t>(algorithm));
-}
 
 std::vector<std::byte> encode_offer(const same_host_offer& offer) {
   auto text = fmt::format("{}\n{}\n{}\n{}\n{:x}\n{}\n{}\n{}\n{}\n", offer_magic, offer.wants ? 1 : 0,
@@ -972,11 +966,10 @@ expected<same_host_offer> decode_offer(std::span<const std::byte> bytes) {
   if (!out.segment.arena.empty())
     if (auto ok = check_arena_name(out.segment.arena); !ok)
       return make_error(errc::malformed_message, "same-host offer: {}", ok.error().message());
-  auto named = std::find(algorithm_names.begin(), algorithm_names.end(), lines[8]);
-  if (named == algorithm_names.end())
-    return make_error(errc::malformed_message, "same-host offer: message algorithm '{}' is not one of {}", lines[8],
-                      fmt::join(algorithm_names, ", "));
-  out.messages = static_cast<message_algorithm>(named - algorithm_names.begin());
+  auto named = message_algorithm_named(lines[8]);
+  if (!named)
+    return make_error(errc::malformed_message, "same-host offer: {}", named.error().message());
+  out.messages = *named;
   return out;
 }
 

@@ -337,11 +337,9 @@ struct same_host_offer {
   bool wants = false;
   std::string host_key;
   same_host_workspace::invitation segment;
-  message_algorithm messages = reducer_group_options{}.messages;
+  message_algorithm messages = message_algorithm::automatic;
 };
 std::vector<std::byte> encode_offer(const same_host_offer& offer);
-/// How offers and join errors name an algorithm: "ring", "halving-doubling", "automatic".
-std::string_view name_of(message_algorithm algorithm);
 /// errc::malformed_message naming the field that is wrong.
 expected<same_host_offer> decode_offer(std::span<const std::byte> bytes);
 

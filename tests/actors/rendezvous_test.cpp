@@ -174,6 +174,18 @@ TEST(NodeOptions, IntraOpThreadsAreACountFromOneTo1024) {
   EXPECT_NE(error_of({"--troupe.intra-op-threads=two"}).find("intra-op-threads"), std::string::npos);
 }
 
+TEST(NodeOptions, CollectivesNameAnAlgorithm) {
+  EXPECT_EQ(node_options{}.collectives, "automatic");
+  for (const char* name : {"ring", "halving-doubling", "automatic"}) {
+    auto options = from({std::string("--troupe.collectives=") + name}, {});
+    ASSERT_TRUE(options) << options.error().message();
+    EXPECT_EQ(options->collectives, name);
+  }
+  EXPECT_EQ(error_of({"--troupe.collectives=halving_doubling"}),
+            "--troupe.collectives=\"halving_doubling\" must be ring, halving-doubling or automatic");
+  EXPECT_EQ(error_of({"--troupe.collectives="}), "--troupe.collectives=\"\" must be ring, halving-doubling or automatic");
+}
+
 TEST(NodeOptions, ConfigFileHasTheLowestPrecedence) {
   auto path = std::string(::testing::TempDir()) + "troupe_node_options_test.conf";
   {

@@ -492,9 +492,11 @@ TEST_P(HalvingDoubling, AllreduceEqualsTheRingsWithinRounding) {
 INSTANTIATE_TEST_SUITE_P(PowersOfTwo, HalvingDoubling, ::testing::Values(2u, 4u, 8u));
 
 /// Joins n members of one node in this process, member k with
-/// `algorithm(k)`; every rank's join error ("" where it joined).
-template <class F> std::vector<std::string> join_errors(std::uint32_t n, F&& algorithm) {
-  auto started = troupe::test::start_local_node();
+/// `algorithm(k)` (nullopt: the node's `collectives`); every rank's join
+/// error ("" where it joined).
+template <class F>
+std::vector<std::string> join_errors(std::uint32_t n, F&& algorithm, std::string node_collectives = "automatic") {
+  auto started = troupe::test::start_local_node(std::move(node_collectives));
   EXPECT_TRUE(started);
   if (!started)
     return {};
@@ -528,6 +530,11 @@ TEST(HalvingDoubling, AGroupWhoseSizeIsNotAPowerOfTwoIsRefused) {
       EXPECT_THAT(errors[k], HasSubstr("halving_doubling needs a power-of-two number of members, not " +
                                        std::to_string(n)));
   }
+  // The same from the node's option; a program that chooses the ring still joins.
+  auto from_node = join_errors(3, [](std::uint32_t) { return std::optional<message_algorithm>{}; }, "halving-doubling");
+  EXPECT_THAT(from_node[0], HasSubstr("halving_doubling needs a power-of-two number of members, not 3"));
+  auto ring_chosen = join_errors(3, [](std::uint32_t) { return message_algorithm::ring; }, "halving-doubling");
+  EXPECT_EQ(ring_chosen, std::vector<std::string>(3));
 }
 
 TEST(HalvingDoubling, MembersWithDifferentAlgorithmsFailToJoinNamingThem) {
@@ -539,10 +546,12 @@ TEST(HalvingDoubling, MembersWithDifferentAlgorithmsFailToJoinNamingThem) {
                                    "halving-doubling, this rank (replica 3 (worker0/cpu/reducer3)) by ring"));
 }
 
-/// Ranks 0..n-2 allreduce `count` float32 by `algorithm` while rank n-1
-/// never calls; what each of them reports.
-std::vector<std::string> errors_with_last_silent(std::uint32_t n, message_algorithm algorithm, std::int64_t count) {
-  local_ring ring(n, 1024, 1000ms, 1, ring_path, 4096, true, algorithm);
+/// Ranks 0..n-2 allreduce `count` float32 by `algorithm` (unset: the
+/// node's `collectives`) while rank n-1 never calls; what each of them
+/// reports.
+std::vector<std::string> errors_with_last_silent(std::uint32_t n, std::optional<message_algorithm> algorithm,
+                                                 std::int64_t count, std::string node_collectives = "automatic") {
+  local_ring ring(n, 1024, 1000ms, 1, ring_path, 4096, true, algorithm, std::move(node_collectives));
   std::vector<std::string> errors(n - 1);
   if (!ring.node)
     return errors;
@@ -592,6 +601,37 @@ TEST(HalvingDoubling, AutomaticFoldsAGroupOfSixForAnAllreduce) {
 }
 
 TEST(HalvingDoubling, AutomaticFoldsAllreducesUpTo64KiB) { expect_automatic_bound(6, 16384, 1); }
+
+TEST(HalvingDoubling, TheNodesCollectivesOptionChoosesWhereTheProgramDoesNot) {
+  // Who rank 0 of 4 waits for says which algorithm ran: its halving
+  // partner, replica 1, or its left neighbour on the ring, replica 3.
+  auto halved = errors_with_last_silent(4, std::nullopt, 4099, "halving-doubling");
+  EXPECT_THAT(halved[0], HasSubstr("nothing from replica 1 (worker0/cpu/reducer1)"));
+  auto ringed = errors_with_last_silent(4, std::nullopt, 4099, "ring");
+  EXPECT_THAT(ringed[0], HasSubstr("nothing from replica 3 (worker0/cpu/reducer3)"));
+  // The program's own choice wins over the node's.
+  auto chosen = errors_with_last_silent(4, halving, 4099, "ring");
+  EXPECT_THAT(chosen[0], HasSubstr("nothing from replica 1 (worker0/cpu/reducer1)"));
+}
+
+TEST(HalvingDoubling, OptionsAfterJoiningHoldTheAlgorithmChosen) {
+  for (auto [configured, want] : {std::pair{"ring", message_algorithm::ring},
+                                  std::pair{"automatic", message_algorithm::automatic},
+                                  std::pair{"halving-doubling", halving}}) {
+    local_ring ring(2, 1024, 3000ms, 1, ring_path, 4096, true, std::nullopt, configured);
+    ASSERT_TRUE(ring.node);
+    for (auto& group : ring.groups)
+      EXPECT_EQ(group->options().messages, want) << configured;
+  }
+}
+
+TEST(HalvingDoubling, MessageAlgorithmsRoundTripTheirNames) {
+  for (auto algorithm : {message_algorithm::ring, halving, message_algorithm::automatic})
+    EXPECT_EQ(message_algorithm_named(name_of(algorithm)).value(), algorithm);
+  auto bad = message_algorithm_named("halving_doubling");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().message(), "message algorithm 'halving_doubling' is not one of ring, halving-doubling, automatic");
+}
 
 TEST(HalvingDoubling, AutomaticIsExactOnEveryGroupSize) {
   // Halving-doubling up to 256 KiB, folded for an allreduce up to 64 KiB
@@ -797,7 +837,7 @@ class CrossProcess : public ::testing::TestWithParam<std::uint32_t> {};
 /// (over messages by `messages` where that is the ring: the default, or
 /// halving-doubling).
 void collectives_across_processes(std::uint32_t n, same_host_algorithm path,
-                                  message_algorithm messages = reducer_group_options{}.messages) {
+                                  std::optional<message_algorithm> messages = std::nullopt) {
   cluster c;
   const char* mode = path == shared_path ? "--reducer-child"
                      : messages == halving ? "--reducer-child-halving"

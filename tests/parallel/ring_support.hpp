@@ -24,9 +24,11 @@ using namespace std::chrono_literals;
 using parallel::reducer_group;
 using parallel::reducer_group_options;
 
-/// A one-process job: node "worker0" on loopback.
-inline expected<std::unique_ptr<actors::node>> start_local_node() {
+/// A one-process job: node "worker0" on loopback, with `collectives` as
+/// its --troupe.collectives.
+inline expected<std::unique_ptr<actors::node>> start_local_node(std::string collectives = "automatic") {
   actors::node_options options;
+  options.collectives = std::move(collectives);
   options.name = "worker0";
   options.world_size = 1;
   options.listen_address = "127.0.0.1";
@@ -42,8 +44,9 @@ struct local_ring {
                       std::chrono::milliseconds timeout = 5000ms, std::uint32_t min_chunks = 1,
                       parallel::same_host_algorithm same_host = parallel::same_host_algorithm::shared_memory,
                       std::size_t same_host_pass_bytes = std::size_t{256} << 10, bool same_host_single_copy = true,
-                      parallel::message_algorithm messages = parallel::message_algorithm::ring) {
-    auto started = start_local_node();
+                      std::optional<parallel::message_algorithm> messages = parallel::message_algorithm::ring,
+                      std::string node_collectives = "automatic") {
+    auto started = start_local_node(std::move(node_collectives));
     EXPECT_TRUE(started) << started.error().message();
     if (!started)
       return;

@@ -82,6 +82,12 @@ struct node_options {
   /// Threads one CPU op of this process may use (intra_op_threads.hpp); 0
   /// leaves the process's setting (1 unless the program changed it).
   std::uint32_t intra_op_threads = 0;
+  /// How reducer groups run their collectives over messages when the
+  /// program leaves reducer_group_options::messages unset: "ring",
+  /// "halving-doubling" or "automatic" (troupe/parallel/reducer_group.hpp).
+  /// A job-wide knob, like NCCL_ALGO: it changes the algorithm without
+  /// rebuilding the program. Every rank of a job must give the same.
+  std::string collectives = "automatic";
 
   bool is_coordinator() const { return rank == 0; }
 
@@ -98,7 +104,8 @@ struct node_options {
   /// tls.certificate, tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy,
   /// scheduler.max-threads, middleman.workers, arena-bytes,
   /// arena-copy-min-bytes, network-eager-bytes (byte counts), data-plane-spin (a duration, `50us`;
-  /// at most 10ms), intra-op-threads (1 to 1024), device-map.<node>
+  /// at most 10ms), intra-op-threads (1 to 1024), collectives (ring,
+  /// halving-doubling or automatic), device-map.<node>
   /// (`cpu->cpu,cuda:0->cuda:1`) and config (a file of `key = value` lines
   /// with the same keys; also TROUPE_CONFIG). Every bad value is an
   /// invalid_argument error naming the flag, variable or file line.

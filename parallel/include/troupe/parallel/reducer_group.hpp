@@ -57,7 +57,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/actors/node.hpp"
@@ -90,6 +92,12 @@ enum class message_algorithm {
   /// others, two exchanges of the whole vector more); the ring otherwise.
   automatic,
 };
+
+/// "ring", "halving-doubling" or "automatic": the names --troupe.collectives
+/// takes and join errors use.
+std::string_view name_of(message_algorithm algorithm);
+/// The algorithm of that name; invalid_argument naming `name` otherwise.
+expected<message_algorithm> message_algorithm_named(std::string_view name);
 
 struct reducer_group_options {
   /// This replica's rank in the ring, 0 <= rank < places.size().
@@ -126,12 +134,15 @@ struct reducer_group_options {
   /// of two for outputs on the heap. Off: always the slots.
   bool same_host_single_copy = true;
   /// Collectives over messages (members on several hosts, or same_host =
-  /// ring). halving_doubling needs a group whose size is a power of two.
-  /// It beats the ring on small collectives and loses to it on large ones
-  /// over shaped links, hence automatic by default (docs/scaling.md,
-  /// "Recursive halving-doubling"). Every member must choose the same:
-  /// joining checks it. Broadcast always runs as a chain from the root.
-  message_algorithm messages = message_algorithm::automatic;
+  /// ring). Unset: the node's `collectives` option (--troupe.collectives,
+  /// automatic unless given), so a job can change it without a rebuild.
+  /// halving_doubling needs a group whose size is a power of two. It beats
+  /// the ring on small collectives and loses to it on large ones over
+  /// shaped links, hence automatic by default (docs/scaling.md, "Recursive
+  /// halving-doubling"). Every member must choose the same: joining checks
+  /// it. Broadcast always runs as a chain from the root. options() after
+  /// joining holds the algorithm chosen.
+  std::optional<message_algorithm> messages{};
 };
 
 /// The default places for `size` members with one rank per node:
