@@ -7,7 +7,7 @@
 # vocabulary that 3 does not divide). Its checkpoints load at another
 # layout and resume with the uninterrupted losses. A stopped stage process ends the job
 # within the heartbeat timeout with an error naming its node, with no process left. A layout that does
-# not fit the processes exits 2.
+# not fit the processes exits 2; one the model cannot take exits 1 naming why.
 #   examples/check_tensor_parallel_demo.sh BIN_DIR DEMO
 set -uo pipefail
 source "$(dirname "$0")/demo_checks.sh"
@@ -97,4 +97,11 @@ pids=""
 "$bin/troupe-launch" -n 3 -- "$demo" --tensor=2 >"$dir/bad.txt" 2>&1
 status=$?
 [[ $status -ne 0 ]] && grep -q "3 processes for --tensor=2" "$dir/bad.txt" || { cat "$dir/bad.txt"; echo "FAIL: 3 processes for 2 tensor ranks gave exit $status"; exit 1; }
-echo "OK: 4, 8 and 6 processes print one process's losses, also after resharding a checkpoint; a stopped rank ends the job naming it"
+# A degree the model cannot take (4 heads over 5 tensor ranks) is an error
+# naming why on every rank, not an abort.
+"$bin/troupe-launch" -n 5 -- "$demo" --tensor=5 >"$dir/heads.txt" 2>&1
+status=$?
+[[ $status -eq 1 ]] && grep -q "^\[[0-4]\] tensor_parallel_demo: tensor_parallel_pipeline: rank [0-4]: parallel_self_attention: 4 heads over 5 ranks leave a rank without a head" \
+  "$dir/heads.txt" && ! grep -q "Aborted\|terminate called" "$dir/heads.txt" ||
+  { cat "$dir/heads.txt"; echo "FAIL: 4 heads over 5 tensor ranks gave exit $status"; exit 1; }
+echo "OK: 4, 8 and 6 processes print one process's losses, also after resharding a checkpoint; a stopped rank ends the job naming it; a degree the model cannot take is an error"

@@ -65,8 +65,7 @@ int main(int argc, char** argv) {
                                                             targets.reshape({-1}), group, vocab);
             };
           },
-          .pipeline = {.micro_batches = std::size_t(micro), .optimizer = corpus.recipe().optimizer}}),
-    "tensor_parallel_pipeline");
+          .pipeline = {.micro_batches = std::size_t(micro), .optimizer = corpus.recipe().optimizer}}));
   if (!job.is_driver()) return job.serve();
 
   fmt::print("tensor_parallel_demo: {} layers, {} stages x {} tensor ranks x {} replicas, {} micro-batches{}\n",

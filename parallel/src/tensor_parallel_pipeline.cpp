@@ -166,32 +166,40 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create(actors::node
 
   // Each (d, t)'s model: stage p's layers from the model built over (d, p, t)'s group.
   partition split;
-  for (std::uint32_t d = 0; d < D; ++d)
-    for (std::uint32_t t = 0; t < T; ++t) {
-      auto assembled = std::make_shared<nn::sequential>();
-      for (std::uint32_t p = 0; p < stages; ++p) {
-        // Stage p's layers, from the model built over its group.
-        auto& group = *st->groups[(d * stages + p) * T + t];
-        auto layers = build_kept_layers(
-          [&] { return options.model(group); },
-          [&](const nn::sequential& whole) {
-            split = split_for(options, stages, whole);
-            return layer_range{split.begin(p), split.end(p)};
-          },
-          "tensor_parallel_pipeline")
-                        .kept;
-        for (std::size_t i = 0; i < layers->size(); ++i)
-          assembled->append(layers->at(i)); // named by index, as in the whole model
+  try { // as across processes (below): a factory's refusal is this call's error
+    for (std::uint32_t d = 0; d < D; ++d)
+      for (std::uint32_t t = 0; t < T; ++t) {
+        auto assembled = std::make_shared<nn::sequential>();
+        for (std::uint32_t p = 0; p < stages; ++p) {
+          // Stage p's layers, from the model built over its group.
+          auto& group = *st->groups[(d * stages + p) * T + t];
+          auto layers = build_kept_layers(
+            [&] { return options.model(group); },
+            [&](const nn::sequential& whole) {
+              split = split_for(options, stages, whole);
+              return layer_range{split.begin(p), split.end(p)};
+            },
+            "the model factory")
+                          .kept;
+          for (std::size_t i = 0; i < layers->size(); ++i)
+            assembled->append(layers->at(i)); // named by index, as in the whole model
+        }
+        st->models.push_back(std::move(assembled));
       }
-      st->models.push_back(std::move(assembled));
-    }
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, "tensor_parallel_pipeline: {}", e.what());
+  }
 
   for (std::uint32_t d = 0; d < D; ++d)
     for (std::uint32_t t = 0; t < T; ++t) {
       auto o = options.pipeline;
       o.model = st->models[d * T + t];
       o.split = split;
-      o.loss = options.loss(*st->groups[(d * stages + stages - 1) * T + t]);
+      try {
+        o.loss = options.loss(*st->groups[(d * stages + stages - 1) * T + t]);
+      } catch (const std::exception& e) {
+        return make_error(errc::invalid_argument, "tensor_parallel_pipeline: the loss factory: {}", e.what());
+      }
       o.name = fmt::format("d{}.t{}", d, t);
       o.fixed_order = true;
       if (D > 1) {
@@ -255,20 +263,31 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create_across_proce
   auto& group = st->groups[rank].emplace(std::move(*joined));
   partition split;
   auto prepared = std::make_shared<prepared_stage>();
-  auto [whole, kept] = build_kept_layers(
-    [&] { return options.model(group); },
-    [&](const nn::sequential& model) {
-      split = split_for(options, stages, model);
-      return layer_range{split.begin(p), split.end(p)};
-    },
-    fmt::format("tensor_parallel_pipeline: rank {}", rank));
-  prepared->layers = std::move(kept);
+  // The program's factories refuse layouts they cannot take (a degree
+  // that leaves a rank without a head), often from a command-line flag:
+  // that is this call's error, not the process's end.
+  std::shared_ptr<nn::sequential> whole;
+  loss_function loss;
+  try {
+    auto [built, kept] = build_kept_layers(
+      [&] { return options.model(group); },
+      [&](const nn::sequential& model) {
+        split = split_for(options, stages, model);
+        return layer_range{split.begin(p), split.end(p)};
+      },
+      "the model factory");
+    whole = std::move(built);
+    prepared->layers = std::move(kept);
+    loss = options.loss(group);
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, "tensor_parallel_pipeline: rank {}: {}", rank, e.what());
+  }
   prepared->name = fmt::format("d{}.t{}.stage{}", d, t, p);
   prepared->begin = split.begin(p);
   prepared->end = split.end(p);
   prepared->optimizer = options.pipeline.optimizer;
   if (p + 1 == stages)
-    prepared->loss = options.loss(group);
+    prepared->loss = loss;
   register_prepared_stage(job.node(), prepared);
   st->prepared = std::move(prepared);
   auto* released = st.get();
@@ -303,7 +322,7 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create_across_proce
         o.places.push_back(places[rank_of(dd, pp, tt)]);
       o.model = whole; // for the partition's checks only: each stage's process holds its layers
       o.split = split;
-      o.loss = options.loss(group); // for the checks only: the last stage's process holds its loss
+      o.loss = loss; // for the checks only: the last stage's process holds its loss
       o.name = fmt::format("d{}.t{}", dd, tt);
       o.fixed_order = true;
       if (D > 1) {

@@ -140,6 +140,21 @@ TEST(TensorTimesPipelineLayout, LayoutsTheProcessesDoNotFitAreRefusedNamingWhy) 
   }
 }
 
+// A model factory that refuses the degree (3 heads over 4 tensor ranks)
+// makes create() fail naming why; the process goes on.
+TEST(TensorTimesPipelineLayout, AModelThatRefusesTheDegreeIsAnErrorOfCreate) {
+  auto job = troupe::job::local().value();
+  auto made = tensor_parallel_pipeline::create(
+    job, {.tensor = 4,
+          .model = [&](reducer_group& group) { return std::make_shared<parallel_gpt>(config, group); },
+          .loss = vocab_parallel_loss,
+          .pipeline = {.places = {"worker0/cpu"}, .optimizer = sgd_factory({.lr = 0.1}), .in_this_process = true}});
+  ASSERT_FALSE(made);
+  EXPECT_THAT(made.error_value().message(),
+              ::testing::HasSubstr("tensor_parallel_pipeline: parallel_self_attention: 3 heads over 4 ranks leave a "
+                                   "rank without a head"));
+}
+
 // One process is a mesh of one rank: the stage is prepared, the driver
 // starts it through the node factory as it would in another process, and
 // training equals nn::gpt's; digests are the driver's view of the pieces.
