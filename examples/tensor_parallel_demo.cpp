@@ -43,11 +43,12 @@ int main(int argc, char** argv) {
   job.start();
   constexpr std::int64_t batch = 16, seq = 64; // the whole batch, shared by the replicas
   const auto per_stage = std::uint32_t(tensor_ranks * replicas);
-  if (job.world_size() % per_stage != 0 || job.world_size() / per_stage > 6 || batch % replicas != 0) {
+  if (job.world_size() % per_stage != 0 || job.world_size() / per_stage > 6 || batch % replicas != 0 ||
+      micro > batch / replicas) {
     if (job.is_driver())
-      fmt::print(stderr, "tensor_parallel_demo: {} processes for --tensor={} x --replicas={}: need a multiple, at "
-                         "most 6 stages, and replicas dividing the batch of {}\n", job.world_size(), tensor_ranks,
-                 replicas, batch);
+      fmt::print(stderr, "tensor_parallel_demo: {} processes for --tensor={} x --replicas={}, --micro-batches={}: "
+                         "need a multiple, at most 6 stages, replicas dividing the batch of {} and a sample for "
+                         "every micro-batch\n", job.world_size(), tensor_ranks, replicas, micro, batch);
     return job.finish(2);
   }
 
