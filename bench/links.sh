@@ -7,7 +7,8 @@
 #               round trips; "throughput" counts both directions, so on a
 #               half-used full-duplex link it approaches the link rate)
 #   allreduce   build/bench/job_allreduce on every host (the ring, which
-#               docs/scaling.md models; busbw)
+#               docs/scaling.md models; busbw, the mean of at least 10
+#               iterations and 8 MiB, so tbf's burst does not count)
 #   data-par.   examples/data_parallel_demo on every host (samples/s)
 #   pipeline    examples/pipeline_demo on every host, up to 4 (samples/s;
 #               its 6 layers make more stages pointless)
@@ -56,7 +57,7 @@ if [[ ${1:-} == --inside ]]; then
     say ping_pong_4MiB "$(awk -v g="${gbs:-0}" 'BEGIN { print g * 8000 }')" Mbit/s
   fi
 
-  out=$(launch "$hosts" "$build/bench/job_allreduce" --troupe.collectives=ring --min-kib=64 --max-kib="$max_kib" --iterations=3 --json=yes 2>&1)
+  out=$(launch "$hosts" "$build/bench/job_allreduce" --troupe.collectives=ring --min-kib=64 --max-kib="$max_kib" --iterations=10 --min-timed-kib=8192 --json=yes 2>&1)
   grep -q '"busbw_gbs"' <<<"$out" || echo "$out" | tail -5 >&2
   grep -o '{"bench":"job_allreduce".*}' <<<"$out" | while read -r line; do
     bytes=$(grep -o '"bytes":[0-9]*' <<<"$line" | cut -d: -f2)
