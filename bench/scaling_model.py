@@ -15,6 +15,7 @@ import re
 import sys
 
 ALPHA_S = 100e-6  # per ring step beyond this machine: data-plane one-way latency plus a handoff (docs/scaling.md)
+ALPHA_FLOOR_S = 20e-6  # the least a fitted step may take: one way of the data plane's TCP round trip (~40 us)
 CORES = 2  # this machine: every rank of every host shares them
 DP_BATCH = 16  # data_parallel_demo: samples per rank per step
 DP_GRAD_BYTES = 215168 * 4  # its GPT's gradients, float32
@@ -144,7 +145,7 @@ def check(path):
         t = rows.get((n, "none", "allreduce_65536B_time"))
         if t:
             bw = 2 * (n - 1) / n * 65536 * 8 / per_rank_rate(1e12, n, machine_bps)
-            alpha[n] = max(ALPHA_S, (t * 1e-6 - bw) / (2 * (n - 1)))
+            alpha[n] = max(ALPHA_FLOOR_S, (t * 1e-6 - bw) / (2 * (n - 1)))
     print(f"# calibrated (hosts=2 rate=none): machine {machine_bps / 1e9:.2f} Gbit/s, "
           f"data-parallel forward+backward {t_fb * 1e3:.1f} ms/rank, pipeline work {w * 1e3:.1f} ms/micro-batch; "
           f"ring step (rate=none, 64 KiB) " + ", ".join(f"{n} hosts {a * 1e3:.2f} ms" for n, a in alpha.items()))
