@@ -9,6 +9,8 @@
 #   allreduce   build/bench/job_allreduce on every host (the ring, which
 #               docs/scaling.md models; busbw, the mean of at least 10
 #               iterations and 8 MiB, so tbf's burst does not count)
+#   allreduce_auto  the same with the default algorithm, automatic
+#               (halving-doubling up to 256 KiB), 64 KiB - 1 MiB, over 2 hosts
 #   data-par.   examples/data_parallel_demo on every host (samples/s)
 #   pipeline    examples/pipeline_demo on every host, up to 4 (samples/s;
 #               its 6 layers make more stages pointless)
@@ -57,16 +59,22 @@ if [[ ${1:-} == --inside ]]; then
     say ping_pong_4MiB "$(awk -v g="${gbs:-0}" 'BEGIN { print g * 8000 }')" Mbit/s
   fi
 
-  out=$(launch "$hosts" "$build/bench/job_allreduce" --troupe.collectives=ring --min-kib=64 --max-kib="$max_kib" --iterations=10 --min-timed-kib=8192 --json=yes 2>&1)
-  grep -q '"busbw_gbs"' <<<"$out" || echo "$out" | tail -5 >&2
-  grep -o '{"bench":"job_allreduce".*}' <<<"$out" | while read -r line; do
-    bytes=$(grep -o '"bytes":[0-9]*' <<<"$line" | cut -d: -f2)
-    busbw=$(grep -o '"busbw_gbs":[0-9.]*' <<<"$line" | cut -d: -f2)
-    t=$(grep -o '"time_us":[0-9.]*' <<<"$line" | cut -d: -f2)
-    wrong=$(grep -o '"wrong":[0-9]*' <<<"$line" | cut -d: -f2)
-    say "allreduce_${bytes}B_busbw" "$(awk -v g="$busbw" 'BEGIN { print g * 8000 }')" "Mbit/s"
-    say "allreduce_${bytes}B_time" "$t" "us (wrong $wrong)"
-  done
+  allreduces() { # ALGORITHM PREFIX MAX_KIB
+    out=$(launch "$hosts" "$build/bench/job_allreduce" --troupe.collectives="$1" --min-kib=64 --max-kib="$3" \
+      --iterations=10 --min-timed-kib=8192 --json=yes 2>&1)
+    grep -q '"busbw_gbs"' <<<"$out" || echo "$out" | tail -5 >&2
+    grep -o '{"bench":"job_allreduce".*}' <<<"$out" | while read -r line; do
+      bytes=$(grep -o '"bytes":[0-9]*' <<<"$line" | cut -d: -f2)
+      busbw=$(grep -o '"busbw_gbs":[0-9.]*' <<<"$line" | cut -d: -f2)
+      t=$(grep -o '"time_us":[0-9.]*' <<<"$line" | cut -d: -f2)
+      wrong=$(grep -o '"wrong":[0-9]*' <<<"$line" | cut -d: -f2)
+      say "$2${bytes}B_busbw" "$(awk -v g="$busbw" 'BEGIN { print g * 8000 }')" "Mbit/s"
+      say "$2${bytes}B_time" "$t" "us (wrong $wrong)"
+    done
+  }
+  allreduces ring allreduce_ "$max_kib"
+  # The default, where it differs from the ring (halving-doubling up to 256 KiB).
+  ((hosts > 2)) && allreduces automatic allreduce_auto_ 1024
 
   samples() { # from a demo's output: the median samples/s after the first two steps
     awk '/samples\/s/ { for (i = 1; i < NF; i++) if ($i == "samples/s") { n++; if (n > 2) print $(i + 1) } }' | median

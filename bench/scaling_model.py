@@ -5,7 +5,8 @@
     python3 bench/scaling_model.py --extrapolate           # 64 and 256 hosts
     python3 bench/scaling_model.py --self-test             # the played schedule against closed forms
 
-Reads the "hosts=N rate=R what=W value=V unit=U" lines of bench/links.sh,
+Reads the "hosts=N rate=R what=W value=V unit=U" lines of bench/links.sh
+(allreduce_* rows are the ring's, allreduce_auto_* the default algorithm's),
 calibrates the machine's three constants from the unshaped 2-host run (so
 those rows are fits, not predictions, and are left out of the errors), and
 predicts every other row from the link's iperf3 rate measured in the same
@@ -32,6 +33,23 @@ def ring_time(size, n, rate_bps, alpha=ALPHA_S):
 
 def busbw(size, n, rate_bps, alpha=ALPHA_S):
     return 2 * (n - 1) / n * size * 8 / ring_time(size, n, rate_bps, alpha)
+
+
+def halving_doubling_time(size, n, rate_bps, alpha=ALPHA_S):
+    """Recursive halving then doubling (reducer_group_options::messages):
+    2 log2 n' exchanges over the largest power of two n' <= n, the same
+    bytes per rank as the ring; on other n the extra ranks first hand their
+    whole vector to a partner and take the result back."""
+    p = 1 << (n.bit_length() - 1)
+    t = 2 * (p.bit_length() - 1) * alpha + 2 * (p - 1) / p * size * 8 / rate_bps
+    return t if p == n else t + 2 * (alpha + size * 8 / rate_bps)
+
+
+def automatic_time(size, n, rate_bps, alpha=ALPHA_S):
+    """The default, `automatic`: halving-doubling up to 256 KiB on a
+    power-of-two group (up to 64 KiB on others), the ring above."""
+    bound = (256 << 10) if n & (n - 1) == 0 else (64 << 10)
+    return halving_doubling_time(size, n, rate_bps, alpha) if size <= bound else ring_time(size, n, rate_bps, alpha)
 
 
 def per_rank_rate(link_bps, n, machine_bps):
@@ -162,8 +180,9 @@ def check(path):
             print(f"{n:>5} {rate:>7} {what:<30} {value:>10.1f} {'':>10} {value / (link / 1e6):>6.2f}x of iperf3 (target 0.9)")
             continue
         elif what.startswith("allreduce_"):
-            size = int(what.split("_")[1][:-1])
-            pred = busbw(size, n, r, a) / 1e6
+            size = int(what.split("_")[-2][:-1])
+            time = automatic_time if what.startswith("allreduce_auto_") else ring_time
+            pred = 2 * (n - 1) / n * size * 8 / time(size, n, r, a) / 1e6
             if size < 1 << 20:
                 bound = "latency"
         elif what == "data_parallel_samples":
@@ -223,6 +242,15 @@ def self_test():
     # A link time per hop on 2 stages, m = 1: forward, hop, forward, backward, hop, backward.
     if not near(pipeline_step(2, 1, 1.0, cores=2, hop=0.5), 1.0 + 2 * 0.5):
         failures.append(f"2 stages, 1 micro-batch, hop 0.5: {pipeline_step(2, 1, 1.0, cores=2, hop=0.5)}, want 2.0")
+    # Halving-doubling: 2 log2 n steps where the ring takes 2 (n - 1), the same bytes; a fold adds two whole vectors.
+    if not near(halving_doubling_time(0, 8, 1e9, alpha=1.0), 6.0) or not near(ring_time(0, 8, 1e9, alpha=1.0), 14.0):
+        failures.append("8 ranks: halving-doubling must take 6 steps, the ring 14")
+    if not near(halving_doubling_time(1e9 / 8, 6, 1e9, alpha=0.0), 2 * 3 / 4 + 2):
+        failures.append(f"6 ranks fold into 4: {halving_doubling_time(1e9 / 8, 6, 1e9, alpha=0.0)}, want 3.5")
+    if automatic_time(1 << 20, 8, 1e9) != ring_time(1 << 20, 8, 1e9) or \
+            automatic_time(256 << 10, 8, 1e9) != halving_doubling_time(256 << 10, 8, 1e9) or \
+            automatic_time(128 << 10, 6, 1e9) != ring_time(128 << 10, 6, 1e9):
+        failures.append("automatic's bounds: halving-doubling to 256 KiB on 8 ranks, the ring above and at 128 KiB on 6")
     for f in failures:
         print("FAIL", f)
     print("scaling_model self-test:", "FAILED" if failures else "OK")
