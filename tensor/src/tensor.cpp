@@ -460,20 +460,25 @@ void tensor::copy_from(const tensor& source) {
       using S = typename decltype(src_tag)::type;
       auto* dst_base = static_cast<D*>(storage_->data());
       auto* src_base = static_cast<const S*>(src.storage_->data());
-      detail::for_each_row<2>(shape_, {&strides_, &src.strides_}, {offset_, src.offset_},
-                              [&](auto off, std::int64_t n, auto step) {
-                                auto* d = dst_base + off[0];
-                                auto* s = src_base + off[1];
-                                if (step[0] == 1 && step[1] == 1) {
-                                  if (convert_bfloat16_rows(s, d, n))
-                                    return;
-                                  for (std::int64_t i = 0; i < n; ++i)
-                                    d[i] = detail::convert<D>(s[i]);
-                                } else {
-                                  for (std::int64_t i = 0; i < n; ++i)
-                                    d[i * step[0]] = detail::convert<D>(s[i * step[1]]);
-                                }
-                              });
+      auto copy_row = [&](auto off, std::int64_t n, auto step) {
+        auto* d = dst_base + off[0];
+        auto* s = src_base + off[1];
+        if (step[0] == 1 && step[1] == 1) {
+          if (convert_bfloat16_rows(s, d, n))
+            return;
+          for (std::int64_t i = 0; i < n; ++i)
+            d[i] = detail::convert<D>(s[i]);
+        } else {
+          for (std::int64_t i = 0; i < n; ++i)
+            d[i * step[0]] = detail::convert<D>(s[i * step[1]]);
+        }
+      };
+      // Both contiguous: one row of every element, so a conversion sees
+      // the whole size (the vector kernels stream a large output).
+      if (is_contiguous() && src.is_contiguous())
+        copy_row(std::array<std::int64_t, 2>{offset_, src.offset_}, numel_, std::array<std::int64_t, 2>{1, 1});
+      else
+        detail::for_each_row<2>(shape_, {&strides_, &src.strides_}, {offset_, src.offset_}, copy_row);
     });
   });
 }

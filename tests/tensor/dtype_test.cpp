@@ -65,6 +65,34 @@ TEST(Bfloat16, TensorConversionsGiveTheScalarRulesBitsForEveryPattern) {
   }
 }
 
+TEST(Bfloat16, LargeConversionsKeepTheScalarRulesBits) {
+  // From 4 MiB of output on, the vector kernels write with streaming stores
+  // from the output's first 32-byte boundary (cpu_vector_bits.cpp): both
+  // directions, into views that start off that boundary, with a partial
+  // vector at the end, must still give the scalar rule's bits.
+  const std::int64_t n = (std::int64_t{1} << 21) + 37;
+  std::vector<float> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) // every exponent, rounding cases and NaNs among them
+    values[static_cast<std::size_t>(i)] = std::bit_cast<float>(static_cast<std::uint32_t>(i) * 2654435761u);
+  auto narrow_storage = tensor::empty({n + 1}, dtype::bfloat16);
+  auto narrow = narrow_storage.slice(0, 1, n + 1);
+  narrow.copy_from(tensor::from(values, {n}));
+  const auto* narrowed = narrow.data<bfloat16>();
+  std::int64_t differing = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    differing += narrowed[i].bits != bits_of(values[static_cast<std::size_t>(i)]);
+  EXPECT_EQ(differing, 0) << "float32 -> bfloat16";
+
+  auto wide_storage = tensor::empty({n + 3}, dtype::float32);
+  auto wide = wide_storage.slice(0, 3, n + 3);
+  wide.copy_from(narrow);
+  const auto* widened = wide.data<float>();
+  differing = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    differing += std::bit_cast<std::uint32_t>(widened[i]) != static_cast<std::uint32_t>(narrowed[i].bits) << 16;
+  EXPECT_EQ(differing, 0) << "bfloat16 -> float32";
+}
+
 TEST(Dtype, ConversionsBetweenAllDtypesKeepSmallIntegers) {
   const std::vector<dtype> all{dtype::float32, dtype::float64, dtype::int64,
                                dtype::int32,   dtype::uint8,   dtype::bfloat16};
