@@ -140,7 +140,8 @@ expected<std::shared_ptr<reducer_member>> reducer_member::join(actors::node& nod
   if (options.places.empty() || options.rank >= options.places.size())
     return make_error(errc::invalid_argument, "reducer_group: rank {} is outside the {} places", options.rank,
                       options.places.size());
-  if (!options.messages) {
+  const bool from_node = !options.messages;
+  if (from_node) {
     auto configured = message_algorithm_named(node.options().collectives);
     if (!configured)
       return make_error(errc::invalid_argument, "reducer_group: --troupe.collectives: {}",
@@ -150,8 +151,8 @@ expected<std::shared_ptr<reducer_member>> reducer_member::join(actors::node& nod
   if (const auto n = options.places.size();
       options.messages == message_algorithm::halving_doubling && (n & (n - 1)) != 0)
     return make_error(errc::invalid_argument,
-                      "reducer_group: halving_doubling needs a power-of-two number of members, not {} (use the ring)",
-                      n);
+                      "reducer_group: halving_doubling needs a power-of-two number of members, not {} ({})", n,
+                      from_node ? "from --troupe.collectives=halving-doubling; use ring or automatic" : "use the ring");
   if (options.chunk_bytes < 64)
     return make_error(errc::invalid_argument, "reducer_group: chunk_bytes {} is below 64", options.chunk_bytes);
   std::vector<actors::place> places;

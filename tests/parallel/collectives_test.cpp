@@ -532,7 +532,8 @@ TEST(HalvingDoubling, AGroupWhoseSizeIsNotAPowerOfTwoIsRefused) {
   }
   // The same from the node's option; a program that chooses the ring still joins.
   auto from_node = join_errors(3, [](std::uint32_t) { return std::optional<message_algorithm>{}; }, "halving-doubling");
-  EXPECT_THAT(from_node[0], HasSubstr("halving_doubling needs a power-of-two number of members, not 3"));
+  EXPECT_THAT(from_node[0], HasSubstr("halving_doubling needs a power-of-two number of members, not 3 (from "
+                                      "--troupe.collectives=halving-doubling; use ring or automatic)"));
   auto ring_chosen = join_errors(3, [](std::uint32_t) { return message_algorithm::ring; }, "halving-doubling");
   EXPECT_EQ(ring_chosen, std::vector<std::string>(3));
 }
