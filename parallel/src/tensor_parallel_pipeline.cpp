@@ -179,7 +179,7 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create(actors::node
               split = split_for(options, stages, whole);
               return layer_range{split.begin(p), split.end(p)};
             },
-            "the model factory")
+            fmt::format("stage {}", p))
                           .kept;
           for (std::size_t i = 0; i < layers->size(); ++i)
             assembled->append(layers->at(i)); // named by index, as in the whole model
@@ -275,7 +275,7 @@ expected<tensor_parallel_pipeline> tensor_parallel_pipeline::create_across_proce
         split = split_for(options, stages, model);
         return layer_range{split.begin(p), split.end(p)};
       },
-      "the model factory");
+      fmt::format("stage {}", p));
     whole = std::move(built);
     prepared->layers = std::move(kept);
     loss = options.loss(group);
