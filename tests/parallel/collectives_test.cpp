@@ -629,6 +629,12 @@ TEST(HalvingDoubling, OptionsAfterJoiningHoldTheAlgorithmChosen) {
 TEST(HalvingDoubling, MessageAlgorithmsRoundTripTheirNames) {
   for (auto algorithm : {message_algorithm::ring, halving, message_algorithm::automatic})
     EXPECT_EQ(message_algorithm_named(name_of(algorithm)).value(), algorithm);
+  // actors validates --troupe.collectives without seeing parallel's table:
+  // every name here must pass there.
+  for (auto algorithm : {message_algorithm::ring, halving, message_algorithm::automatic}) {
+    actors::node_options options;
+    EXPECT_TRUE(options.set("collectives", name_of(algorithm), "test")) << name_of(algorithm);
+  }
   auto bad = message_algorithm_named("halving_doubling");
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().message(), "message algorithm 'halving_doubling' is not one of ring, halving-doubling, automatic");
