@@ -3,9 +3,11 @@
 # cluster of network-namespace hosts (scripts/netns_cluster.sh, tbf on both
 # ends of every host's link) and, in the same cluster run:
 #   iperf3      one TCP stream host 1 -> host 2, the link's practical rate
-#   ping_pong   troupe's data plane between hosts 1 and 2 (4 MiB tensors,
-#               round trips; "throughput" counts both directions, so on a
-#               half-used full-duplex link it approaches the link rate)
+#   stream      troupe's data plane from host 1 to host 2: build/bench/job_stream,
+#               4 MiB tensors, 8 in flight, 3 s, the shape of iperf3's stream
+#   ping_pong   the same two hosts, 4 MiB tensors as round trips ("throughput"
+#               counts both directions, so on a half-used full-duplex link it
+#               approaches the link rate)
 #   allreduce   build/bench/job_allreduce on every host (the ring, which
 #               docs/scaling.md models; busbw, the mean of at least 10
 #               iterations and 8 MiB, so tbf's burst does not count)
@@ -52,6 +54,11 @@ if [[ ${1:-} == --inside ]]; then
     wait "$server" 2>/dev/null
     server=""
     say iperf3 "${mbits:-0}" Mbit/s
+
+    out=$(launch 2 "$build/bench/job_stream" --bytes=4194304 --window=8 --seconds=3 --json=yes 2>&1)
+    mbits=$(grep -o '"mbits":[0-9.]*' <<<"$out" | cut -d: -f2)
+    [[ -n $mbits ]] || echo "$out" | tail -5 >&2
+    say stream_4MiB "${mbits:-0}" Mbit/s
 
     out=$(launch 2 "$build/examples/ping_pong" --rounds=60 --bytes=4194304 2>&1)
     gbs=$(awk '/throughput:/ { for (i = 1; i < NF; i++) if ($(i + 1) == "GB/s") print $i }' <<<"$out")

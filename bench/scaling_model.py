@@ -176,8 +176,11 @@ def check(path):
         r = per_rank_rate(link, n, machine_bps)
         a = alpha.get(n, ALPHA_S)
         bound = "link" if r == link else "cores"
-        if what == "ping_pong_4MiB":
+        if what == "stream_4MiB":
             print(f"{n:>5} {rate:>7} {what:<30} {value:>10.1f} {'':>10} {value / (link / 1e6):>6.2f}x of iperf3 (target 0.9)")
+            continue
+        if what == "ping_pong_4MiB":
+            print(f"{n:>5} {rate:>7} {what:<30} {value:>10.1f} {'':>10} {value / (link / 1e6):>6.2f}x of iperf3 (round trips)")
             continue
         elif what.startswith("allreduce_"):
             size = int(what.split("_")[-2][:-1])

@@ -20,6 +20,7 @@
 #include <set>
 
 #include "data_plane_impl.hpp"
+#include "heap_retention.hpp"
 
 // Flow control, step by step (one edge: sender S -> receiver R):
 //  1. S's send() encodes the message (header frame + a span of the tensor's
@@ -118,6 +119,8 @@ expected<void> data_plane::impl::init() {
   if (options_.credit_window_bytes == 0 || options_.max_queued_sends == 0)
     return make_error(errc::invalid_argument,
                       "data plane: credit window and send queue must be positive");
+  // Before UCX allocates anything: its eager assembly blocks come from malloc.
+  detail::keep_freed_heap(options_.network_eager_bytes + (std::size_t{64} << 10), options_.keep_freed_heap_bytes);
   // UCX opens its TCP listener in ucp_worker_create; the listeners that
   // appear meanwhile are its (this thread is the only one starting sockets
   // here), and the handshake deadline watches their ports.

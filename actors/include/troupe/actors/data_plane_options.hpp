@@ -63,6 +63,15 @@ struct data_plane_options {
   /// busbw (docs/scaling.md, "Eager to other hosts"). 0:
   /// rendezvous_threshold for every peer.
   std::size_t network_eager_bytes = std::size_t{4} << 20;
+  /// Freed heap memory the process keeps mapped (glibc's trim threshold),
+  /// and blocks up to network_eager_bytes served from the heap rather than
+  /// mapped one by one, set when the plane starts. UCX assembles an eager
+  /// message in a block of its own; without this every such block is fresh
+  /// pages, faulted in and cleared on the transport thread (a one-way
+  /// stream of 1 MiB tensors to another host ran at half the rate,
+  /// docs/performance.md). Process-wide, and only ever raised. 0: leave
+  /// malloc's settings alone.
+  std::size_t keep_freed_heap_bytes = std::size_t{256} << 20;
   /// Rendezvous sends per peer handed to UCX and not yet completed (the
   /// receiver has not pulled the payload yet); more wait in the queue even
   /// when the credit window has room. Over tcp on two cores 4 outran 64 at
