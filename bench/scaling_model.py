@@ -13,6 +13,7 @@ predicts every other row from the link's iperf3 rate measured in the same
 cluster run.
 """
 import re
+import statistics
 import sys
 
 ALPHA_S = 100e-6  # per ring step beyond this machine: data-plane one-way latency plus a handoff (docs/scaling.md)
@@ -133,12 +134,13 @@ def pp_samples(p, rank_rate, w, alpha):
 
 
 def read(path):
-    rows = {}
+    """Each row's value; the median of its passes (links.sh --repeats)."""
+    passes = {}
     for line in open(path):
         m = re.match(r"hosts=(\d+) rate=(\S+) what=(\S+) value=([0-9.]+)", line)
         if m:
-            rows[(int(m[1]), m[2], m[3])] = float(m[4])
-    return rows
+            passes.setdefault((int(m[1]), m[2], m[3]), []).append(float(m[4]))
+    return {key: statistics.median(values) for key, values in passes.items()}
 
 
 def check(path):
