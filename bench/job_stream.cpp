@@ -42,7 +42,9 @@ int main(int argc, char** argv) {
   const auto seconds = job.flag("seconds", 3, 1, 600);
   const bool json = job.flag("json", "no", {"no", "yes"}) == "yes";
   if (bytes * window > std::int64_t{48} << 20)
-    job.reject(fmt::format("--bytes={} times --window={} exceeds the data plane's 48 MiB in flight", bytes, window));
+    job.reject(fmt::format("--bytes={} times --window={} is above 48 MiB in flight (the data plane's credit window "
+                           "is 64 MiB)",
+                           bytes, window));
   job.start();
   if (job.world_size() < 2)
     job.fail(make_error(errc::invalid_argument, "needs 2 processes (troupe-launch -n 2), not {}", job.world_size()));
