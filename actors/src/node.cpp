@@ -498,6 +498,7 @@ troupe::expected<void> node::start_router() {
   ro.copy_into_arena_min_bytes = options_.arena_copy_min_bytes;
   ro.data_plane.spin_before_sleep = options_.data_plane_spin;
   ro.data_plane.network_eager_bytes = options_.network_eager_bytes;
+  ro.data_plane.keep_freed_heap_bytes = options_.keep_freed_heap_bytes;
   if (options_.data_plane_spin.count() == 0)
     ro.data_plane.spin_while_transferring = std::chrono::microseconds(0); // "never poll"
   // UCX's TCP lanes on the listen address's interface only (it would open

@@ -203,7 +203,8 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
     return count(scheduler.max_threads);
   if (key == "middleman.workers")
     return count(scheduler.middleman_workers);
-  if (key == "arena-bytes" || key == "arena-copy-min-bytes" || key == "network-eager-bytes") {
+  if (key == "arena-bytes" || key == "arena-copy-min-bytes" || key == "network-eager-bytes" ||
+      key == "keep-freed-heap-bytes") {
     // Plain decimal byte counts, 64-bit.
     std::uint64_t bytes = 0;
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), bytes);
@@ -214,8 +215,13 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
                         shared_arena::max_bytes);
     if (key == "network-eager-bytes" && bytes > (std::uint64_t{1} << 30))
       return make_error(errc::invalid_argument, "{}=\"{}\" is above 1 GiB", source, value);
-    (key == "arena-bytes" ? arena_bytes : key == "arena-copy-min-bytes" ? arena_copy_min_bytes : network_eager_bytes) =
-      bytes;
+    // glibc takes its trim threshold as an int.
+    if (key == "keep-freed-heap-bytes" && bytes > (std::uint64_t{2} << 30) - 1)
+      return make_error(errc::invalid_argument, "{}=\"{}\" is above 2 GiB", source, value);
+    (key == "arena-bytes"             ? arena_bytes
+     : key == "arena-copy-min-bytes"  ? arena_copy_min_bytes
+     : key == "network-eager-bytes"   ? network_eager_bytes
+                                      : keep_freed_heap_bytes) = bytes;
     return {};
   }
   if (key == "data-plane-spin") {
@@ -258,7 +264,7 @@ troupe::expected<void> node_options::set(std::string_view key, std::string_view 
                     "{}: unknown option \"{}\" (known: name, rank, world-size, coordinator, port, listen-address, "
                     "heartbeat-interval, heartbeat-timeout, join-timeout, request-timeout, tls.certificate, "
                     "tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy, scheduler.max-threads, middleman.workers, "
-                    "arena-bytes, arena-copy-min-bytes, network-eager-bytes, data-plane-spin, intra-op-threads, collectives, device-map.<node>, "
+                    "arena-bytes, arena-copy-min-bytes, network-eager-bytes, keep-freed-heap-bytes, data-plane-spin, intra-op-threads, collectives, device-map.<node>, "
                     "config)",
                     source, key);
 }

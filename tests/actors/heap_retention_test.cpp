@@ -10,9 +10,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "troupe/actors/data_plane.hpp"
+#include "troupe/actors/node.hpp"
+#include "troupe/actors/node_options.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -90,6 +93,37 @@ TEST(HeapRetention, ADataPlaneKeepsFreedBlocksMapped) {
   EXPECT_GT(by_default, 2000) << "glibc's defaults no longer give freed blocks back; this test shows nothing";
   EXPECT_GE(kept, 0) << "the child could not start a data plane";
   EXPECT_LT(kept, 100) << "by default " << by_default;
+}
+
+/// A node of one, from `--troupe.*` flags; its data plane starts with it.
+long faults_under_a_node(std::vector<std::string> flags) {
+  std::vector<const char*> argv{"heap"};
+  for (auto& f : flags)
+    argv.push_back(f.c_str());
+  auto options = node_options::from(static_cast<int>(argv.size()), argv.data(), {});
+  if (!options)
+    return -3;
+  options->name = "worker0";
+  options->world_size = 1;
+  options->listen_address = "127.0.0.1";
+  auto started = node::start(*options);
+  if (!started)
+    return -2;
+  const long faults = faults_in_third_round();
+  (*started)->stop();
+  return faults;
+}
+
+TEST(HeapRetention, ANodeSetsItFromItsOptions) {
+#if !defined(__GLIBC__)
+  GTEST_SKIP() << "not glibc";
+#endif
+  const long kept = in_child([] { return faults_under_a_node({}); });
+  const long left_alone = in_child([] { return faults_under_a_node({"--troupe.keep-freed-heap-bytes=0"}); });
+  EXPECT_GE(kept, 0);
+  EXPECT_LT(kept, 100) << "with keep-freed-heap-bytes=0: " << left_alone;
+  EXPECT_GT(left_alone, 2000) << "the node's option did not reach the data plane";
+  EXPECT_EQ(node_options{}.keep_freed_heap_bytes, data_plane_options{}.keep_freed_heap_bytes);
 }
 
 TEST(HeapRetention, ZeroAsksForNothing) {

@@ -142,6 +142,15 @@ TEST(NodeOptions, NetworkEagerBytesIsAByteCountUpTo1GiB) {
             "--troupe.network-eager-bytes=\"1073741825\" is above 1 GiB");
 }
 
+TEST(NodeOptions, KeepFreedHeapBytesIsAByteCountBelow2GiB) {
+  auto options = from({"--troupe.keep-freed-heap-bytes=0"}, {});
+  ASSERT_TRUE(options) << options.error().message();
+  EXPECT_EQ(options->keep_freed_heap_bytes, 0u);
+  EXPECT_EQ(error_of({"--troupe.keep-freed-heap-bytes=1G"}), "--troupe.keep-freed-heap-bytes=\"1G\" is not a byte count");
+  EXPECT_EQ(error_of({"--troupe.keep-freed-heap-bytes=2147483648"}),
+            "--troupe.keep-freed-heap-bytes=\"2147483648\" is above 2 GiB");
+}
+
 TEST(NodeOptions, DataPlaneSpinTakesMicrosecondsAndIsBounded) {
   EXPECT_EQ(node_options{}.data_plane_spin, 50us);
   auto options = from({"--troupe.data-plane-spin=20us"}, {});

@@ -79,6 +79,10 @@ struct node_options {
   /// not by rendezvous (data_plane_options::network_eager_bytes); 0: by
   /// rendezvous from 64 KiB, as on this host. At most 1 GiB.
   std::uint64_t network_eager_bytes = std::uint64_t{4} << 20;
+  /// Freed heap memory the process keeps mapped so eager messages do not
+  /// land in fresh pages (data_plane_options::keep_freed_heap_bytes, a
+  /// process-wide malloc setting); 0 leaves malloc alone. At most 2 GiB.
+  std::uint64_t keep_freed_heap_bytes = std::uint64_t{256} << 20;
   /// Threads one CPU op of this process may use (intra_op_threads.hpp); 0
   /// leaves the process's setting (1 unless the program changed it).
   std::uint32_t intra_op_threads = 0;
@@ -103,7 +107,7 @@ struct node_options {
   /// (durations: 500ms, 5s, 1.5s, 2m; a bare number is milliseconds),
   /// tls.certificate, tls.key, tls.ca, tls.passphrase, job-token, scheduler.policy,
   /// scheduler.max-threads, middleman.workers, arena-bytes,
-  /// arena-copy-min-bytes, network-eager-bytes (byte counts), data-plane-spin (a duration, `50us`;
+  /// arena-copy-min-bytes, network-eager-bytes, keep-freed-heap-bytes (byte counts), data-plane-spin (a duration, `50us`;
   /// at most 10ms), intra-op-threads (1 to 1024), collectives (ring,
   /// halving-doubling or automatic), device-map.<node>
   /// (`cpu->cpu,cuda:0->cuda:1`) and config (a file of `key = value` lines
