@@ -18,8 +18,11 @@ bool keep_freed_heap(std::size_t largest_block, std::size_t keep_bytes) {
   // glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on
   // 64-bit): larger blocks are always mapped on their own.
   constexpr std::size_t most_from_heap = std::size_t{32} << 20;
+  // Never below glibc's own first threshold: smaller blocks would be mapped
+  // one by one, each a fresh set of pages.
+  constexpr std::size_t glibc_default = std::size_t{128} << 10;
   static std::mutex mutex;
-  static std::size_t block = 0, keep = 0;
+  static std::size_t block = glibc_default, keep = 0;
   std::lock_guard guard(mutex);
   block = std::max(block, std::min(largest_block, most_from_heap));
   keep = std::max(keep, std::min<std::size_t>(keep_bytes, INT_MAX));

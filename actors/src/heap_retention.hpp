@@ -20,8 +20,9 @@
 
 namespace troupe::actors::detail {
 
-/// Blocks of up to `largest_block` bytes (capped at glibc's 32 MiB) come
-/// from the heap, and up to `keep_bytes` of freed heap stays mapped.
+/// Blocks of up to `largest_block` bytes (at least glibc's first 128 KiB,
+/// at most its 32 MiB) come from the heap, and up to `keep_bytes` of freed
+/// heap stays mapped.
 /// Later calls only raise the two settings. Does nothing when `keep_bytes`
 /// is 0 or where the C library is not glibc. Returns whether glibc took
 /// the settings.

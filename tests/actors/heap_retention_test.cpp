@@ -21,10 +21,10 @@ namespace troupe::actors {
 namespace {
 
 /// Page faults of this thread over a third round of allocating, touching
-/// and freeing 16 blocks of 1 MiB, the shape of a stream of eager messages
-/// (the first two rounds fault in whatever the heap keeps).
-long faults_in_third_round() {
-  constexpr std::size_t block = std::size_t{1} << 20;
+/// and freeing `count` blocks of `bytes`; by default 16 of 1 MiB and UCX's
+/// descriptor, the shape of a stream of eager messages (the first two
+/// rounds fault in whatever the heap keeps).
+long faults_in_third_round(int count = 16, std::size_t bytes = (std::size_t{1} << 20) + 128) {
   long before = 0;
   for (int round = 0; round < 3; ++round) {
     if (round == 2) {
@@ -33,9 +33,9 @@ long faults_in_third_round() {
       before = usage.ru_minflt;
     }
     std::vector<void*> blocks;
-    for (int i = 0; i < 16; ++i) {
-      blocks.push_back(std::malloc(block + 128)); // UCX's descriptor beside the payload
-      std::memset(blocks.back(), round + 1, block + 128);
+    for (int i = 0; i < count; ++i) {
+      blocks.push_back(std::malloc(bytes));
+      std::memset(blocks.back(), round + 1, bytes);
     }
     for (void* p : blocks)
       std::free(p);
@@ -128,6 +128,20 @@ TEST(HeapRetention, ANodeSetsItFromItsOptions) {
 
 TEST(HeapRetention, ZeroAsksForNothing) {
   EXPECT_FALSE(detail::keep_freed_heap(std::size_t{1} << 20, 0));
+}
+
+TEST(HeapRetention, NoEagerBlocksStillLeaveGlibcsFirstThreshold) {
+#if !defined(__GLIBC__)
+  GTEST_SKIP() << "not glibc";
+#endif
+  // network_eager_bytes = 0: the plane asks for 64 KiB blocks. Blocks of
+  // 100 KiB, below glibc's own 128 KiB, must still come from the heap.
+  const long faults = in_child([] {
+    detail::keep_freed_heap(std::size_t{64} << 10, std::size_t{256} << 20);
+    return faults_in_third_round(64, std::size_t{100} << 10);
+  });
+  EXPECT_GE(faults, 0);
+  EXPECT_LT(faults, 100);
 }
 
 } // namespace

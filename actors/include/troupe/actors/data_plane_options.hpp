@@ -68,7 +68,7 @@ struct data_plane_options {
   /// mapped one by one, set when the plane starts. UCX assembles an eager
   /// message in a block of its own; without this every such block is fresh
   /// pages, faulted in and cleared on the transport thread (a one-way
-  /// stream of 1 MiB tensors to another host ran at half the rate,
+  /// stream of 1 MiB tensors to another host ran 1.5-2.9x slower,
   /// docs/performance.md). Process-wide, and only ever raised. 0: leave
   /// malloc's settings alone.
   std::size_t keep_freed_heap_bytes = std::size_t{256} << 20;
