@@ -25,6 +25,13 @@ DP_HIDDEN = 0.5  # share of the allreduce hidden behind backward (the demo print
 PP_BATCH, PP_MICRO = 32, 4  # pipeline_demo: samples per step, micro-batches (1F1B)
 PP_ACT_BYTES = (PP_BATCH // PP_MICRO) * 64 * 64 * 4  # one micro-batch's activations: 8 x 64 tokens x width 64
 PP_BACKWARD_SHARE = 2 / 3  # of a layer's forward + backward (two matrix products to the forward's one)
+# From a stage sending its result to the next stage's handler starting on it,
+# beyond the bytes' time on the link: on this machine every stage's thread
+# shares the two cores with the others' compute, so the receiving threads
+# wait to be scheduled. The median of the gradient edges (stage k+1 -> k,
+# which their receiver waits for) in troupe-trace summary of pipeline_demo
+# on 2 and 4 unshaped namespace hosts: 1.6-1.8 ms (docs/scaling.md).
+PP_HANDOFF_S = 1.5e-3
 
 
 def ring_time(size, n, rate_bps, alpha=ALPHA_S):
@@ -129,8 +136,8 @@ def pipeline_step(p, m, w, cores, hop=0.0, backward_share=PP_BACKWARD_SHARE):
     return t
 
 
-def pp_samples(p, rank_rate, w, alpha):
-    return PP_BATCH / pipeline_step(p, PP_MICRO, w, CORES, hop=PP_ACT_BYTES * 8 / rank_rate + alpha)
+def pp_samples(p, rank_rate, w):
+    return PP_BATCH / pipeline_step(p, PP_MICRO, w, CORES, hop=PP_ACT_BYTES * 8 / rank_rate + PP_HANDOFF_S)
 
 
 def read(path):
@@ -152,7 +159,7 @@ def check(path):
     dp2 = rows[(2, "none", "data_parallel_samples")]
     t_fb = DP_BATCH * 2 / dp2  # two ranks, a core each, the allreduce nearly free
     pp2 = rows[(2, "none", "pipeline_samples")]
-    hop2 = PP_ACT_BYTES * 8 / per_rank_rate(rows[(2, "none", "iperf3")] * 1e6, 2, machine_bps) + ALPHA_S
+    hop2 = PP_ACT_BYTES * 8 / per_rank_rate(rows[(2, "none", "iperf3")] * 1e6, 2, machine_bps) + PP_HANDOFF_S
     low, high = 0.0, PP_BATCH / pp2  # the work per micro-batch whose predicted step is the measured one
     for _ in range(60):
         w = (low + high) / 2
@@ -194,7 +201,7 @@ def check(path):
             pred = dp_samples(n, r, t_fb, a)
             bound = "cores" if n > CORES else "compute"
         elif what == "pipeline_samples":
-            pred = pp_samples(n, r, w, a)
+            pred = pp_samples(n, r, w)
             bound = "cores" if n > CORES else "bubble"
         else:
             continue
