@@ -46,7 +46,7 @@ long faults_in_third_round(int count = 16, std::size_t bytes = (std::size_t{1} <
 }
 
 /// Runs `measure` in a child forked from this process as it is now and
-/// returns what it measured (faults, capped at 250 000), or -1.
+/// returns what it measured, or -1 when the child sent nothing back.
 template <typename F> long in_child(F measure) {
   int out[2];
   if (pipe(out) != 0)
