@@ -77,8 +77,8 @@ inline constexpr const char* perftest_shim_mark = "troupe-perftest-shim: wrote "
 /// buffer (the shim did not load: no figure rather than the wrong one).
 inline std::optional<double> ucx_perftest(const perftest_options& o) {
   // Loopback only, like troupe's nodes on 127.0.0.1: without it UCX adds a
-  // second TCP lane on the machine's external interface (9% more bandwidth
-  // at 16 MiB here, 2026-11-24, and an address these benchmarks must not use).
+  // second TCP lane on the machine's external interface (more bandwidth,
+  // and an address these benchmarks must not use; docs/performance.md, "Figures behind defaults").
   auto env = fmt::format("UCX_TLS={} UCX_NET_DEVICES=lo UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n", o.transports);
   if (!o.written_buffers_shim.empty())
     env += fmt::format(" LD_PRELOAD={}", o.written_buffers_shim);

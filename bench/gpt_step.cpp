@@ -23,7 +23,7 @@
 // on its inputs' magnitude (glibc's erff did) slows the step. The two are
 // timed alternately in the same minute (a second copy of the model trained
 // to step 90, then 20 steps of each in turn), because a VM's own speed can
-// move for minutes at a time (docs/performance.md, 2026-11-27 (fourth)).
+// move for minutes at a time (docs/performance.md, "the drift measure").
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -44,9 +44,7 @@
 // `reduced` for the last pass, i.e. is done with its tensor. Ranks may mix:
 // each looks at each peer's header. Trust: the members of a group are one
 // job's processes on one host, and each can write the others' arenas.
-// Measured with the copy-in simply left out (bench/allreduce, 2026-11-24):
-// 4 MiB took 1.30 ms instead of 1.41-1.46 on 4 processes and 0.25 instead
-// of 0.29-0.35 on 2.
+// Leaving the copy-in out saved 8-29% at 4 MiB (docs/performance.md, "Figures behind defaults").
 //
 // Cost per rank for B bytes on N ranks: B(N-1)/N copied in, B read and 2B/N
 // written by the reduction, B(N-1)/N copied out. With passes of 256 KiB the
@@ -90,7 +88,7 @@
 // cost more than the copy saves. A broadcast keeps its slot: there the
 // root's one copy serves every reader, and the readers' copies from the
 // slot, which is in cache, were as fast or faster than reading the root's
-// memory (docs/performance.md, 2026-11-28).
+// memory (docs/performance.md, "the same-host broadcast").
 //
 // After any failure (a timeout, a lost replica, an order mismatch) the
 // passes of the ranks are out of step for good: the workspace refuses

@@ -34,8 +34,8 @@ std::size_t limit_from_environment() {
 /// process_vm_readv), and on 4 KiB pages those copies miss the TLB every
 /// page: a standalone UCX sender and receiver moved 16 MiB messages over
 /// loopback TCP about 9% faster with both buffers on huge pages
-/// (2026-11-24, 5 alternated runs, 4.8-5.2 -> 5.3-5.7 GB/s), and that is
-/// how ucx_perftest allocates its buffers.
+/// (docs/performance.md, "Figures behind defaults"), and that is how ucx_perftest allocates its
+/// buffers.
 void* map_huge_block(std::size_t size) {
   constexpr std::size_t huge = host_allocator::huge_page_bytes;
   void* mapping = ::mmap(nullptr, size + huge, PROT_READ | PROT_WRITE,

@@ -3,8 +3,8 @@
 //
 // UCX opens its TCP lanes on every interface it finds unless UCX_NET_DEVICES
 // says otherwise: a node listening on 127.0.0.1 still got a second
-// rendezvous lane to the machine's external address (eth0 here,
-// seen with UCX_LOG_LEVEL=debug, 2026-11-24). A job bound to loopback must
+// rendezvous lane to the machine's external address (UCX's debug log
+// shows it). A job bound to loopback must
 // not reach any other address, so a node gives its data plane the interface
 // that holds its listen address (node.cpp), unless UCX_NET_DEVICES is set.
 #include <string>

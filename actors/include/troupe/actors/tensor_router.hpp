@@ -118,11 +118,10 @@ struct tensor_router_options {
   std::size_t arena_bytes = std::size_t{1} << 30;
   /// Heap tensors of at least this many bytes for a same-host node are
   /// copied into the arena and handed over by reference; smaller ones (and
-  /// all when SIZE_MAX) go through UCX's shared memory. Measured with
-  /// bench/transport ("same host" rows, 7 interleaved rounds, 2026-11-22):
-  /// one memcpy into the arena beat UCX's shared memory by 1.17x at 64 KiB,
-  /// 1.10x at 256 KiB, 1.36x at 1 MiB, 2.2x at 16 MiB and 1.7x at 64 MiB;
-  /// below 64 KiB UCX sends eagerly and the handoff's fixed cost dominates.
+  /// all when SIZE_MAX) go through UCX's shared memory. From 64 KiB one
+  /// memcpy into the arena beats UCX's shared memory (bench/transport's
+  /// "same host" rows); below, UCX sends eagerly and the handoff's fixed
+  /// cost dominates. Figures: docs/performance.md, "Figures behind defaults".
   std::size_t copy_into_arena_min_bytes = std::size_t{64} << 10;
   /// Which host this node is on (empty: this kernel's boot id and /dev/shm);
   /// nodes with equal keys exchange tensors by reference.

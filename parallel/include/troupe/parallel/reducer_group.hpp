@@ -106,15 +106,13 @@ struct reducer_group_options {
   /// must be on this node. Several members may share a node (tests).
   std::vector<std::string> places{};
   /// Bytes per chunk: each ring segment is cut into chunks this large so
-  /// that sending chunk k+1 overlaps reducing chunk k.
-  /// 1 MiB measured best of 256 KiB - 2 MiB with build/bench/allreduce
-  /// --chunk-kib=N on 2 and 4 processes (2026-11-22, interleaved runs).
+  /// that sending chunk k+1 overlaps reducing chunk k. 1 MiB measured
+  /// best of 256 KiB - 2 MiB (docs/performance.md, "Figures behind defaults").
   std::size_t chunk_bytes = std::size_t{1} << 20;
   /// A segment shorter than `min_chunks` chunks is still cut into up to
   /// `min_chunks` chunks, none shorter than `min_chunk_bytes` (1: off).
-  /// Off by default: with 4, bench/allreduce (two interleaved pairs of runs,
-  /// 2026-11-22) was 1.2x faster at 4 MiB on 2 processes but 1.6x slower
-  /// at 1 MiB, and slower on 4 processes up to 4 MiB.
+  /// Off by default: 4 helped one size on 2 processes and slowed others
+  /// (docs/performance.md, "Figures behind defaults").
   std::uint32_t min_chunks = 1;
   std::size_t min_chunk_bytes = std::size_t{64} << 10;
   /// Bound on every wait: joining, and each chunk of a collective.
@@ -124,9 +122,8 @@ struct reducer_group_options {
   same_host_algorithm same_host = same_host_algorithm::shared_memory;
   /// Bytes of one pass of the same-host allreduce (each rank's workspace
   /// holds two), a multiple of 64 in [4096, 2^30]. 256 KiB measured best of
-  /// 128 KiB - 4 MiB with build/bench/allreduce --pass-kib=N on 2 and 4
-  /// processes (2026-11-23, alternated runs): 4 MiB passes were 1.5-2x
-  /// slower at 4-64 MiB, 128 KiB slower on 4 processes.
+  /// 128 KiB - 4 MiB: passes that leave the cache are slower
+  /// (docs/performance.md, "Figures behind defaults").
   std::size_t same_host_pass_bytes = std::size_t{256} << 10;
   /// On the same-host path, let the peers read an all-gather's pieces
   /// straight from this process's memory (process_vm_readv, where the

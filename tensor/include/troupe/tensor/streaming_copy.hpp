@@ -4,11 +4,10 @@
 // A large memcpy into shared memory first reads every destination line into
 // the cache (read-for-ownership) and then leaves the copy in this core's
 // caches, where its consumer, another process, gains little from it.
-// Streaming (non-temporal) stores write whole lines past the cache instead.
-// Measured on this 2-vCPU AMD EPYC (one thread, destination in /dev/shm,
-// 2026-11-24): 19.2 against 11.6 GB/s at 16 MiB, 14-15 against 8.3-8.9 at
-// 64 MiB. Below a few MiB the copy usually fits the last-level cache, where
-// the consumer reads it faster: memcpy there.
+// Streaming (non-temporal) stores write whole lines past the cache instead,
+// 1.6-1.8x faster from 16 MiB into /dev/shm (docs/performance.md, "Figures behind defaults").
+// Below a few MiB the copy usually fits the last-level cache, where the
+// consumer reads it faster: memcpy there.
 #include <cstddef>
 
 namespace troupe {
