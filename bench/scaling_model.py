@@ -157,6 +157,13 @@ def spread(values):
     return max(values) / min(values) - 1 if min(values) > 0 else float("inf")
 
 
+def pass_ratios(values, iperf3):
+    """Each pass's figure over the iperf3 of the same pass (links.sh runs a
+    cluster's measurements in turn, pass after pass); none unless every pass
+    has its iperf3."""
+    return [v / i for v, i in zip(values, iperf3)] if len(values) == len(iperf3) and min(iperf3, default=0) > 0 else []
+
+
 def cores_rate(passes):
     """K, bits/s: what this machine's cores move through the data plane, all
     ranks together, from the 16 MiB ring on 2 hosts. The cores bind it behind
@@ -206,6 +213,9 @@ def check(path):
         bound = "link" if r == link else "cores"
         if what in ("stream_4MiB", "ping_pong_4MiB"):  # measured against iperf3, not the model
             note = "target 0.9" if what == "stream_4MiB" else "round trips"
+            ratios = pass_ratios(passes[(n, rate, what)], passes.get((n, rate, "iperf3"), []))
+            if len(ratios) > 1:
+                note += f"; passes {min(ratios):.3f}-{max(ratios):.3f}"
             print(f"{n:>5} {rate:>7} {what:<30} {value:>10.1f} {'':>10} {'':>7} {spread(passes[(n, rate, what)]):>7.0%}  "
                   f"{value / (link / 1e6):.2f}x of iperf3 ({note})")
             continue
@@ -298,6 +308,8 @@ def self_test():
         failures.append(f"the cores' rate from both links' six passes: {k}, want {2 * 7325.0 * 1e6}")
     if not near(spread([800.0, 1000.0, 900.0]), 0.25):
         failures.append(f"spread of 800, 1000, 900: {spread([800.0, 1000.0, 900.0])}, want 0.25")
+    if pass_ratios([900.0, 950.0], [1000.0, 950.0]) != [0.9, 1.0] or pass_ratios([900.0, 950.0], [1000.0]):
+        failures.append("each pass's stream over the same pass's iperf3, and none when a pass lacks it")
     for f in failures:
         print("FAIL", f)
     print("scaling_model self-test:", "FAILED" if failures else "OK")
