@@ -468,7 +468,9 @@ int job::finish(int status) {
     for (std::size_t r = 1; r < st.rank_actors.size(); ++r)
       if (st.rank_actors[r])
         caf::anon_send(st.rank_actors[r], caf::delete_atom::value);
-    st.stop_node();
+    // Bounded as an orderly end is: a failure is when an actor is likeliest
+    // to be left running, and CAF's shutdown waits for it forever.
+    parallel::stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
     return status;
   }
   if (is_driver()) {

@@ -2,8 +2,9 @@
 // ranks that learn each other's node names whatever they are called, and a
 // lifecycle that ends without hanging — serving ranks released by the
 // driver, distributed objects still in scope stopped by finish(), a serving
-// rank ending with 1 when the driver's process dies. The other rank runs as
-// a child process (this binary, `--job-child <mode>`).
+// rank ending with 1 when the driver's process dies, a node's stop that
+// hangs ended within its bound. The other rank runs as a child process (this
+// binary, `--job-child <mode>`).
 #include "troupe/job.hpp"
 
 #include <gmock/gmock.h>
@@ -17,7 +18,10 @@
 #include <optional>
 #include <thread>
 
+#include <caf/blocking_actor.hpp>
+
 #include "../actors/process_support.hpp"
+#include "troupe/actors/node.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/parallel/data_parallel.hpp"
@@ -312,6 +316,31 @@ int run_child(int argc, char** argv) {
 }
 
 } // namespace
+
+/// In a death test's child: a local job beside an actor that never stops
+/// (CAF's shutdown waits for it forever), then finish(status). finish must
+/// not return; the bound on the node's stop ends the process with `status`.
+[[noreturn]] void finish_beside_an_actor_that_never_stops(int status) {
+  auto local = job::local("solo");
+  if (!local)
+    std::_Exit(90);
+  local->node().system().spawn([](caf::blocking_actor*) { std::this_thread::sleep_for(1h); });
+  local->finish(status);
+  std::_Exit(91); // the stop returned although an actor still runs
+}
+
+// Both within the bound of 60 s, so each takes a minute.
+TEST(LocalJobDeathTest, AnOrderlyEndWhoseStopHangsEndsTheProcessWithItsStatus) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(finish_beside_an_actor_that_never_stops(0), ::testing::ExitedWithCode(0),
+              "solo: the node did not stop within 60000 ms of the job's end; ending the process with status 0");
+}
+
+TEST(LocalJobDeathTest, AFailingDriverWhoseStopHangsEndsTheProcessWithItsStatus) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(finish_beside_an_actor_that_never_stops(3), ::testing::ExitedWithCode(3),
+              "solo: the node did not stop within 60000 ms of the job's end; ending the process with status 3");
+}
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string_view(argv[1]) == "--job-child")
