@@ -187,6 +187,13 @@ struct job::state {
     node.reset();
   }
 
+  /// stop_node() at the job's end, bounded: past stop_bound the process
+  /// ends with `status` (an actor left running keeps CAF's shutdown
+  /// waiting forever).
+  void stop_node_within(int status) {
+    parallel::stop_within(stop_bound, program, status, [this] { stop_node(); });
+  }
+
   void stop_node() {
     for (auto* actor : {&self_actor, &driver_watch})
       if (*actor) {
@@ -469,8 +476,8 @@ int job::finish(int status) {
       if (st.rank_actors[r])
         caf::anon_send(st.rank_actors[r], caf::delete_atom::value);
     // Bounded as an orderly end is: a failure is when an actor is likeliest
-    // to be left running, and CAF's shutdown waits for it forever.
-    parallel::stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
+    // to be left running.
+    st.stop_node_within(status);
     return status;
   }
   if (is_driver()) {
@@ -486,7 +493,7 @@ int job::finish(int status) {
       if (settled.wait_for(2 * release_timeout + 5s) != std::future_status::ready)
         caf::anon_send_exit(releaser, caf::exit_reason::user_shutdown);
     }
-    parallel::stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
+    st.stop_node_within(status);
     return status;
   }
   // Other ranks wait for the driver's release (their last collective may
@@ -503,7 +510,7 @@ int job::finish(int status) {
   if (st.serving)
     st.at_finish->run_all();
   if (released) {
-    parallel::stop_within(stop_bound, st.program, status, [&] { st.stop_node(); });
+    st.stop_node_within(status);
     return status;
   }
   // The driver's process is gone, and the coordinator with it: an orderly
