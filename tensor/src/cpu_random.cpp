@@ -23,8 +23,9 @@ template <class T> T unit_uniform(std::uint32_t w0, std::uint32_t w1) {
 }
 
 /// Calls f(i, w0, w1) for i in [0, n) with the first two Philox words of
-/// counter start + i (w1 only when `second`, else 0): eight counters at a
-/// time in AVX2 lanes where the CPU has them, the same bits either way.
+/// counter start + i (w1 only when `second`, else 0): eight or sixteen
+/// counters at a time in AVX2 or AVX-512 lanes where the CPU has them, the
+/// same bits either way.
 template <class F> void for_each_counter(std::uint64_t seed, std::uint64_t start, std::uint64_t n, bool second, F&& f) {
   if (!vector_math::available()) {
     for (std::uint64_t i = 0; i < n; ++i) {
@@ -91,6 +92,12 @@ void cpu_backend::fill_random(random_distribution what, const generator& gen, do
       case random_distribution::dropout: {
         const auto p = static_cast<T>(a);
         const auto scale = static_cast<T>(b);
+        if constexpr (!is_double) {
+          if (vector_math::available()) {
+            vector_math::dropout_mask(seed, start, static_cast<std::int64_t>(n), p, scale, y);
+            break;
+          }
+        }
         for_each_counter(seed, start, n, is_double, [&](std::uint64_t i, std::uint32_t w0, std::uint32_t w1) {
           y[i] = unit_uniform<T>(w0, w1) >= p ? scale : T(0);
         });

@@ -1,9 +1,10 @@
 // The AVX2 bit kernels (cpu_vector_math.hpp): Philox 4x32-10 eight counters
-// at a time, and float32 <-> bfloat16 conversion sixteen (eight) elements at
-// a time. Integer work with exact results, so one AVX2 copy serves every
-// CPU that has AVX2; compiled with -mavx2 (tensor/CMakeLists.txt) and run
-// only once vector_math::available() said so. Like the other vector files
-// it includes no C++ standard header with inline functions
+// at a time (vector_math::avx2; cpu_vector_bits_avx512.cpp has the sixteen-
+// lane copy), and float32 <-> bfloat16 conversion sixteen (eight) elements
+// at a time. Integer work with exact results: both Philox copies give the
+// scalar bijection's bits. Compiled with -mavx2 (tensor/CMakeLists.txt) and
+// run only once vector_math::available() said so. Like the other vector
+// files it includes no C++ standard header with inline functions
 // (cpu_vector_lanes.hpp says why).
 #include "cpu_vector_math.hpp"
 
@@ -28,20 +29,23 @@ inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
 }
 
 /// Philox 4x32-10 of eight counters (philox.hpp's rounds, lane by lane):
-/// counter words c0 (low) and c1 (high) per lane, c2 = c3 = 0.
+/// counter words c0 (low) and c1 (high) per lane, c2 = c3 = 0, so the first
+/// round's second product is zero and is skipped.
 inline void philox8(__m256i c0, __m256i c1, std::uint64_t seed, __m256i& w0, __m256i& w1) {
   using namespace philox_constants;
   const __m256i m0 = _mm256_set1_epi32(static_cast<int>(multiplier0));
   const __m256i m1 = _mm256_set1_epi32(static_cast<int>(multiplier1));
   auto k0 = static_cast<std::uint32_t>(seed);
   auto k1 = static_cast<std::uint32_t>(seed >> 32);
-  __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 += weyl0;
-      k1 += weyl1;
-    }
-    __m256i hi0, lo0, hi1, lo1;
+  __m256i hi0, lo0, hi1, lo1;
+  mul_hi_lo(c0, m0, hi0, lo0);
+  __m256i c2 = _mm256_xor_si256(hi0, _mm256_set1_epi32(static_cast<int>(k1)));
+  __m256i c3 = lo0;
+  c0 = _mm256_xor_si256(c1, _mm256_set1_epi32(static_cast<int>(k0)));
+  c1 = _mm256_setzero_si256();
+  for (int round = 1; round < 10; ++round) {
+    k0 += weyl0;
+    k1 += weyl1;
     mul_hi_lo(c0, m0, hi0, lo0);
     mul_hi_lo(c2, m1, hi1, lo1);
     const __m256i n0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
@@ -55,21 +59,34 @@ inline void philox8(__m256i c0, __m256i c1, std::uint64_t seed, __m256i& w0, __m
   w1 = c1;
 }
 
+/// The counters position, position + 1, ..., position + 7 as low and high
+/// words per lane; the low word may wrap inside the vector, carrying into
+/// the high word of the lanes after it.
+inline void counters8(std::uint64_t position, __m256i& low, __m256i& high) {
+  const __m256i base = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(position)));
+  low = _mm256_add_epi32(base, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  // Unsigned low < base (a wrap) as a signed compare with the sign bits flipped.
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i wrapped = _mm256_cmpgt_epi32(_mm256_xor_si256(base, sign), _mm256_xor_si256(low, sign));
+  high = _mm256_sub_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(position >> 32))), wrapped);
+}
+
+/// Keep (scale) or drop (0) for eight uniforms from w0's top 24 bits:
+/// uniform24's value, compared as the scalar fill compares it.
+inline __m256 dropout8(__m256i w0, float p, float scale) {
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 8)), _mm256_set1_ps(0x1.0p-24f));
+  return _mm256_and_ps(_mm256_cmp_ps(u, _mm256_set1_ps(p), _CMP_GE_OQ), _mm256_set1_ps(scale));
+}
+
 } // namespace
+
+namespace avx2 {
 
 void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1) {
   for (std::int64_t i = 0; i < n; i += 8) {
-    // The eight counters' words, in scalar: a carry into the high word may
-    // fall between two lanes.
-    alignas(32) std::uint32_t low[8], high[8], out0[8], out1[8];
-    for (int lane = 0; lane < 8; ++lane) {
-      const std::uint64_t position = start + static_cast<std::uint64_t>(i + lane);
-      low[lane] = static_cast<std::uint32_t>(position);
-      high[lane] = static_cast<std::uint32_t>(position >> 32);
-    }
-    __m256i a, b;
-    philox8(_mm256_load_si256(reinterpret_cast<const __m256i*>(low)),
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(high)), seed, a, b);
+    __m256i low, high, a, b;
+    counters8(start + static_cast<std::uint64_t>(i), low, high);
+    philox8(low, high, seed, a, b);
     const std::int64_t count = n - i < 8 ? n - i : 8;
     if (count == 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w0 + i), a);
@@ -77,6 +94,7 @@ void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(w1 + i), b);
       continue;
     }
+    alignas(32) std::uint32_t out0[8], out1[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(out0), a);
     _mm256_store_si256(reinterpret_cast<__m256i*>(out1), b);
     for (std::int64_t lane = 0; lane < count; ++lane) {
@@ -86,6 +104,26 @@ void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::
     }
   }
 }
+
+void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y) {
+  for (std::int64_t i = 0; i < n; i += 8) {
+    __m256i low, high, a, b;
+    counters8(start + static_cast<std::uint64_t>(i), low, high);
+    philox8(low, high, seed, a, b);
+    const __m256 mask = dropout8(a, p, scale);
+    const std::int64_t count = n - i < 8 ? n - i : 8;
+    if (count == 8) {
+      _mm256_storeu_ps(y + i, mask);
+      continue;
+    }
+    alignas(32) float out[8];
+    _mm256_store_ps(out, mask);
+    for (std::int64_t lane = 0; lane < count; ++lane)
+      y[i + lane] = out[lane];
+  }
+}
+
+} // namespace avx2
 
 namespace {
 

@@ -128,6 +128,13 @@ void layer_norm_backward(const layer_norm_backward_rows<double>& rows) {
   avx512_chosen() ? avx512::layer_norm_backward(rows) : avx2::layer_norm_backward(rows);
 }
 
+void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1) {
+  avx512_chosen() ? avx512::philox_words(seed, start, n, w0, w1) : avx2::philox_words(seed, start, n, w0, w1);
+}
+void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y) {
+  avx512_chosen() ? avx512::dropout_mask(seed, start, n, p, scale, y) : avx2::dropout_mask(seed, start, n, p, scale, y);
+}
+
 } // namespace troupe::detail::vector_math
 
 namespace troupe {

@@ -17,9 +17,11 @@
 // (TROUPE_VECTOR_MATH=avx2 forces it), chosen once per process from the CPU
 // alone. The two agree within rounding: the elementwise functions are
 // SLEEF's 1.0-ulp ones in both, and a row's sums run in lanes as wide as
-// the vector, so their order differs. Philox, bfloat16 conversion and the
-// Adam step (cpu_vector_bits.cpp, cpu_vector_optim.cpp) are AVX2 only: they
-// are exact by construction, and memory-bound.
+// the vector, so their order differs. Philox and dropout masks have an AVX2
+// and an AVX-512 copy (cpu_vector_bits.cpp, cpu_vector_bits_avx512.cpp),
+// exact by construction. bfloat16 conversion and the Adam step
+// (cpu_vector_bits.cpp, cpu_vector_optim.cpp) are AVX2 only: they are exact
+// too, and memory-bound.
 //
 // Every element goes through the vector function, the last partial vector
 // too (padded), so an element's result never depends on its position or on
@@ -94,12 +96,28 @@ void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
 void gelu_tanh(const float* x, float* y, std::int64_t n);
 void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n);
 
-// -- AVX2 bit kernels: Philox and bfloat16 storage (cpu_vector_bits.cpp) ---------
+// -- bit kernels: Philox and bfloat16 storage (cpu_vector_bits*.cpp) ------------
 
 /// The first two words of Philox 4x32-10 (philox.hpp: philox_at) for the
-/// counters start, start + 1, ..., start + n - 1 of `seed`, eight at a
-/// time: w0[i], and w1[i] unless w1 is null. The same bits as philox_at.
+/// counters start, start + 1, ..., start + n - 1 of `seed`, eight or
+/// sixteen at a time: w0[i], and w1[i] unless w1 is null. The same bits as
+/// philox_at.
 void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
+/// A float32 dropout mask in one pass: y[i] = scale where element i's
+/// uniform24 (philox.hpp, from the first word of counter start + i) is at
+/// least p, else 0; the scalar fill's bits (cpu_random.cpp).
+void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
+
+/// The two copies of the Philox kernels, which the entry points above choose
+/// between as they do for the lane kernels.
+namespace avx2 {
+void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
+void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
+} // namespace avx2
+namespace avx512 {
+void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
+void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
+} // namespace avx512
 
 /// y[i] = the bits of bfloat16(x[i]) (dtype.hpp: nearest, ties to even; a
 /// NaN stays a quiet NaN), eight at a time, with the scalar rule's bits.

@@ -200,6 +200,33 @@ TEST(VectorIsa, RowKernelsAgreeWithinTheirSumsRounding) {
   rows_agree<double>();
 }
 
+TEST(VectorIsa, PhiloxWordsAndDropoutMasksAreBitwiseEqualAcrossTheCounterCarry) {
+  REQUIRE_BOTH_COPIES();
+  // Starts just below a wrap of the low counter word, so the carry falls
+  // inside a vector; the lengths end inside the first and second of the
+  // AVX-512 copy's two blocks of sixteen.
+  const std::uint64_t seed = 0xfedcba9876543210ULL;
+  for (const std::uint64_t start : {std::uint64_t{0}, (std::uint64_t{1} << 32) - 21, (std::uint64_t{7} << 32) - 3}) {
+    for (const std::int64_t n : {std::int64_t{1}, std::int64_t{5}, std::int64_t{16}, std::int64_t{17},
+                                 std::int64_t{31}, std::int64_t{32}, std::int64_t{45}, std::int64_t{300}}) {
+      const auto size = static_cast<std::size_t>(n);
+      std::vector<std::uint32_t> a0(size + 1, 7), a1(size + 1, 7), b0(size + 1, 7), b1(size + 1, 7);
+      avx2::philox_words(seed, start, n, a0.data(), a1.data());
+      avx512::philox_words(seed, start, n, b0.data(), b1.data());
+      EXPECT_EQ(a0, b0) << "first words, start " << start << ", n " << n;
+      EXPECT_EQ(a1, b1) << "second words, start " << start << ", n " << n;
+      EXPECT_EQ(b0[size], 7u) << "a word written past n";
+      std::vector<float> ma(size + 1, -1.0f), mb(size + 1, -1.0f);
+      avx2::dropout_mask(seed, start, n, 0.3f, 2.0f, ma.data());
+      avx512::dropout_mask(seed, start, n, 0.3f, 2.0f, mb.data());
+      EXPECT_EQ(ma, mb) << "dropout mask, start " << start << ", n " << n;
+      EXPECT_EQ(mb[size], -1.0f) << "a mask element written past n";
+      for (std::size_t i = 0; i < size; ++i)
+        ASSERT_EQ(mb[i], (b0[i] >> 8) * 0x1.0p-24f >= 0.3f ? 2.0f : 0.0f) << "mask element " << i << " of its word";
+    }
+  }
+}
+
 TEST(VectorIsa, TheEntryPointsRunTheCopyTheCpuChose) {
   REQUIRE_BOTH_COPIES();
   if (!available())
