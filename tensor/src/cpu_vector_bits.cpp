@@ -1,8 +1,8 @@
-// The AVX2 bit kernels (cpu_vector_math.hpp): Philox 4x32-10 eight counters
-// at a time (vector_math::avx2; cpu_vector_bits_avx512.cpp has the sixteen-
-// lane copy), and float32 <-> bfloat16 conversion sixteen (eight) elements
-// at a time. Integer work with exact results: both Philox copies give the
-// scalar bijection's bits. Compiled with -mavx2 (tensor/CMakeLists.txt) and
+// The AVX2 bit kernels (cpu_vector_math.hpp: vector_math::avx2): Philox
+// 4x32-10 eight counters at a time, and float32 <-> bfloat16 conversion
+// sixteen (eight) elements at a time; cpu_vector_bits_avx512.cpp has the
+// sixteen-lane copies. Integer work with exact results: every copy gives
+// the scalar rules' bits. Compiled with -mavx2 (tensor/CMakeLists.txt) and
 // run only once vector_math::available() said so. Like the other vector
 // files it includes no C++ standard header with inline functions
 // (cpu_vector_lanes.hpp says why).
@@ -196,6 +196,8 @@ void convert(std::int64_t n, Cached cached, Streamed streamed, const In* x, Out*
 
 } // namespace
 
+namespace avx2 {
+
 void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
   convert<16>(n, to_bfloat16_16, to_bfloat16_16_streamed, x, y);
 }
@@ -203,5 +205,7 @@ void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
 void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n) {
   convert<8>(n, from_bfloat16_8, from_bfloat16_8_streamed, x, y);
 }
+
+} // namespace avx2
 
 } // namespace troupe::detail::vector_math

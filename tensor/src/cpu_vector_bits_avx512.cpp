@@ -1,8 +1,9 @@
-// Philox 4x32-10 sixteen counters at a time, and dropout masks drawn from
-// it, for CPUs with AVX-512 (cpu_vector_math.hpp: vector_math::avx512). The
-// same bits as the scalar bijection (philox.hpp) and the AVX2 copy
-// (cpu_vector_bits.cpp); the wider lanes halve the instructions per counter,
-// which is most of a dropout mask's cost. Compiled with the AVX-512 flags
+// The bit kernels for CPUs with AVX-512 (cpu_vector_math.hpp:
+// vector_math::avx512): Philox 4x32-10 sixteen counters at a time, dropout
+// masks drawn from it, and float32 <-> bfloat16 conversion sixteen elements
+// at a time. The same bits as the scalar rules (philox.hpp, dtype.hpp) and
+// the AVX2 copy (cpu_vector_bits.cpp); the wider lanes halve the
+// instructions per element. Compiled with the AVX-512 flags
 // (tensor/CMakeLists.txt), run only where avx512_chosen(). Like the other
 // vector files it includes no C++ standard header with inline functions
 // (cpu_vector_lanes.hpp says why).
@@ -100,6 +101,28 @@ template <class F> void for_each_block(std::uint64_t seed, std::uint64_t start, 
   }
 }
 
+/// Sixteen floats' bfloat16 bits (nearest, ties to even; a NaN stays a
+/// quiet NaN): the AVX2 copy's rule in sixteen lanes.
+inline __m256i bfloat16_lanes(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i high = _mm512_maskz_srli_epi32(0xFFFF, u, 16);
+  const __m512i odd = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  const __m512i rounded =
+    _mm512_maskz_srli_epi32(0xFFFF, _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+  const __m512i quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+  const __m512i bits = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, quiet_nan);
+  return _mm512_maskz_cvtepi32_epi16(0xFFFF, bits);
+}
+
+/// Sixteen bfloat16 bits to floats, exactly.
+inline __m512 floats_of(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, bits), 16));
+}
+
+/// Outputs of at least this many bytes take streaming stores (the AVX2
+/// copy's threshold and reason, cpu_vector_bits.cpp).
+constexpr std::int64_t streaming_min_bytes = std::int64_t{4} << 20;
+
 } // namespace
 
 namespace avx512 {
@@ -121,6 +144,49 @@ void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float
     const __m512 u = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_maskz_srli_epi32(0xFFFF, a, 8)), unit);
     _mm512_mask_storeu_ps(y + at, lanes, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, threshold, _CMP_GE_OQ), kept));
   });
+}
+
+void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
+  const bool stream = n * 2 >= streaming_min_bytes;
+  std::int64_t i = 0;
+  // Cached stores up to y's first 32-byte boundary, streamed ones after.
+  if (stream)
+    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % 32 != 0; ++i)
+      _mm_mask_storeu_epi16(y + i, 1, _mm256_castsi256_si128(bfloat16_lanes(_mm512_maskz_loadu_ps(1, x + i))));
+  for (; i + 16 <= n; i += 16) {
+    const __m256i bits = bfloat16_lanes(_mm512_loadu_ps(x + i));
+    if (stream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(y + i), bits);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), bits);
+  }
+  if (stream)
+    _mm_sfence(); // streaming stores are weakly ordered: visible before what follows
+  if (i < n) {
+    const auto lanes = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(y + i, lanes, bfloat16_lanes(_mm512_maskz_loadu_ps(lanes, x + i)));
+  }
+}
+
+void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n) {
+  const bool stream = n * 4 >= streaming_min_bytes;
+  std::int64_t i = 0;
+  if (stream)
+    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % 64 != 0; ++i)
+      _mm512_mask_storeu_ps(y + i, 1, floats_of(_mm256_maskz_loadu_epi16(1, x + i)));
+  for (; i + 16 <= n; i += 16) {
+    const __m512 values = floats_of(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+    if (stream)
+      _mm512_stream_ps(y + i, values);
+    else
+      _mm512_storeu_ps(y + i, values);
+  }
+  if (stream)
+    _mm_sfence();
+  if (i < n) {
+    const auto lanes = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, lanes, floats_of(_mm256_maskz_loadu_epi16(lanes, x + i)));
+  }
 }
 
 } // namespace avx512

@@ -134,6 +134,12 @@ void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::
 void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y) {
   avx512_chosen() ? avx512::dropout_mask(seed, start, n, p, scale, y) : avx2::dropout_mask(seed, start, n, p, scale, y);
 }
+void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
+  avx512_chosen() ? avx512::to_bfloat16(x, y, n) : avx2::to_bfloat16(x, y, n);
+}
+void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n) {
+  avx512_chosen() ? avx512::from_bfloat16(x, y, n) : avx2::from_bfloat16(x, y, n);
+}
 
 } // namespace troupe::detail::vector_math
 

@@ -17,11 +17,10 @@
 // (TROUPE_VECTOR_MATH=avx2 forces it), chosen once per process from the CPU
 // alone. The two agree within rounding: the elementwise functions are
 // SLEEF's 1.0-ulp ones in both, and a row's sums run in lanes as wide as
-// the vector, so their order differs. Philox and dropout masks have an AVX2
-// and an AVX-512 copy (cpu_vector_bits.cpp, cpu_vector_bits_avx512.cpp),
-// exact by construction. bfloat16 conversion and the Adam step
-// (cpu_vector_bits.cpp, cpu_vector_optim.cpp) are AVX2 only: they are exact
-// too, and memory-bound.
+// the vector, so their order differs. Philox, dropout masks and bfloat16
+// conversion have an AVX2 and an AVX-512 copy (cpu_vector_bits.cpp,
+// cpu_vector_bits_avx512.cpp), exact by construction. The Adam step
+// (cpu_vector_optim.cpp) is AVX2 only: exact too, and memory-bound.
 //
 // Every element goes through the vector function, the last partial vector
 // too (padded), so an element's result never depends on its position or on
@@ -108,22 +107,27 @@ void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::
 /// least p, else 0; the scalar fill's bits (cpu_random.cpp).
 void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
 
-/// The two copies of the Philox kernels, which the entry points above choose
+/// y[i] = the bits of bfloat16(x[i]) (dtype.hpp: nearest, ties to even; a
+/// NaN stays a quiet NaN), eight or sixteen at a time, with the scalar
+/// rule's bits.
+void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n);
+/// y[i] = float(bfloat16 with bits x[i]), exactly.
+void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n);
+
+/// The two copies of the bit kernels, which the entry points above choose
 /// between as they do for the lane kernels.
 namespace avx2 {
 void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
 void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
+void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n);
+void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n);
 } // namespace avx2
 namespace avx512 {
 void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
 void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
-} // namespace avx512
-
-/// y[i] = the bits of bfloat16(x[i]) (dtype.hpp: nearest, ties to even; a
-/// NaN stays a quiet NaN), eight at a time, with the scalar rule's bits.
 void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n);
-/// y[i] = float(bfloat16 with bits x[i]), exactly.
 void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n);
+} // namespace avx512
 
 // -- optimizer steps (cpu_vector_optim.cpp) ----------------------------------
 

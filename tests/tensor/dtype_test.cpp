@@ -29,7 +29,8 @@ TEST(Bfloat16, RoundsToNearestTiesToEven) {
 
 TEST(Bfloat16, TensorConversionsGiveTheScalarRulesBitsForEveryPattern) {
   // Where the CPU has AVX2 a contiguous float32 <-> bfloat16 conversion runs
-  // in vector lanes (tensor/src/cpu_vector_math.cpp): every bfloat16
+  // in AVX2 or AVX-512 lanes (tensor/src/cpu_vector_bits*.cpp; ctest runs
+  // this test on each copy the CPU has): every bfloat16
   // pattern, and every float32 whose low half is a rounding case (zero,
   // below, at and above the tie, all ones), must get the scalar rule's bits.
   // Lengths that leave a partial vector at the end are cut from the same
@@ -67,7 +68,8 @@ TEST(Bfloat16, TensorConversionsGiveTheScalarRulesBitsForEveryPattern) {
 
 TEST(Bfloat16, LargeConversionsKeepTheScalarRulesBits) {
   // From 4 MiB of output on, the vector kernels write with streaming stores
-  // from the output's first 32-byte boundary (cpu_vector_bits.cpp): both
+  // from the output's first 32-byte (AVX-512 float32: 64-byte) boundary
+  // (cpu_vector_bits*.cpp): both
   // directions, into views that start off that boundary, with a partial
   // vector at the end, must still give the scalar rule's bits.
   const std::int64_t n = (std::int64_t{1} << 21) + 37;
