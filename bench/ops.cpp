@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
   auto ids = randint({batch, sequence}, gen, 0, vocabulary);
   nn::layer_norm norm(width);
   nn::causal_self_attention attention(nn::attention_options{.n_embd = width, .n_head = heads, .seed = 1});
+  nn::causal_self_attention attention_dropout(
+    nn::attention_options{.n_embd = width, .n_head = heads, .dropout = 0.1, .seed = 1});
   nn::embedding table(vocabulary, width, 2);
   auto parameter = variable(randn({4'800'000}, gen), true);
   optim::adamw adamw(nn::named_variables{{"p", parameter}}, optim::adam_options{.lr = 1e-3, .weight_decay = 0.01});
@@ -90,6 +92,11 @@ int main(int argc, char** argv) {
     {"attention [16, 128, 256], 8 heads",
      [&] {
        return forward_backward(variable(activations), [&](const variable& x) { return attention(x); }, activations);
+     }},
+    {"attention, dropout p = 0.1 (weights, output)",
+     [&] {
+       return forward_backward(
+         variable(activations), [&](const variable& x) { return attention_dropout(x); }, activations);
      }},
     {"cross_entropy [2048, 86]",
      [&] {

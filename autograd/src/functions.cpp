@@ -292,11 +292,15 @@ variable softmax(const variable& a, std::int64_t dim) {
 }
 
 variable causal_attention(const variable& qkv, std::int64_t heads, double scale) {
+  return causal_attention(qkv, heads, scale, tensor());
+}
+
+variable causal_attention(const variable& qkv, std::int64_t heads, double scale, const tensor& dropout_mask) {
   auto x = data_of(qkv, "causal_attention", "qkv");
-  auto result = troupe::causal_attention(x, heads, scale);
+  auto result = troupe::causal_attention(x, heads, scale, dropout_mask);
   return record("causal_attention", result.output, {qkv},
-                [x, weights = result.weights, heads, scale](const tensor& g, const needs_mask&) {
-                  return std::vector<tensor>{causal_attention_backward(g, x, weights, heads, scale)};
+                [x, weights = result.weights, dropout_mask, heads, scale](const tensor& g, const needs_mask&) {
+                  return std::vector<tensor>{causal_attention_backward(g, x, weights, heads, scale, dropout_mask)};
                 });
 }
 

@@ -34,9 +34,10 @@ GPT = {"vocabulary": 86, "width": 256, "heads": 8, "blocks": 6, "sequence": 128,
 
 
 class Attention(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, dropout=0.0):
         super().__init__()
         self.heads = heads
+        self.dropout = dropout  # on the weights and the output, as troupe's attention_options
         self.c_attn = nn.Linear(width, 3 * width)
         self.c_proj = nn.Linear(width, width)
 
@@ -46,8 +47,11 @@ class Attention(nn.Module):
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.heads))
         mask = torch.triu(torch.full((t, t), float("-inf"), device=x.device), diagonal=1)
-        y = F.softmax(scores + mask, dim=-1) @ v
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+        weights = F.softmax(scores + mask, dim=-1)
+        if self.dropout > 0:
+            weights = F.dropout(weights, self.dropout, self.training)
+        y = self.c_proj((weights @ v).transpose(1, 2).reshape(b, t, c))
+        return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 
 
 class Block(nn.Module):

@@ -37,6 +37,7 @@ def make_cases():
     ids = torch.randint(0, VOCABULARY, (BATCH, SEQUENCE), generator=g)
     norm = nn.LayerNorm(WIDTH)
     attention = Attention(WIDTH, HEADS)
+    attention_dropout = Attention(WIDTH, HEADS, dropout=0.1)
     table = nn.Embedding(VOCABULARY, WIDTH)
     parameter = nn.Parameter(torch.randn(4_800_000, generator=g))
     parameter.grad = torch.randn(4_800_000, generator=g)
@@ -52,6 +53,7 @@ def make_cases():
         lambda: forward_backward(scores, lambda x: F.softmax(x, -1), scores),
         lambda: forward_backward(activations, norm, activations),
         lambda: forward_backward(activations, attention, activations),
+        lambda: forward_backward(activations, attention_dropout, activations),
         lambda: forward_backward(logits, lambda x: F.cross_entropy(x, targets), torch.tensor(1.0)),
         embedding,
         lambda: forward_backward(hidden, lambda x: F.dropout(x, 0.1, training=True), hidden),

@@ -77,20 +77,25 @@ tensor side_by_side(const tensor& per_head, std::int64_t batch) {
 
 } // namespace
 
-void backend::causal_attention(const tensor& qkv, std::int64_t heads, double scale, tensor& output, tensor& weights) {
+void backend::causal_attention(const tensor& qkv, std::int64_t heads, double scale, const tensor& dropout_mask,
+                               tensor& output, tensor& weights) {
   auto q = heads_of(qkv, 0, heads), k = heads_of(qkv, 1, heads), v = heads_of(qkv, 2, heads);
   weights.copy_from(troupe::causal_softmax(troupe::bmm(q, k.transpose(1, 2)), scale));
-  output.copy_from(side_by_side(troupe::bmm(weights, v), qkv.size(0)));
+  const auto kept = dropout_mask.defined() ? troupe::mul(weights, dropout_mask) : weights;
+  output.copy_from(side_by_side(troupe::bmm(kept, v), qkv.size(0)));
 }
 
 void backend::causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights,
-                                        std::int64_t heads, double scale, tensor& grad_qkv) {
+                                        const tensor& dropout_mask, std::int64_t heads, double scale,
+                                        tensor& grad_qkv) {
   const auto batch = qkv.size(0), seq = qkv.size(1), width = qkv.size(2) / 3;
   auto q = heads_of(qkv, 0, heads), k = heads_of(qkv, 1, heads), v = heads_of(qkv, 2, heads);
   auto dy = grad.reshape({batch, seq, heads, width / heads}).permute({0, 2, 1, 3}).contiguous().view(
       {batch * heads, seq, width / heads});
-  auto dv = troupe::bmm(weights.transpose(1, 2), dy);
-  auto dscores = troupe::causal_softmax_backward(troupe::bmm(dy, v.transpose(1, 2)), weights, scale);
+  const bool masked = dropout_mask.defined();
+  auto dv = troupe::bmm((masked ? troupe::mul(weights, dropout_mask) : weights).transpose(1, 2), dy);
+  auto dkept = troupe::bmm(dy, v.transpose(1, 2));
+  auto dscores = troupe::causal_softmax_backward(masked ? troupe::mul(dkept, dropout_mask) : dkept, weights, scale);
   auto dq = troupe::bmm(dscores, k);
   auto dk = troupe::bmm(dscores.transpose(1, 2), q);
   grad_qkv.copy_from(troupe::cat({side_by_side(dq, batch), side_by_side(dk, batch), side_by_side(dv, batch)}, 2));

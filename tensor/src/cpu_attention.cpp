@@ -24,6 +24,14 @@
 //   dQ = dS K,  dK = dS^T Q,  dV = P^T dY
 // where dK and dV take, for a block of keys [j0, j1), only the queries
 // [j0, seq) that can see them.
+//
+// Dropout on the weights. With a mask M (0 or 1 / (1 - p) per weight,
+// drawn by the caller as the composed dropout would draw it) the forward
+// multiplies P .* M into a head-sized scratch and takes y from it, keeping
+// P as the weights; the backward multiplies dY V^T by M before the
+// softmax's gradient and rebuilds P .* M for dV. So attention with dropout
+// stays one op: no copies of the heads and only the kept blocks' products,
+// where composing it costs both.
 #include <algorithm>
 #include <vector>
 
@@ -70,28 +78,51 @@ template <class T> struct head_view {
   const T* v() const { return q + 2 * width; }
 };
 
-/// weights: the head's [seq, seq], contiguous; y: its output columns (leading dimension width).
-template <class T> void head_forward(const head_view<T>& h, T scale, T* weights, T* y) {
+/// out = a .* mask over the causal part of a head's [seq, seq] (row i:
+/// columns [0, i]); the rest of out is not read by the blocks' products.
+template <class T> void masked_lower(const T* a, const T* mask, T* out, std::int64_t seq) {
+  for (std::int64_t i = 0; i < seq; ++i)
+    for (std::int64_t j = 0; j <= i; ++j)
+      out[i * seq + j] = a[i * seq + j] * mask[i * seq + j];
+}
+
+/// weights: the head's [seq, seq], contiguous; y: its output columns
+/// (leading dimension width); mask and kept: the head's dropout mask and a
+/// [seq, seq] scratch, or both null.
+template <class T> void head_forward(const head_view<T>& h, T scale, T* weights, T* y, const T* mask, T* kept) {
   const auto seq = h.seq, ld = h.qkv_ld();
   for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
     const auto i1 = std::min(seq, i0 + query_block);
     gemm<T>(i1 - i0, i1, h.head_size, {h.q + i0 * ld, ld}, {h.k(), ld, true}, weights + i0 * seq, seq);
   }
   causal_softmax_range(weights, weights, seq, seq, seq, scale);
+  const T* p = weights;
+  if (mask != nullptr) {
+    masked_lower(weights, mask, kept, seq);
+    p = kept;
+  }
   for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
     const auto i1 = std::min(seq, i0 + query_block);
-    gemm<T>(i1 - i0, h.head_size, i1, {weights + i0 * seq, seq}, {h.v(), ld}, y + i0 * h.width, h.width);
+    gemm<T>(i1 - i0, h.head_size, i1, {p + i0 * seq, seq}, {h.v(), ld}, y + i0 * h.width, h.width);
   }
 }
 
 /// dy: the head's output gradient (leading dimension width); dqkv: the
-/// head's q columns in grad_qkv (k and v follow as in qkv); dscores: [seq, seq] scratch.
+/// head's q columns in grad_qkv (k and v follow as in qkv); dscores:
+/// [seq, seq] scratch; mask and kept as in head_forward.
 template <class T>
-void head_backward(const head_view<T>& h, T scale, const T* weights, const T* dy, T* dqkv, T* dscores) {
+void head_backward(const head_view<T>& h, T scale, const T* weights, const T* dy, T* dqkv, T* dscores,
+                   const T* mask, T* kept) {
   const auto seq = h.seq, ld = h.qkv_ld(), hs = h.head_size;
   for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
     const auto i1 = std::min(seq, i0 + query_block);
     gemm<T>(i1 - i0, i1, hs, {dy + i0 * h.width, h.width}, {h.v(), ld, true}, dscores + i0 * seq, seq);
+  }
+  const T* p = weights;
+  if (mask != nullptr) {
+    masked_lower(dscores, mask, dscores, seq); // d(P .* M) .* M = dP
+    masked_lower(weights, mask, kept, seq);
+    p = kept;
   }
   causal_softmax_backward_range(dscores, weights, dscores, seq, seq, seq, scale);
   for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
@@ -103,8 +134,8 @@ void head_backward(const head_view<T>& h, T scale, const T* weights, const T* dy
   for (std::int64_t j0 = 0; j0 < seq; j0 += query_block) {
     const auto j1 = std::min(seq, j0 + query_block);
     gemm<T>(j1 - j0, hs, seq - j0, {dscores + j0 * seq + j0, seq, true}, {h.q + j0 * ld, ld}, dk + j0 * ld, ld);
-    gemm<T>(j1 - j0, hs, seq - j0, {weights + j0 * seq + j0, seq, true}, {dy + j0 * h.width, h.width},
-            dv + j0 * ld, ld);
+    gemm<T>(j1 - j0, hs, seq - j0, {p + j0 * seq + j0, seq, true}, {dy + j0 * h.width, h.width}, dv + j0 * ld,
+            ld);
   }
 }
 
@@ -114,41 +145,47 @@ constexpr std::int64_t heads_grain = 4;
 
 } // namespace
 
-void cpu_backend::causal_attention(const tensor& qkv, std::int64_t heads, double scale, tensor& output,
-                                   tensor& weights) {
+void cpu_backend::causal_attention(const tensor& qkv, std::int64_t heads, double scale, const tensor& dropout_mask,
+                                   tensor& output, tensor& weights) {
   const auto batch = qkv.size(0), seq = qkv.size(1), width = qkv.size(2) / 3, hs = width / heads;
   dispatch_floating(qkv.type(), "causal_attention", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = qkv.data<T>();
+    const T* mask = dropout_mask.defined() ? dropout_mask.data<T>() : nullptr;
     T* y = output.data<T>();
     T* w = weights.data<T>();
     parallel_for(batch * heads, heads_grain, [&](std::int64_t first, std::int64_t last) {
+      std::vector<T> kept(mask != nullptr ? static_cast<std::size_t>(seq * seq) : 0);
       for (auto bh = first; bh < last; ++bh) {
         const auto b = bh / heads, head = bh % heads;
         const head_view<T> h{seq, hs, width, x + b * seq * 3 * width + head * hs};
-        head_forward(h, static_cast<T>(scale), w + bh * seq * seq, y + b * seq * width + head * hs);
+        head_forward(h, static_cast<T>(scale), w + bh * seq * seq, y + b * seq * width + head * hs,
+                     mask != nullptr ? mask + bh * seq * seq : nullptr, kept.data());
       }
     });
   });
 }
 
 void cpu_backend::causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights,
-                                            std::int64_t heads, double scale, tensor& grad_qkv) {
+                                            const tensor& dropout_mask, std::int64_t heads, double scale,
+                                            tensor& grad_qkv) {
   const auto batch = qkv.size(0), seq = qkv.size(1), width = qkv.size(2) / 3, hs = width / heads;
   dispatch_floating(qkv.type(), "causal_attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = qkv.data<T>();
     const T* dy = grad.data<T>();
     const T* w = weights.data<T>();
+    const T* mask = dropout_mask.defined() ? dropout_mask.data<T>() : nullptr;
     T* dx = grad_qkv.data<T>();
     parallel_for(batch * heads, heads_grain, [&](std::int64_t first, std::int64_t last) {
       std::vector<T> dscores(static_cast<std::size_t>(seq * seq));
+      std::vector<T> kept(mask != nullptr ? static_cast<std::size_t>(seq * seq) : 0);
       for (auto bh = first; bh < last; ++bh) {
         const auto b = bh / heads, head = bh % heads;
         const auto at = b * seq * 3 * width + head * hs;
         const head_view<T> h{seq, hs, width, x + at};
         head_backward(h, static_cast<T>(scale), w + bh * seq * seq, dy + b * seq * width + head * hs, dx + at,
-                      dscores.data());
+                      dscores.data(), mask != nullptr ? mask + bh * seq * seq : nullptr, kept.data());
       }
     });
   });

@@ -27,10 +27,11 @@ public:
   void causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) override;
   void causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
                                tensor& out) override;
-  void causal_attention(const tensor& qkv, std::int64_t heads, double scale, tensor& output,
+  void causal_attention(const tensor& qkv, std::int64_t heads, double scale, const tensor& dropout_mask, tensor& output,
                         tensor& weights) override;
-  void causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights, std::int64_t heads,
-                                 double scale, tensor& grad_qkv) override;
+  void causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights,
+                                 const tensor& dropout_mask, std::int64_t heads, double scale,
+                                 tensor& grad_qkv) override;
   void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss,
                      tensor& log_sum_exp) override;
   void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,

@@ -223,24 +223,40 @@ std::int64_t check_attention(const char* op, const tensor& qkv, std::int64_t hea
   return qkv.size(2) / 3;
 }
 
+/// The dropout mask contiguous, after checking it is undefined or lies
+/// like the weights [batch * heads, seq, seq].
+tensor checked_mask(const char* op, const tensor& qkv, std::int64_t heads, const tensor& dropout_mask) {
+  if (!dropout_mask.defined())
+    return {};
+  require_same_device(op, dropout_mask, qkv);
+  require_same_dtype(op, dropout_mask, qkv);
+  const auto batch = qkv.size(0), seq = qkv.size(1);
+  require(dropout_mask.shape() == dims{batch * heads, seq, seq}, "{}: dropout_mask must be [{}, {}, {}], got shape {}",
+          op, batch * heads, seq, seq, dropout_mask.shape());
+  return dropout_mask.contiguous();
+}
+
 } // namespace
 
-causal_attention_result causal_attention(const tensor& qkv, std::int64_t heads, double scale) {
+causal_attention_result causal_attention(const tensor& qkv, std::int64_t heads, double scale,
+                                         const tensor& dropout_mask) {
   const char* op = "causal_attention";
   const auto width = check_attention(op, qkv, heads, scale);
+  const auto mask = checked_mask(op, qkv, heads, dropout_mask);
   auto x = qkv.contiguous();
   const auto batch = x.size(0), seq = x.size(1);
   causal_attention_result result{tensor::empty({batch, seq, width}, x.type(), x.where()),
                                  tensor::empty({batch * heads, seq, seq}, x.type(), x.where())};
   if (x.numel() > 0)
-    backend_for(x.where(), op).causal_attention(x, heads, scale, result.output, result.weights);
+    backend_for(x.where(), op).causal_attention(x, heads, scale, mask, result.output, result.weights);
   return result;
 }
 
 tensor causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights, std::int64_t heads,
-                                 double scale) {
+                                 double scale, const tensor& dropout_mask) {
   const char* op = "causal_attention_backward";
   const auto width = check_attention(op, qkv, heads, scale);
+  const auto mask = checked_mask(op, qkv, heads, dropout_mask);
   require_defined(op, grad, "grad");
   require_defined(op, weights, "weights");
   require_same_device(op, grad, qkv);
@@ -255,7 +271,8 @@ tensor causal_attention_backward(const tensor& grad, const tensor& qkv, const te
   auto x = qkv.contiguous();
   auto out = tensor::empty(x.shape(), x.type(), x.where());
   if (x.numel() > 0)
-    backend_for(x.where(), op).causal_attention_backward(grad.contiguous(), x, weights.contiguous(), heads, scale, out);
+    backend_for(x.where(), op).causal_attention_backward(grad.contiguous(), x, weights.contiguous(), mask, heads, scale,
+                                                         out);
   return out;
 }
 

@@ -308,6 +308,11 @@ TEST(FunctionsGradcheck, CausalAttention) {
                           {random_tensor({2, seq, 3 * 2 * 2}, 53, 0.0, 2.0)}));
     EXPECT_TRUE(gradcheck([](const inputs& v) { return causal_attention(narrow(v[0], 2, 1, 9), 3, 1.1); },
                           {random_tensor({1, seq, 10}, 54)}));
+    // With dropout on the weights, as a fixed mask.
+    generator gen{55};
+    const auto mask = dropout_mask({2 * 2, seq, seq}, 0.4, gen, dtype::float64);
+    EXPECT_TRUE(gradcheck([&](const inputs& v) { return causal_attention(v[0], 2, 0.8, mask); },
+                          {random_tensor({2, seq, 3 * 2 * 2}, 56, 0.0, 2.0)}));
   }
 }
 

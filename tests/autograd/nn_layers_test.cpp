@@ -8,6 +8,7 @@
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
 
 namespace troupe::nn {
 namespace {
@@ -182,6 +183,45 @@ TEST(NnLayers, CausalAttentionOutputDependsOnlyOnEarlierTokens) {
   auto z = attention(variable(perturbed)).data();
   EXPECT_LT(max_abs_diff(y.narrow(1, 0, 2), z.narrow(1, 0, 2)), 1e-6);
   EXPECT_GT(max_abs_diff(y.narrow(1, 2, 3), z.narrow(1, 2, 3)), 1e-4);
+}
+
+/// Dropout on attention weights through a module of its own, which makes
+/// nn::causal_attention compose bmm, causal_softmax, this and bmm.
+class composed_weights_dropout : public module {
+public:
+  explicit composed_weights_dropout(double p) : p_(p) {}
+  variable forward(const variable& input) override { return autograd::dropout(input, p_, true); }
+
+private:
+  double p_;
+};
+
+TEST(NnLayers, AttentionDropoutInOneOpEqualsTheComposedForm) {
+  // nn::dropout on the weights runs the fused op with a mask drawn from the
+  // default stream as dropout() draws it: the same output and gradients as
+  // the composed form, from the same stream position.
+  const std::int64_t batch = 2, seq = 37, heads = 3, head_size = 4;
+  generator gen{61};
+  const auto qkv_data = randn({batch, seq, 3 * heads * head_size}, gen, 0.0, 1.0, dtype::float64);
+  const auto upstream = randn({batch, seq, heads * head_size}, gen, 0.0, 1.0, dtype::float64);
+  auto run = [&](module& weights_dropout) {
+    manual_seed(62);
+    variable qkv(qkv_data.clone(), true);
+    auto y = causal_attention(qkv, heads, head_size, weights_dropout);
+    const variable roots[] = {y};
+    const tensor grads[] = {upstream};
+    autograd::backward(roots, grads);
+    return std::pair{y.data(), qkv.grad()};
+  };
+  dropout fused_dropout(0.3);
+  composed_weights_dropout composed_dropout(0.3);
+  const auto [fused_y, fused_grad] = run(fused_dropout);
+  const auto [composed_y, composed_grad] = run(composed_dropout);
+  expect_near_all(fused_y, composed_y.to_vector<double>(), 1e-12);
+  expect_near_all(fused_grad, composed_grad.to_vector<double>(), 1e-12);
+  fused_dropout.eval(); // the identity: no mask, so a different output
+  const auto plain_y = causal_attention(variable(qkv_data), heads, head_size, fused_dropout).data().to_vector<double>();
+  EXPECT_NE(plain_y, fused_y.to_vector<double>());
 }
 
 TEST(NnLayers, SingleTokenAttentionIsTheProjectedValue) {

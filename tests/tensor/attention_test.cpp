@@ -84,33 +84,55 @@ TEST(CausalAttention, EqualsTheDefinitionForEveryLength) {
   }
 }
 
-TEST(CausalAttention, BackwardEqualsTheComposedOps) {
-  // backend::causal_attention_backward's default (split heads, bmm,
-  // causal_softmax_backward) is independent of the fused kernel; both
-  // against finite differences is autograd's gradcheck
-  // (FunctionsGradcheck.CausalAttention).
+/// The fused op against backend::causal_attention's default (split heads,
+/// bmm, causal_softmax, mul by the mask when there is one, bmm), forward
+/// and backward, with or without a dropout mask on the weights; the weights
+/// it keeps are the softmax's either way.
+void expect_fused_equals_composed(const attention_size& s, bool with_mask) {
+  SCOPED_TRACE(testing::Message() << "batch " << s.batch << " seq " << s.seq << " heads " << s.heads
+                                  << (with_mask ? ", dropout mask" : ""));
   auto& cpu = backend_for(device::cpu());
-  for (const auto& s : sizes) {
-    SCOPED_TRACE(testing::Message() << "batch " << s.batch << " seq " << s.seq << " heads " << s.heads);
-    const auto width = s.heads * s.head_size;
-    auto qkv = sample({s.batch, s.seq, 3 * width}, 71);
-    auto grad = sample({s.batch, s.seq, width}, 72);
-    const double scale = 0.6;
-    auto fused = causal_attention(qkv, s.heads, scale);
-    auto output = tensor::empty(fused.output.shape(), dtype::float64);
-    auto weights = tensor::empty(fused.weights.shape(), dtype::float64);
-    cpu.backend::causal_attention(qkv, s.heads, scale, output, weights);
-    expect_close(fused.output, output, 1e-14);
-    expect_close(fused.weights, weights, 1e-14);
-
-    auto composed = tensor::empty(qkv.shape(), dtype::float64);
-    cpu.backend::causal_attention_backward(grad, qkv, weights, s.heads, scale, composed);
-    auto dqkv = causal_attention_backward(grad, qkv, fused.weights, s.heads, scale);
-    expect_close(dqkv, composed, 1e-13);
-    auto dqkv32 = causal_attention_backward(grad.to(dtype::float32), qkv.to(dtype::float32),
-                                            fused.weights.to(dtype::float32), s.heads, scale);
-    expect_close(dqkv32, composed, 2e-5);
+  const auto width = s.heads * s.head_size;
+  auto qkv = sample({s.batch, s.seq, 3 * width}, 71);
+  auto grad = sample({s.batch, s.seq, width}, 72);
+  generator gen{73};
+  const auto mask = with_mask ? dropout_mask({s.batch * s.heads, s.seq, s.seq}, 0.3, gen, dtype::float64) : tensor();
+  const double scale = 0.6;
+  auto fused = causal_attention(qkv, s.heads, scale, mask);
+  auto output = tensor::empty(fused.output.shape(), dtype::float64);
+  auto weights = tensor::empty(fused.weights.shape(), dtype::float64);
+  cpu.backend::causal_attention(qkv, s.heads, scale, mask, output, weights);
+  expect_close(fused.output, output, 1e-14);
+  expect_close(fused.weights, weights, 1e-14);
+  if (with_mask) {
+    expect_close(fused.weights, causal_attention(qkv, s.heads, scale).weights, 0.0);
+    double moved = 0; // how far the mask moved the output from attention without it
+    const auto with = values(fused.output), without = values(causal_attention(qkv, s.heads, scale).output);
+    for (std::size_t i = 0; i < with.size(); ++i)
+      moved = std::max(moved, std::abs(with[i] - without[i]));
+    EXPECT_GT(moved, 1e-3) << "the mask changed nothing";
   }
+
+  auto composed = tensor::empty(qkv.shape(), dtype::float64);
+  cpu.backend::causal_attention_backward(grad, qkv, weights, mask, s.heads, scale, composed);
+  auto dqkv = causal_attention_backward(grad, qkv, fused.weights, s.heads, scale, mask);
+  expect_close(dqkv, composed, 1e-13);
+  auto dqkv32 = causal_attention_backward(grad.to(dtype::float32), qkv.to(dtype::float32),
+                                          fused.weights.to(dtype::float32), s.heads, scale,
+                                          with_mask ? mask.to(dtype::float32) : tensor());
+  expect_close(dqkv32, composed, 2e-5);
+}
+
+TEST(CausalAttention, BackwardEqualsTheComposedOps) {
+  // The default is independent of the fused kernel; both against finite
+  // differences is autograd's gradcheck (FunctionsGradcheck.CausalAttention).
+  for (const auto& s : sizes)
+    expect_fused_equals_composed(s, false);
+}
+
+TEST(CausalAttention, WithADropoutMaskEqualsTheComposedOps) {
+  for (const auto& s : sizes)
+    expect_fused_equals_composed(s, true);
 }
 
 TEST(CausalAttention, AStridedInputEqualsItsContiguousCopy) {
@@ -149,6 +171,13 @@ TEST(CausalAttention, NamesBadShapesAndScales) {
               HasSubstr("for 0 heads"));
   EXPECT_THAT(test::usage_error_of([&] { (void)causal_attention(qkv, 2, -1.0); }),
               HasSubstr("causal_attention: scale must be positive and finite, got -1"));
+  generator gen{80};
+  EXPECT_THAT(test::usage_error_of([&] {
+                (void)causal_attention(qkv, 2, 1.0, dropout_mask({4, 4, 5}, 0.1, gen, dtype::float64));
+              }),
+              HasSubstr("causal_attention: dropout_mask must be [4, 4, 4], got shape [4, 4, 5]"));
+  EXPECT_THAT(test::usage_error_of([&] { (void)causal_attention(qkv, 2, 1.0, dropout_mask({4, 4, 4}, 0.1, gen)); }),
+              HasSubstr("causal_attention: dtypes differ: float32 and float64"));
   auto fwd = causal_attention(qkv, 2, 1.0);
   EXPECT_THAT(test::usage_error_of([&] {
                 (void)causal_attention_backward(sample({2, 4, 5}, 79), qkv, fwd.weights, 2, 1.0);

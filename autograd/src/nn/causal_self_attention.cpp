@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "troupe/autograd/functions.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
 
 namespace troupe::nn {
 
@@ -28,11 +30,18 @@ variable causal_attention(const variable& qkv, std::int64_t heads, std::int64_t 
           "causal_attention: qkv must be [batch, seq, {}] for {} heads of {}, got {}", 3 * width, heads, head_size,
           qkv.shape());
   const auto scale = 1.0 / std::sqrt(static_cast<double>(head_size));
-  // Dropout on the weights needs them as a tensor of their own; without it
-  // the whole core is one op (no copies of the heads, no masked products).
-  const auto* dropout = dynamic_cast<const nn::dropout*>(&weights_dropout);
-  if (dropout != nullptr && (dropout->p() == 0.0 || !dropout->is_training()))
-    return autograd::causal_attention(qkv, heads, scale);
+  // The whole core is one op (no copies of the heads, no masked products).
+  // Dropout on the weights goes in as a mask drawn as dropout() would draw
+  // it for them, so the op equals the composed form below, which only
+  // another module on the weights still takes (it needs them as a tensor).
+  if (const auto* dropout = dynamic_cast<const nn::dropout*>(&weights_dropout)) {
+    if (dropout->p() == 0.0 || !dropout->is_training())
+      return autograd::causal_attention(qkv, heads, scale);
+    const auto& x = qkv.data();
+    const dims shape{qkv.size(0) * heads, qkv.size(1), qkv.size(1)};
+    return autograd::causal_attention(qkv, heads, scale,
+                                      dropout_mask(shape, dropout->p(), default_generator(), x.type(), x.where()));
+  }
 
   const auto batch = qkv.size(0), seq = qkv.size(1);
   // q, k, v as [batch * heads, seq, head_size].

@@ -54,6 +54,10 @@ variable causal_softmax(const variable& scores, double scale);
 /// The core of causal self-attention as one op (troupe::causal_attention):
 /// qkv [batch, seq, 3 width] → [batch, seq, width], `heads` heads.
 variable causal_attention(const variable& qkv, std::int64_t heads, double scale);
+/// The same with dropout on the weights: `dropout_mask` [batch * heads,
+/// seq, seq] as troupe::dropout_mask draws it (nn::causal_self_attention
+/// draws it as dropout on the weights would, so the two forms agree).
+variable causal_attention(const variable& qkv, std::int64_t heads, double scale, const tensor& dropout_mask);
 
 // -- shape (views; gradients flow back through them) -----------------------------------
 

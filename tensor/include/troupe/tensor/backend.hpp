@@ -159,13 +159,18 @@ public:
   /// batch and head, weights = causal_softmax(q k^T, scale) [seq, seq] and
   /// y = weights v, written into `weights` [batch * heads, seq, seq] (0
   /// above the diagonal) and `output` [batch, seq, width] (heads side by
-  /// side). The default composes permutes, bmm and causal_softmax.
-  virtual void causal_attention(const tensor& qkv, std::int64_t heads, double scale, tensor& output,
-                                tensor& weights);
+  /// side). With a defined `dropout_mask` (contiguous, the weights' shape,
+  /// each element 0 or 1 / (1 - p)) y = (weights * dropout_mask) v, and
+  /// `weights` stays the softmax. The default composes permutes, bmm,
+  /// causal_softmax and mul.
+  virtual void causal_attention(const tensor& qkv, std::int64_t heads, double scale, const tensor& dropout_mask,
+                                tensor& output, tensor& weights);
   /// dL/dqkv of causal_attention from dL/dy `grad` [batch, seq, width],
-  /// qkv and the forward's weights, all contiguous, into `grad_qkv`.
+  /// qkv, the forward's weights and its dropout mask (or none), all
+  /// contiguous, into `grad_qkv`.
   virtual void causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights,
-                                         std::int64_t heads, double scale, tensor& grad_qkv);
+                                         const tensor& dropout_mask, std::int64_t heads, double scale,
+                                         tensor& grad_qkv);
   /// Mean cross entropy of contiguous logits [n, classes] against int64
   /// targets [n] (checked to lie in [0, classes)): `loss` (rank 0) and each
   /// row's log Σ exp in `log_sum_exp` [n]. The default composes

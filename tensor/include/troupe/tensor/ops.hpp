@@ -110,11 +110,15 @@ struct causal_attention_result {
 /// of width / heads): per batch and head, softmax(scale q k^T) with keys
 /// after the query masked, times v. The same as splitting qkv into heads,
 /// bmm, causal_softmax and bmm, without the heads' copies and without the
-/// products under the mask.
-causal_attention_result causal_attention(const tensor& qkv, std::int64_t heads, double scale);
-/// dL/dqkv given dL/dy `grad` [batch, seq, width], qkv and the forward's weights.
+/// products under the mask. With a `dropout_mask` (the weights' shape, as
+/// dropout_mask() draws it) each head's weights are multiplied by it before
+/// v, as dropout on the weights would; `weights` stays the softmax.
+causal_attention_result causal_attention(const tensor& qkv, std::int64_t heads, double scale,
+                                         const tensor& dropout_mask = {});
+/// dL/dqkv given dL/dy `grad` [batch, seq, width], qkv, the forward's
+/// weights and its dropout mask (or none).
 tensor causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights, std::int64_t heads,
-                                 double scale);
+                                 double scale, const tensor& dropout_mask = {});
 
 struct cross_entropy_result {
   tensor loss;        ///< rank 0: mean over rows of log Σ exp(logits) - logits[target]
