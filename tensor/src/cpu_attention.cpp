@@ -79,7 +79,9 @@ template <class T> struct head_view {
 };
 
 /// out = a .* mask over the causal part of a head's [seq, seq] (row i:
-/// columns [0, i]); the rest of out is not read by the blocks' products.
+/// columns [0, i]). Above the diagonal out keeps what it held: a scratch
+/// starts as zeros and is only ever written here, so the diagonal blocks'
+/// products read zeros there, as they read the softmax's.
 template <class T> void masked_lower(const T* a, const T* mask, T* out, std::int64_t seq) {
   for (std::int64_t i = 0; i < seq; ++i)
     for (std::int64_t j = 0; j <= i; ++j)
