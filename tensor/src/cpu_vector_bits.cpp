@@ -165,45 +165,20 @@ inline void from_bfloat16_8_streamed(const std::uint16_t* x, float* y) {
   _mm256_stream_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
 }
 
-/// Outputs of at least this many bytes are written with streaming stores:
-/// twice a core's L2 here, so they leave the caches before anyone reads
-/// them anyway, and a streaming store skips the read of each line that a
-/// cached store makes first (a third of a round trip's memory traffic).
-constexpr std::int64_t streaming_min_bytes = std::int64_t{4} << 20;
-
-/// Converts n elements, `width` per call (one 32-byte vector of output):
-/// `cached` throughout below streaming_min_bytes; above, `cached` up to y's
-/// first 32-byte boundary and for the last partial vector, `streamed` in
-/// between. The bits are the same either way.
-template <int width, class In, class Out, class Cached, class Streamed>
-void convert(std::int64_t n, Cached cached, Streamed streamed, const In* x, Out* y) {
-  static_assert(width * sizeof(Out) == 32, "one call writes one 32-byte vector");
-  if (n * static_cast<std::int64_t>(sizeof(Out)) < streaming_min_bytes) {
-    over_vectors<width>(n, cached, x, y);
-    return;
-  }
-  const auto past = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(y) % 32);
-  const std::int64_t head = past == 0 ? 0 : (32 - past) / static_cast<std::int64_t>(sizeof(Out));
-  over_vectors<width>(head, cached, x, y);
-  std::int64_t i = head;
-  for (; i + width <= n; i += width)
-    streamed(x + i, y + i);
-  // Streaming stores are weakly ordered: make them visible before anything
-  // that follows, another thread's read of the tensor included.
-  _mm_sfence();
-  over_vectors<width>(n - i, cached, x + i, y + i);
-}
-
 } // namespace
 
 namespace avx2 {
 
 void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
-  convert<16>(n, to_bfloat16_16, to_bfloat16_16_streamed, x, y);
+  over_vectors_streaming<16>(
+    n, [](const float* a, std::uint16_t* b) { to_bfloat16_16(a, b); },
+    [](const float* a, std::uint16_t* b) { to_bfloat16_16_streamed(a, b); }, x, y);
 }
 
 void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n) {
-  convert<8>(n, from_bfloat16_8, from_bfloat16_8_streamed, x, y);
+  over_vectors_streaming<8>(
+    n, [](const std::uint16_t* a, float* b) { from_bfloat16_8(a, b); },
+    [](const std::uint16_t* a, float* b) { from_bfloat16_8_streamed(a, b); }, x, y);
 }
 
 } // namespace avx2

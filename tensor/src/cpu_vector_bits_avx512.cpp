@@ -11,6 +11,7 @@
 
 #include <immintrin.h>
 
+#include "cpu_vector_tail.hpp"
 #include "philox_constants.hpp"
 
 namespace troupe::detail::vector_math {
@@ -119,9 +120,23 @@ inline __m512 floats_of(__m256i bits) {
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, bits), 16));
 }
 
-/// Outputs of at least this many bytes take streaming stores (the AVX2
-/// copy's threshold and reason, cpu_vector_bits.cpp).
-constexpr std::int64_t streaming_min_bytes = std::int64_t{4} << 20;
+/// Sixteen floats at x to bfloat16 bits at y, with a cached or (y 32-byte
+/// aligned) a streaming store.
+inline void to_bfloat16_16(const float* x, std::uint16_t* y) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), bfloat16_lanes(_mm512_loadu_ps(x)));
+}
+inline void to_bfloat16_16_streamed(const float* x, std::uint16_t* y) {
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(y), bfloat16_lanes(_mm512_loadu_ps(x)));
+}
+
+/// Sixteen bfloat16 bits at x to floats at y, with a cached or (y 64-byte
+/// aligned) a streaming store.
+inline void from_bfloat16_16(const std::uint16_t* x, float* y) {
+  _mm512_storeu_ps(y, floats_of(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+}
+inline void from_bfloat16_16_streamed(const std::uint16_t* x, float* y) {
+  _mm512_stream_ps(y, floats_of(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+}
 
 } // namespace
 
@@ -147,46 +162,15 @@ void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float
 }
 
 void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
-  const bool stream = n * 2 >= streaming_min_bytes;
-  std::int64_t i = 0;
-  // Cached stores up to y's first 32-byte boundary, streamed ones after.
-  if (stream)
-    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % 32 != 0; ++i)
-      _mm_mask_storeu_epi16(y + i, 1, _mm256_castsi256_si128(bfloat16_lanes(_mm512_maskz_loadu_ps(1, x + i))));
-  for (; i + 16 <= n; i += 16) {
-    const __m256i bits = bfloat16_lanes(_mm512_loadu_ps(x + i));
-    if (stream)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(y + i), bits);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), bits);
-  }
-  if (stream)
-    _mm_sfence(); // streaming stores are weakly ordered: visible before what follows
-  if (i < n) {
-    const auto lanes = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm256_mask_storeu_epi16(y + i, lanes, bfloat16_lanes(_mm512_maskz_loadu_ps(lanes, x + i)));
-  }
+  over_vectors_streaming<16>(
+    n, [](const float* a, std::uint16_t* b) { to_bfloat16_16(a, b); },
+    [](const float* a, std::uint16_t* b) { to_bfloat16_16_streamed(a, b); }, x, y);
 }
 
 void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n) {
-  const bool stream = n * 4 >= streaming_min_bytes;
-  std::int64_t i = 0;
-  if (stream)
-    for (; i < n && reinterpret_cast<std::uintptr_t>(y + i) % 64 != 0; ++i)
-      _mm512_mask_storeu_ps(y + i, 1, floats_of(_mm256_maskz_loadu_epi16(1, x + i)));
-  for (; i + 16 <= n; i += 16) {
-    const __m512 values = floats_of(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
-    if (stream)
-      _mm512_stream_ps(y + i, values);
-    else
-      _mm512_storeu_ps(y + i, values);
-  }
-  if (stream)
-    _mm_sfence();
-  if (i < n) {
-    const auto lanes = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(y + i, lanes, floats_of(_mm256_maskz_loadu_epi16(lanes, x + i)));
-  }
+  over_vectors_streaming<16>(
+    n, [](const std::uint16_t* a, float* b) { from_bfloat16_16(a, b); },
+    [](const std::uint16_t* a, float* b) { from_bfloat16_16_streamed(a, b); }, x, y);
 }
 
 } // namespace avx512

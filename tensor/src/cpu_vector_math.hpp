@@ -95,40 +95,6 @@ void gelu_backward(const float* grad, const float* x, float* y, std::int64_t n);
 void gelu_tanh(const float* x, float* y, std::int64_t n);
 void gelu_tanh_backward(const float* grad, const float* x, float* y, std::int64_t n);
 
-// -- bit kernels: Philox and bfloat16 storage (cpu_vector_bits*.cpp) ------------
-
-/// The first two words of Philox 4x32-10 (philox.hpp: philox_at) for the
-/// counters start, start + 1, ..., start + n - 1 of `seed`, eight or
-/// sixteen at a time: w0[i], and w1[i] unless w1 is null. The same bits as
-/// philox_at.
-void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
-/// A float32 dropout mask in one pass: y[i] = scale where element i's
-/// uniform24 (philox.hpp, from the first word of counter start + i) is at
-/// least p, else 0; the scalar fill's bits (cpu_random.cpp).
-void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
-
-/// y[i] = the bits of bfloat16(x[i]) (dtype.hpp: nearest, ties to even; a
-/// NaN stays a quiet NaN), eight or sixteen at a time, with the scalar
-/// rule's bits.
-void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n);
-/// y[i] = float(bfloat16 with bits x[i]), exactly.
-void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n);
-
-/// The two copies of the bit kernels, which the entry points above choose
-/// between as they do for the lane kernels.
-namespace avx2 {
-void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
-void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
-void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n);
-void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n);
-} // namespace avx2
-namespace avx512 {
-void philox_words(std::uint64_t seed, std::uint64_t start, std::int64_t n, std::uint32_t* w0, std::uint32_t* w1);
-void dropout_mask(std::uint64_t seed, std::uint64_t start, std::int64_t n, float p, float scale, float* y);
-void to_bfloat16(const float* x, std::uint16_t* y, std::int64_t n);
-void from_bfloat16(const std::uint16_t* x, float* y, std::int64_t n);
-} // namespace avx512
-
 // -- optimizer steps (cpu_vector_optim.cpp) ----------------------------------
 
 /// One Adam or AdamW step's scalars (backend.hpp's adam_step_args).

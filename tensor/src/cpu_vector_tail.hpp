@@ -5,6 +5,8 @@
 // inline functions (cpu_vector_lanes.hpp says why).
 #include <cstdint>
 
+#include <immintrin.h>
+
 namespace troupe::detail::vector_math {
 
 namespace tail_detail {
@@ -46,6 +48,40 @@ void over_vectors(std::int64_t n, Whole whole, T*... operands) {
     whole((operands + i)...);
   if (i < n)
     tail_detail::with_padded_copies<width>(n - i, whole, (operands + i)...);
+}
+
+/// Outputs of at least this many bytes are written with streaming stores:
+/// twice a core's L2 where this was chosen, so they leave the caches before
+/// anyone reads them anyway, and a streaming store skips the read of each
+/// line that a cached store makes first (a third of a round trip's memory
+/// traffic).
+inline constexpr std::int64_t streaming_min_bytes = std::int64_t{4} << 20;
+
+/// Converts n elements from x to y, `width` per call, each call writing one
+/// whole vector of output (width * sizeof(Out) bytes): `cached` throughout
+/// below streaming_min_bytes of output; above, `cached` up to y's first
+/// vector boundary and for the last partial vector, `streamed` (which may
+/// assume y aligned to the vector) in between. The bits are the same
+/// either way. Pass the two as lambdas, not function pointers: a pointer
+/// is called indirectly for every vector, a lambda's body is inlined.
+template <int width, class In, class Out, class Cached, class Streamed>
+void over_vectors_streaming(std::int64_t n, Cached cached, Streamed streamed, const In* x, Out* y) {
+  constexpr auto bytes = static_cast<std::int64_t>(width * sizeof(Out));
+  static_assert(bytes == 32 || bytes == 64, "one call writes one 32- or 64-byte vector");
+  if (n * static_cast<std::int64_t>(sizeof(Out)) < streaming_min_bytes) {
+    over_vectors<width>(n, cached, x, y);
+    return;
+  }
+  const auto past = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(y) % bytes);
+  const std::int64_t head = past == 0 ? 0 : (bytes - past) / static_cast<std::int64_t>(sizeof(Out));
+  over_vectors<width>(head, cached, x, y);
+  std::int64_t i = head;
+  for (; i + width <= n; i += width)
+    streamed(x + i, y + i);
+  // Streaming stores are weakly ordered: make them visible before anything
+  // that follows, another thread's read of the tensor included.
+  _mm_sfence();
+  over_vectors<width>(n - i, cached, x + i, y + i);
 }
 
 } // namespace troupe::detail::vector_math
