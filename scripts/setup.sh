@@ -22,7 +22,7 @@ esac
 # Packages to build and test troupe.
 packages=(
   g++ cmake ninja-build pkg-config
-  libfmt-dev libopenblas-dev libsleef-dev libdnnl-dev libcapnp-dev capnproto
+  libfmt-dev libopenblas-dev libsleef-dev libdnnl-dev libxsmm-dev libcapnp-dev capnproto
   libisal-dev                 # CRC32C of checkpoint files (ISA-L's folded PCLMUL loops)
   libgtest-dev libgmock-dev libbenchmark-dev
   libcaf-dev libucx-dev ucx-utils

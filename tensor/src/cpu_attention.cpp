@@ -37,7 +37,7 @@
 
 #include "cpu_backend.hpp"
 #include "dispatch.hpp"
-#include "openblas.hpp"
+#include "cpu_small_gemm.hpp"
 #include "troupe/tensor/parallel_for.hpp"
 
 namespace troupe::detail {
@@ -48,26 +48,6 @@ namespace {
 /// in L1/L2 and skip 3/8 of the work at a sequence of 128.
 constexpr std::int64_t query_block = 32;
 
-/// C = A op(B) with row-major operands of the given leading dimensions.
-struct matrix {
-  const void* data;
-  std::int64_t ld;
-  bool transposed = false;
-};
-
-template <class T>
-void gemm(std::int64_t m, std::int64_t n, std::int64_t k, matrix a, matrix b, T* c, std::int64_t ldc) {
-  const auto ta = a.transposed ? CblasTrans : CblasNoTrans;
-  const auto tb = b.transposed ? CblasTrans : CblasNoTrans;
-  const auto bi = [](std::int64_t v) { return static_cast<blasint>(v); };
-  if constexpr (std::is_same_v<T, float>)
-    openblas().sgemm(CblasRowMajor, ta, tb, bi(m), bi(n), bi(k), 1.0f, static_cast<const float*>(a.data), bi(a.ld),
-                     static_cast<const float*>(b.data), bi(b.ld), 0.0f, c, bi(ldc));
-  else
-    openblas().dgemm(CblasRowMajor, ta, tb, bi(m), bi(n), bi(k), 1.0, static_cast<const double*>(a.data), bi(a.ld),
-                     static_cast<const double*>(b.data), bi(b.ld), 0.0, c, bi(ldc));
-}
-
 /// Where one (batch, head) pair's matrices lie.
 template <class T> struct head_view {
   std::int64_t seq, head_size, width;
@@ -76,6 +56,28 @@ template <class T> struct head_view {
   std::int64_t qkv_ld() const { return 3 * width; }
   const T* k() const { return q + width; }
   const T* v() const { return q + 2 * width; }
+};
+
+/// The products of one head, one per block of query (or key) rows, made
+/// once per op for its shapes and shared by every head: S = Q K^T and
+/// Y = P V forward; dP = dY V^T, dQ = dS K, dK = dS^T Q and dV = P^T dY
+/// backward. K^T and V^T are read from a head-sized copy (small_gemm's
+/// B is never transposed).
+template <class T> struct head_products {
+  std::vector<small_gemm<T>> scores, values, weights_grad, query_grad, key_grad, value_grad;
+
+  head_products(std::int64_t seq, std::int64_t hs, std::int64_t width) {
+    const auto ld = 3 * width;
+    for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
+      const auto i1 = std::min(seq, i0 + query_block), rows = i1 - i0;
+      scores.emplace_back(rows, i1, hs, ld, false, seq, seq);
+      values.emplace_back(rows, hs, i1, seq, false, ld, width);
+      weights_grad.emplace_back(rows, i1, hs, width, false, seq, seq);
+      query_grad.emplace_back(rows, hs, i1, seq, false, ld, ld);
+      key_grad.emplace_back(rows, hs, seq - i0, seq, true, ld, ld);
+      value_grad.emplace_back(rows, hs, seq - i0, seq, true, width, ld);
+    }
+  }
 };
 
 /// out = a .* mask over the causal part of a head's [seq, seq] (row i:
@@ -90,12 +92,15 @@ template <class T> void masked_lower(const T* a, const T* mask, T* out, std::int
 
 /// weights: the head's [seq, seq], contiguous; y: its output columns
 /// (leading dimension width); mask and kept: the head's dropout mask and a
-/// [seq, seq] scratch, or both null.
-template <class T> void head_forward(const head_view<T>& h, T scale, T* weights, T* y, const T* mask, T* kept) {
+/// [seq, seq] scratch, or both null; kt: [head_size, seq] scratch.
+template <class T>
+void head_forward(const head_products<T>& products, const head_view<T>& h, T scale, T* weights, T* y, const T* mask,
+                  T* kept, T* kt) {
   const auto seq = h.seq, ld = h.qkv_ld();
-  for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
-    const auto i1 = std::min(seq, i0 + query_block);
-    gemm<T>(i1 - i0, i1, h.head_size, {h.q + i0 * ld, ld}, {h.k(), ld, true}, weights + i0 * seq, seq);
+  transpose_small(h.k(), ld, seq, h.head_size, kt);
+  for (std::size_t b = 0; b < products.scores.size(); ++b) {
+    const auto i0 = static_cast<std::int64_t>(b) * query_block;
+    products.scores[b](h.q + i0 * ld, kt, weights + i0 * seq);
   }
   causal_softmax_range(weights, weights, seq, seq, seq, scale);
   const T* p = weights;
@@ -103,22 +108,24 @@ template <class T> void head_forward(const head_view<T>& h, T scale, T* weights,
     masked_lower(weights, mask, kept, seq);
     p = kept;
   }
-  for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
-    const auto i1 = std::min(seq, i0 + query_block);
-    gemm<T>(i1 - i0, h.head_size, i1, {p + i0 * seq, seq}, {h.v(), ld}, y + i0 * h.width, h.width);
+  for (std::size_t b = 0; b < products.values.size(); ++b) {
+    const auto i0 = static_cast<std::int64_t>(b) * query_block;
+    products.values[b](p + i0 * seq, h.v(), y + i0 * h.width);
   }
 }
 
 /// dy: the head's output gradient (leading dimension width); dqkv: the
 /// head's q columns in grad_qkv (k and v follow as in qkv); dscores:
-/// [seq, seq] scratch; mask and kept as in head_forward.
+/// [seq, seq] scratch; mask and kept as in head_forward; vt: [head_size,
+/// seq] scratch.
 template <class T>
-void head_backward(const head_view<T>& h, T scale, const T* weights, const T* dy, T* dqkv, T* dscores,
-                   const T* mask, T* kept) {
-  const auto seq = h.seq, ld = h.qkv_ld(), hs = h.head_size;
-  for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
-    const auto i1 = std::min(seq, i0 + query_block);
-    gemm<T>(i1 - i0, i1, hs, {dy + i0 * h.width, h.width}, {h.v(), ld, true}, dscores + i0 * seq, seq);
+void head_backward(const head_products<T>& products, const head_view<T>& h, T scale, const T* weights, const T* dy,
+                   T* dqkv, T* dscores, const T* mask, T* kept, T* vt) {
+  const auto seq = h.seq, ld = h.qkv_ld();
+  transpose_small(h.v(), ld, seq, h.head_size, vt);
+  for (std::size_t b = 0; b < products.weights_grad.size(); ++b) {
+    const auto i0 = static_cast<std::int64_t>(b) * query_block;
+    products.weights_grad[b](dy + i0 * h.width, vt, dscores + i0 * seq);
   }
   const T* p = weights;
   if (mask != nullptr) {
@@ -127,17 +134,14 @@ void head_backward(const head_view<T>& h, T scale, const T* weights, const T* dy
     p = kept;
   }
   causal_softmax_backward_range(dscores, weights, dscores, seq, seq, seq, scale);
-  for (std::int64_t i0 = 0; i0 < seq; i0 += query_block) {
-    const auto i1 = std::min(seq, i0 + query_block);
-    gemm<T>(i1 - i0, hs, i1, {dscores + i0 * seq, seq}, {h.k(), ld}, dqkv + i0 * ld, ld);
-  }
   T* dk = dqkv + h.width;
   T* dv = dqkv + 2 * h.width;
-  for (std::int64_t j0 = 0; j0 < seq; j0 += query_block) {
-    const auto j1 = std::min(seq, j0 + query_block);
-    gemm<T>(j1 - j0, hs, seq - j0, {dscores + j0 * seq + j0, seq, true}, {h.q + j0 * ld, ld}, dk + j0 * ld, ld);
-    gemm<T>(j1 - j0, hs, seq - j0, {p + j0 * seq + j0, seq, true}, {dy + j0 * h.width, h.width}, dv + j0 * ld,
-            ld);
+  for (std::size_t b = 0; b < products.query_grad.size(); ++b) {
+    const auto i0 = static_cast<std::int64_t>(b) * query_block;
+    products.query_grad[b](dscores + i0 * seq, h.k(), dqkv + i0 * ld);
+    // Keys [i0, i1) are seen by queries [i0, seq) only.
+    products.key_grad[b](dscores + i0 * seq + i0, h.q + i0 * ld, dk + i0 * ld);
+    products.value_grad[b](p + i0 * seq + i0, dy + i0 * h.width, dv + i0 * ld);
   }
 }
 
@@ -156,13 +160,15 @@ void cpu_backend::causal_attention(const tensor& qkv, std::int64_t heads, double
     const T* mask = dropout_mask.defined() ? dropout_mask.data<T>() : nullptr;
     T* y = output.data<T>();
     T* w = weights.data<T>();
+    const head_products<T> products(seq, hs, width);
     parallel_for(batch * heads, heads_grain, [&](std::int64_t first, std::int64_t last) {
       std::vector<T> kept(mask != nullptr ? static_cast<std::size_t>(seq * seq) : 0);
+      std::vector<T> kt(static_cast<std::size_t>(hs * seq));
       for (auto bh = first; bh < last; ++bh) {
         const auto b = bh / heads, head = bh % heads;
         const head_view<T> h{seq, hs, width, x + b * seq * 3 * width + head * hs};
-        head_forward(h, static_cast<T>(scale), w + bh * seq * seq, y + b * seq * width + head * hs,
-                     mask != nullptr ? mask + bh * seq * seq : nullptr, kept.data());
+        head_forward(products, h, static_cast<T>(scale), w + bh * seq * seq, y + b * seq * width + head * hs,
+                     mask != nullptr ? mask + bh * seq * seq : nullptr, kept.data(), kt.data());
       }
     });
   });
@@ -179,15 +185,18 @@ void cpu_backend::causal_attention_backward(const tensor& grad, const tensor& qk
     const T* w = weights.data<T>();
     const T* mask = dropout_mask.defined() ? dropout_mask.data<T>() : nullptr;
     T* dx = grad_qkv.data<T>();
+    const head_products<T> products(seq, hs, width);
     parallel_for(batch * heads, heads_grain, [&](std::int64_t first, std::int64_t last) {
       std::vector<T> dscores(static_cast<std::size_t>(seq * seq));
       std::vector<T> kept(mask != nullptr ? static_cast<std::size_t>(seq * seq) : 0);
+      std::vector<T> vt(static_cast<std::size_t>(hs * seq));
       for (auto bh = first; bh < last; ++bh) {
         const auto b = bh / heads, head = bh % heads;
         const auto at = b * seq * 3 * width + head * hs;
         const head_view<T> h{seq, hs, width, x + at};
-        head_backward(h, static_cast<T>(scale), w + bh * seq * seq, dy + b * seq * width + head * hs, dx + at,
-                      dscores.data(), mask != nullptr ? mask + bh * seq * seq : nullptr, kept.data());
+        head_backward(products, h, static_cast<T>(scale), w + bh * seq * seq, dy + b * seq * width + head * hs,
+                      dx + at, dscores.data(), mask != nullptr ? mask + bh * seq * seq : nullptr, kept.data(),
+                      vt.data());
       }
     });
   });

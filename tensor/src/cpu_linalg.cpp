@@ -1,10 +1,12 @@
-// CPU GEMM through OpenBLAS (loaded as openblas.hpp says). A 2-D view is
+// CPU GEMM through OpenBLAS (loaded as openblas.hpp says), or for float32
+// through oneDNN where cpu_onednn_matmul.hpp says it is faster. A 2-D view is
 // handed to BLAS as it lies in memory: row-major (strides [ld, 1]) as NoTrans, column-major (strides
 // [1, ld], e.g. a transposed view) as Trans. Only a layout that is neither
 // (a broadcast, a doubly strided slice) is copied first.
 #include <algorithm>
 
 #include "blas_layout.hpp"
+#include "cpu_onednn_matmul.hpp"
 #include "cpu_backend.hpp"
 #include "dispatch.hpp"
 #include "openblas.hpp"
@@ -63,6 +65,10 @@ void cpu_backend::gemm(const tensor& a, const tensor& b, tensor& out, double alp
   dispatch_floating(out.type(), "matmul", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, float>) {
+      if (onednn_sgemm(pa.trans == CblasTrans, pb.trans == CblasTrans, m, n, k, static_cast<float>(alpha),
+                       pa.data.template data<float>(), pa.ld, pb.data.template data<float>(), pb.ld,
+                       static_cast<float>(beta), out.template data<float>(), ldc))
+        return;
       openblas().sgemm(CblasRowMajor, pa.trans, pb.trans, static_cast<blasint>(m),
                   static_cast<blasint>(n), static_cast<blasint>(k), static_cast<float>(alpha),
                   pa.data.template data<float>(), pa.ld, pb.data.template data<float>(), pb.ld,

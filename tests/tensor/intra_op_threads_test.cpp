@@ -156,7 +156,7 @@ TEST(IntraOpThreads, RowKernelsGiveTheSameBitsOnTwoThreads) {
   }
 }
 
-TEST(IntraOpThreads, MatmulOnTwoOpenBlasThreadsAgreesWithinRounding) {
+TEST(IntraOpThreads, MatmulOnTwoThreadsAgreesWithinRounding) {
   const auto a = test::sample({256, 512}, 10, dtype::float32);
   const auto b = test::sample({512, 384}, 11, dtype::float32);
   tensor one;

@@ -121,5 +121,42 @@ TEST(Linalg, AddmmAccumulatesWithAlphaAndBeta) {
   EXPECT_THAT(test::usage_error_of([&] { addmm_(garbage, b, a); }), HasSubstr("addmm_"));
 }
 
+/// float32 products of a linear layer's sizes (oneDNN's matmul runs them on
+/// a CPU with AVX-512, OpenBLAS elsewhere and under TROUPE_GEMM=openblas):
+/// every layout of the operands, alpha, beta and a strided output, against
+/// the float64 product.
+TEST(Linalg, Float32ProductsOfALinearLayersSizeMatchFloat64) {
+  const std::int64_t m = 192, k = 96, n = 80; // 1.5M multiply-adds
+  auto a64 = sample({m, k}, 21);
+  auto b64 = sample({k, n}, 22);
+  const auto product = naive_matmul(a64, b64);
+  auto a = a64.to(dtype::float32);
+  auto b = b64.to(dtype::float32);
+  auto a_t = a.t().contiguous().t(); // column-major: handed over transposed
+  auto b_t = b.t().contiguous().t();
+  for (const auto& [x, y] : {std::pair{a, b}, std::pair{a_t, b}, std::pair{a, b_t}, std::pair{a_t, b_t}}) {
+    expect_close(matmul(x, y), product, 1e-4);
+    auto out = sample({m, n}, 23).to(dtype::float32);
+    const auto before = values(out);
+    addmm_(out, x, y, 0.5, 2.0);
+    std::vector<double> expected;
+    for (std::size_t i = 0; i < before.size(); ++i)
+      expected.push_back(2.0 * before[i] + 0.5 * product[i]);
+    expect_close(out, expected, 1e-4);
+    auto garbage = tensor::full({m, n}, NAN, dtype::float32);
+    addmm_(garbage, x, y, 1.0, 0.0);
+    expect_close(garbage, product, 1e-4);
+  }
+  // A slice of a wider output: a leading dimension larger than n.
+  auto wide = tensor::zeros({m, n + 16}, dtype::float32);
+  auto slice = wide.narrow(1, 8, n);
+  addmm_(slice, a, b, 1.0, 0.0);
+  expect_close(slice, product, 1e-4);
+  for (auto v : values(wide.narrow(1, 0, 8)))
+    ASSERT_EQ(v, 0.0);
+  for (auto v : values(wide.narrow(1, n + 8, 8)))
+    ASSERT_EQ(v, 0.0);
+}
+
 } // namespace
 } // namespace troupe

@@ -1,0 +1,128 @@
+#include "cpu_onednn_matmul.hpp"
+
+#include <array>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "troupe/tensor/intra_op_threads.hpp"
+
+namespace troupe::detail {
+
+namespace {
+
+/// Where oneDNN was measured faster, in multiply-adds: below the window
+/// OpenBLAS's small-matrix path wins; above it (a tensor-parallel block's
+/// products at width 2048) the two are even forward and OpenBLAS is ahead
+/// on the weights' gradient.
+constexpr std::int64_t least_macs = std::int64_t{1} << 19;
+constexpr std::int64_t most_macs = std::int64_t{1} << 30;
+
+bool enabled() {
+  static const bool on = [] {
+    const char* choice = std::getenv("TROUPE_GEMM");
+    if (choice != nullptr && std::string_view(choice) == "openblas")
+      return false;
+    // The ISA values are sets of bits; AVX2 with VNNI is numerically larger
+    // than AVX-512 without containing it.
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    return (isa & core) == core;
+  }();
+  return on;
+}
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+/// A row-major [rows, cols] operand with leading dimension ld, or its
+/// transpose as it lies in memory.
+dnnl::memory::desc operand(std::int64_t rows, std::int64_t cols, std::int64_t ld, bool transposed) {
+  return dnnl::memory::desc({rows, cols}, dnnl::memory::data_type::f32,
+                            transposed ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1});
+}
+
+struct product_key {
+  std::array<std::int64_t, 6> sizes; // m, n, k, lda, ldb, ldc
+  bool a_transposed, b_transposed;
+  float alpha, beta;
+
+  auto tie() const { return std::tie(sizes, a_transposed, b_transposed, alpha, beta); }
+  bool operator<(const product_key& other) const { return tie() < other.tie(); }
+};
+
+struct product {
+  dnnl::matmul::primitive_desc description;
+  dnnl::matmul primitive;
+};
+
+/// Primitives are made once per shape (a training step repeats its shapes)
+/// and kept in a map of at most 256 (a program with ever new shapes starts
+/// it over). The scratchpad is the caller's (user mode), so one primitive
+/// may run on several threads at once.
+std::shared_ptr<const product> product_for(const product_key& key) {
+  static std::mutex mutex;
+  static std::map<product_key, std::shared_ptr<const product>> made;
+  std::lock_guard lock(mutex);
+  constexpr std::size_t most_shapes = 256;
+  if (made.size() >= most_shapes && made.find(key) == made.end())
+    made.clear(); // callers still running hold their primitives' shared_ptr
+  auto& slot = made[key];
+  if (!slot) {
+    const auto [m, n, k, lda, ldb, ldc] = key.sizes;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (key.alpha != 1.0f)
+      attr.set_output_scales(0, {key.alpha});
+    if (key.beta != 0.0f) {
+      dnnl::post_ops sum;
+      sum.append_sum(key.beta);
+      attr.set_post_ops(sum);
+    }
+    const dnnl::matmul::desc desc(operand(m, k, lda, key.a_transposed), operand(k, n, ldb, key.b_transposed),
+                                  operand(m, n, ldc, false));
+    dnnl::matmul::primitive_desc description(desc, attr, cpu_engine());
+    slot = std::make_shared<const product>(product{description, dnnl::matmul(description)});
+  }
+  return slot;
+}
+
+dnnl::memory wrap(const dnnl::memory::desc& desc, const void* data) {
+  return dnnl::memory(desc, cpu_engine(), const_cast<void*>(data)); // inputs are only read
+}
+
+} // namespace
+
+bool onednn_sgemm(bool a_transposed, bool b_transposed, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                  std::int64_t ldc) {
+  const auto macs = m * n * k;
+  if (macs < least_macs || macs > most_macs || !enabled())
+    return false;
+  const auto p = product_for({{m, n, k, lda, ldb, ldc}, a_transposed, b_transposed, alpha, beta});
+  const auto scratch_desc = p->description.scratchpad_desc();
+  thread_local std::vector<std::byte> scratch;
+  if (scratch.size() < scratch_desc.get_size())
+    scratch.resize(scratch_desc.get_size());
+  thread_local dnnl::stream stream(cpu_engine());
+  // oneDNN runs on OpenMP: a team of the intra-op thread count (one unless
+  // the user set more), as OpenBLAS would have used.
+  omp_set_num_threads(intra_op_threads());
+  p->primitive.execute(stream, {{DNNL_ARG_SRC, wrap(p->description.src_desc(), a)},
+                                {DNNL_ARG_WEIGHTS, wrap(p->description.weights_desc(), b)},
+                                {DNNL_ARG_DST, wrap(p->description.dst_desc(), c)},
+                                {DNNL_ARG_SCRATCHPAD, wrap(scratch_desc, scratch.data())}});
+  stream.wait();
+  return true;
+}
+
+} // namespace troupe::detail
