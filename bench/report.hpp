@@ -47,15 +47,15 @@ public:
         json_ = true;
     // PyTorch runs on the same OpenBLAS, whose own choice on this CPU is its
     // slowest kernel (troupe/tensor/cpu_blas.hpp): every process this
-    // benchmark starts (peers and troupe's own ranks) gets troupe's kernel,
-    // so a ratio measures the runtime, not the kernel.
+    // benchmark starts (peers and troupe's own ranks) gets troupe's kernel.
+    // Where troupe runs oneDNN's matmul instead, the line says so.
     auto kernel = std::string(blas_kernel());
     if (!kernel.empty())
       ::setenv("OPENBLAS_CORETYPE", kernel.c_str(), 0);
     const char* chosen = std::getenv("OPENBLAS_CORETYPE");
-    note("OpenBLAS kernel: {} (OPENBLAS_CORETYPE={} for every process this benchmark starts); troupe's vector "
-         "kernels: {}",
-         kernel, chosen ? chosen : "unset", cpu_vector_kernels());
+    note("OpenBLAS kernel: {} (OPENBLAS_CORETYPE={} for every process this benchmark starts, peers' GEMMs run "
+         "it); troupe's float32 GEMM: {}; troupe's vector kernels: {}",
+         kernel, chosen ? chosen : "unset", float32_gemm(), cpu_vector_kernels());
   }
 
   bool json() const noexcept { return json_; }

@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "troupe/tensor/cpu_blas.hpp"
 #include "troupe/tensor/intra_op_threads.hpp"
 
 namespace troupe::detail {
@@ -126,3 +127,12 @@ bool onednn_sgemm(bool a_transposed, bool b_transposed, std::int64_t m, std::int
 }
 
 } // namespace troupe::detail
+
+namespace troupe {
+
+std::string_view float32_gemm() {
+  return detail::enabled() ? "oneDNN matmul (AVX-512) from 2^19 to 2^30 multiply-adds, OpenBLAS outside"
+                           : "OpenBLAS";
+}
+
+} // namespace troupe

@@ -13,6 +13,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "cpu_onednn_matmul.hpp"
+#include "troupe/tensor/cpu_blas.hpp"
 
 namespace troupe::detail {
 namespace {
@@ -45,12 +46,15 @@ bool runs_on_onednn(std::int64_t m, std::int64_t n, std::int64_t k) {
 TEST(OnednnMatmul, TakesTheWindowOfMeasuredSizesOnAnAvx512Cpu) {
   if (openblas_chosen()) {
     EXPECT_FALSE(runs_on_onednn(256, 256, 64)) << "TROUPE_GEMM=openblas must keep every product on OpenBLAS";
+    EXPECT_EQ(float32_gemm(), "OpenBLAS");
     return;
   }
   if (!onednn_avx512()) {
     EXPECT_FALSE(runs_on_onednn(256, 256, 64)) << "without oneDNN's AVX-512 kernels OpenBLAS runs";
+    EXPECT_EQ(float32_gemm(), "OpenBLAS");
     GTEST_SKIP() << "this CPU has no AVX-512 for oneDNN: only the fallback was checked";
   }
+  EXPECT_EQ(float32_gemm().substr(0, 6), "oneDNN") << float32_gemm(); // what benchmarks print
   EXPECT_TRUE(runs_on_onednn(256, 256, 64));     // 2^22 multiply-adds: a linear layer's
   EXPECT_TRUE(runs_on_onednn(128, 64, 64));      // 2^19, the window's lower end
   EXPECT_FALSE(runs_on_onednn(64, 64, 64));      // 2^18: OpenBLAS's small path
