@@ -8,8 +8,9 @@
 // their gradients backward, and one each way for y), then multiplies full
 // [seq, seq] score matrices of which the mask throws away almost half. Here
 // a head's q, k and v are matrices with leading dimension 3 width inside
-// qkv, BLAS reads them in place, and y and dqkv are written in place with
-// leading dimensions width and 3 width.
+// qkv, the products read them in place, and y and dqkv are written in place
+// with leading dimensions width and 3 width. Only K^T and V^T are copied, a
+// head at a time ([head size, seq], small_gemm's B is never transposed).
 //
 // Blocks. Queries are taken in blocks of `query_block` rows; block
 // [i0, i1) needs only keys [0, i1). With 4 blocks per sequence the GEMMs
