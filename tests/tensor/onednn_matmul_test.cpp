@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -92,6 +93,47 @@ TEST(OnednnMatmul, TransposedOperandsAlphaAndBetaMatchALoop) {
           ASSERT_NEAR(got, 0.5 * s + 0.25 * 2.0, 1e-4) << i << ", " << j;
         }
     }
+}
+
+/// Actors on different threads run the same shapes at once: one cached
+/// primitive, each thread with its own scratchpad and data. Each thread's
+/// results must be bitwise what one thread alone computes from its data.
+TEST(OnednnMatmul, OnePrimitiveRunsOnSeveralThreadsAtOnce) {
+  if (openblas_chosen() || !onednn_avx512())
+    GTEST_SKIP() << "oneDNN's matmul does not run here (TROUPE_GEMM=openblas, or no AVX-512)";
+  constexpr std::int64_t m = 256, n = 192, k = 128;
+  constexpr int threads = 4, calls = 25;
+  auto inputs = [](int t) {
+    std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n));
+    for (std::size_t i = 0; i < a.size(); ++i)
+      a[i] = static_cast<float>(std::sin(0.11 * static_cast<double>(i) + t));
+    for (std::size_t i = 0; i < b.size(); ++i)
+      b[i] = static_cast<float>(std::cos(0.07 * static_cast<double>(i) - t));
+    return std::pair{a, b};
+  };
+  auto product = [](const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<float> c(static_cast<std::size_t>(m * n));
+    EXPECT_TRUE(onednn_sgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n));
+    return c;
+  };
+  std::vector<std::vector<float>> alone;
+  for (int t = 0; t < threads; ++t) {
+    const auto [a, b] = inputs(t);
+    alone.push_back(product(a, b));
+  }
+  std::vector<int> mismatches(threads, 0);
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t)
+    running.emplace_back([&, t] {
+      const auto [a, b] = inputs(t);
+      for (int call = 0; call < calls; ++call)
+        if (product(a, b) != alone[static_cast<std::size_t>(t)])
+          ++mismatches[static_cast<std::size_t>(t)];
+    });
+  for (auto& thread : running)
+    thread.join();
+  for (int t = 0; t < threads; ++t)
+    EXPECT_EQ(mismatches[static_cast<std::size_t>(t)], 0) << "thread " << t << " of " << threads;
 }
 
 } // namespace
