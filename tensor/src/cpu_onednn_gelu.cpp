@@ -4,20 +4,18 @@
 // PyTorch's (bench/elementwise). float64 stays with SLEEF (oneDNN's
 // eltwise has no f64).
 //
-// Primitives are made once per element count and algorithm (a training step repeats the
-// same shapes) and kept in a map of at most 256 sizes (a program with ever
-// new sizes starts it over); each calling thread has its own stream.
+// Primitives are made once per element count and algorithm
+// (onednn_primitive_cache); each calling thread has its own stream.
 // oneDNN runs on OpenMP here: every call pins the calling thread's team to
 // one thread, the runtime's rule of one compute thread per actor.
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <utility>
 
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "cpu_onednn.hpp"
 #include "cpu_vector_math.hpp"
 
 namespace troupe::detail::vector_math {
@@ -29,43 +27,24 @@ struct gelu_primitives {
   dnnl::eltwise_backward backward;
 };
 
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
 dnnl::memory::desc flat(std::int64_t n) {
   return dnnl::memory::desc({n}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::a);
 }
 
 std::shared_ptr<const gelu_primitives> primitives_for(std::int64_t n, dnnl::algorithm algorithm) {
-  static std::mutex mutex;
-  static std::map<std::pair<std::int64_t, dnnl::algorithm>, std::shared_ptr<const gelu_primitives>> made;
-  std::lock_guard lock(mutex);
-  constexpr std::size_t most_sizes = 256;
-  const auto key = std::make_pair(n, algorithm);
-  if (made.size() >= most_sizes && made.find(key) == made.end())
-    made.clear(); // callers still running hold their primitives' shared_ptr
-  auto& slot = made[key];
-  if (!slot) {
-    const auto& engine = cpu_engine();
+  static onednn_primitive_cache<std::pair<std::int64_t, dnnl::algorithm>, gelu_primitives> made;
+  return made.get(std::make_pair(n, algorithm), [&] {
+    const auto& engine = onednn_engine();
     const auto md = flat(n);
     dnnl::eltwise_forward::primitive_desc forward(
       dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, md), engine);
     dnnl::eltwise_backward::primitive_desc backward(dnnl::eltwise_backward::desc(algorithm, md, md), engine, forward);
-    slot = std::make_shared<const gelu_primitives>(
-      gelu_primitives{dnnl::eltwise_forward(forward), dnnl::eltwise_backward(backward)});
-  }
-  return slot;
-}
-
-dnnl::stream& thread_stream() {
-  thread_local dnnl::stream stream(cpu_engine());
-  return stream;
+    return gelu_primitives{dnnl::eltwise_forward(forward), dnnl::eltwise_backward(backward)};
+  });
 }
 
 dnnl::memory wrap(std::int64_t n, const float* data) {
-  return dnnl::memory(flat(n), cpu_engine(), const_cast<float*>(data)); // read-only use
+  return dnnl::memory(flat(n), onednn_engine(), const_cast<float*>(data)); // read-only use
 }
 
 void run_forward(dnnl::algorithm algorithm, const float* x, float* y, std::int64_t n) {
@@ -73,7 +52,7 @@ void run_forward(dnnl::algorithm algorithm, const float* x, float* y, std::int64
     return;
   omp_set_num_threads(1);
   auto p = primitives_for(n, algorithm);
-  auto& stream = thread_stream();
+  auto& stream = onednn_thread_stream();
   p->forward.execute(stream, {{DNNL_ARG_SRC, wrap(n, x)}, {DNNL_ARG_DST, wrap(n, y)}});
   stream.wait();
 }
@@ -83,7 +62,7 @@ void run_backward(dnnl::algorithm algorithm, const float* grad, const float* x, 
     return;
   omp_set_num_threads(1);
   auto p = primitives_for(n, algorithm);
-  auto& stream = thread_stream();
+  auto& stream = onednn_thread_stream();
   p->backward.execute(stream,
                       {{DNNL_ARG_SRC, wrap(n, x)}, {DNNL_ARG_DIFF_DST, wrap(n, grad)}, {DNNL_ARG_DIFF_SRC, wrap(n, y)}});
   stream.wait();
@@ -101,16 +80,7 @@ namespace {
 
 /// Whether oneDNN's gelu_tanh beats the exp form here (cpu_vector_math.hpp
 /// says by how much): only with its AVX-512 kernels.
-bool onednn_gelu_tanh() {
-  // The ISA values are sets of bits; AVX2 with VNNI is numerically larger
-  // than AVX-512 without containing it.
-  static const bool avx512 = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-    return (isa & core) == core;
-  }();
-  return avx512;
-}
+bool onednn_gelu_tanh() { return onednn_runs_avx512(); }
 
 } // namespace
 

@@ -2,9 +2,7 @@
 
 #include <array>
 #include <cstdlib>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -12,6 +10,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "cpu_onednn.hpp"
 #include "troupe/tensor/cpu_blas.hpp"
 #include "troupe/tensor/intra_op_threads.hpp"
 
@@ -31,18 +30,9 @@ bool enabled() {
     const char* choice = std::getenv("TROUPE_GEMM");
     if (choice != nullptr && std::string_view(choice) == "openblas")
       return false;
-    // The ISA values are sets of bits; AVX2 with VNNI is numerically larger
-    // than AVX-512 without containing it.
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-    return (isa & core) == core;
+    return onednn_runs_avx512();
   }();
   return on;
-}
-
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
 }
 
 /// A row-major [rows, cols] operand with leading dimension ld, or its
@@ -66,19 +56,11 @@ struct product {
   dnnl::matmul primitive;
 };
 
-/// Primitives are made once per shape (a training step repeats its shapes)
-/// and kept in a map of at most 256 (a program with ever new shapes starts
-/// it over). The scratchpad is the caller's (user mode), so one primitive
-/// may run on several threads at once.
+/// The scratchpad is the caller's (user mode), so one primitive may run on
+/// several threads at once.
 std::shared_ptr<const product> product_for(const product_key& key) {
-  static std::mutex mutex;
-  static std::map<product_key, std::shared_ptr<const product>> made;
-  std::lock_guard lock(mutex);
-  constexpr std::size_t most_shapes = 256;
-  if (made.size() >= most_shapes && made.find(key) == made.end())
-    made.clear(); // callers still running hold their primitives' shared_ptr
-  auto& slot = made[key];
-  if (!slot) {
+  static onednn_primitive_cache<product_key, product> made;
+  return made.get(key, [&] {
     const auto [m, n, k, lda, ldb, ldc] = key.sizes;
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -91,14 +73,13 @@ std::shared_ptr<const product> product_for(const product_key& key) {
     }
     const dnnl::matmul::desc desc(operand(m, k, lda, key.a_transposed), operand(k, n, ldb, key.b_transposed),
                                   operand(m, n, ldc, false));
-    dnnl::matmul::primitive_desc description(desc, attr, cpu_engine());
-    slot = std::make_shared<const product>(product{description, dnnl::matmul(description)});
-  }
-  return slot;
+    dnnl::matmul::primitive_desc description(desc, attr, onednn_engine());
+    return product{description, dnnl::matmul(description)};
+  });
 }
 
 dnnl::memory wrap(const dnnl::memory::desc& desc, const void* data) {
-  return dnnl::memory(desc, cpu_engine(), const_cast<void*>(data)); // inputs are only read
+  return dnnl::memory(desc, onednn_engine(), const_cast<void*>(data)); // inputs are only read
 }
 
 } // namespace
@@ -114,7 +95,7 @@ bool onednn_sgemm(bool a_transposed, bool b_transposed, std::int64_t m, std::int
   thread_local std::vector<std::byte> scratch;
   if (scratch.size() < scratch_desc.get_size())
     scratch.resize(scratch_desc.get_size());
-  thread_local dnnl::stream stream(cpu_engine());
+  auto& stream = onednn_thread_stream();
   // oneDNN runs on OpenMP: a team of the intra-op thread count (one unless
   // the user set more), as OpenBLAS would have used.
   omp_set_num_threads(intra_op_threads());

@@ -11,19 +11,12 @@
 #include <thread>
 #include <vector>
 
-#include <oneapi/dnnl/dnnl.hpp>
-
+#include "cpu_onednn.hpp"
 #include "cpu_onednn_matmul.hpp"
 #include "troupe/tensor/cpu_blas.hpp"
 
 namespace troupe::detail {
 namespace {
-
-bool onednn_avx512() {
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-  return (isa & core) == core;
-}
 
 bool openblas_chosen() {
   const char* choice = std::getenv("TROUPE_GEMM");
@@ -50,7 +43,7 @@ TEST(OnednnMatmul, TakesTheWindowOfMeasuredSizesOnAnAvx512Cpu) {
     EXPECT_EQ(float32_gemm(), "OpenBLAS");
     return;
   }
-  if (!onednn_avx512()) {
+  if (!onednn_runs_avx512()) {
     EXPECT_FALSE(runs_on_onednn(256, 256, 64)) << "without oneDNN's AVX-512 kernels OpenBLAS runs";
     EXPECT_EQ(float32_gemm(), "OpenBLAS");
     GTEST_SKIP() << "this CPU has no AVX-512 for oneDNN: only the fallback was checked";
@@ -65,7 +58,7 @@ TEST(OnednnMatmul, TakesTheWindowOfMeasuredSizesOnAnAvx512Cpu) {
 }
 
 TEST(OnednnMatmul, TransposedOperandsAlphaAndBetaMatchALoop) {
-  if (openblas_chosen() || !onednn_avx512())
+  if (openblas_chosen() || !onednn_runs_avx512())
     GTEST_SKIP() << "oneDNN's matmul does not run here (TROUPE_GEMM=openblas, or no AVX-512)";
   const std::int64_t m = 100, n = 72, k = 80, pad = 3;
   for (bool ta : {false, true})
@@ -99,7 +92,7 @@ TEST(OnednnMatmul, TransposedOperandsAlphaAndBetaMatchALoop) {
 /// primitive, each thread with its own scratchpad and data. Each thread's
 /// results must be bitwise what one thread alone computes from its data.
 TEST(OnednnMatmul, OnePrimitiveRunsOnSeveralThreadsAtOnce) {
-  if (openblas_chosen() || !onednn_avx512())
+  if (openblas_chosen() || !onednn_runs_avx512())
     GTEST_SKIP() << "oneDNN's matmul does not run here (TROUPE_GEMM=openblas, or no AVX-512)";
   constexpr std::int64_t m = 256, n = 192, k = 128;
   constexpr int threads = 4, calls = 25;
