@@ -496,6 +496,7 @@ troupe::expected<void> node::start_router() {
   ro.data_plane.token = *token;
   ro.arena_bytes = options_.local_only ? 0 : options_.arena_bytes;
   ro.copy_into_arena_min_bytes = options_.arena_copy_min_bytes;
+  ro.device_maps = options_.device_maps;
   ro.data_plane.spin_before_sleep = options_.data_plane_spin;
   ro.data_plane.network_eager_bytes = options_.network_eager_bytes;
   ro.data_plane.keep_freed_heap_bytes = options_.keep_freed_heap_bytes;
@@ -718,7 +719,7 @@ troupe::expected<troupe::device> node::landing_device(const place& from, const p
   auto map = device_map::parse(*text);
   if (!map)
     return map.error();
-  return map->map(from.device);
+  return map->landing(from.device);
 }
 
 } // namespace troupe::actors

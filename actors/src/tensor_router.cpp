@@ -57,6 +57,7 @@ struct tensor_router::impl {
   bool stopped = false;
   std::map<std::string, caf::actor> local;         // place -> actor in this process
   std::map<std::string, tensor_router::tensor_sink> sinks; // place -> function (attach_sink)
+  std::set<std::pair<std::string, device>> landing_warned; // (place, device) whose failed landing was said
   std::map<std::string, peer_id> connected;        // node -> data-plane peer
   std::map<std::string, caf::actor> agents;        // node -> its agent (TLS)
   std::map<std::string, std::deque<queued>> waiting; // node -> sends not yet handed on
@@ -131,6 +132,33 @@ struct tensor_router::impl {
   void end_loan(const std::string& node, const arena_ref& region) {
     if (loans.give_back(node, region))
       (void)arena->release(region);
+  }
+
+  /// Moves a delivered tensor onto the device its sender's map named
+  /// (meta.landing). A device this process cannot use, or a failed copy,
+  /// leaves it where it is (the host): delivered, with the reason on stderr.
+  void land(tensor_message& message) {
+    const auto where = *message.meta.landing;
+    std::string failure;
+    try { // "storage::allocate: device cuda:3 is not available: ...", out of memory, ...
+      message.value = message.value.to(where);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    std::lock_guard guard(mutex);
+    if (failure.empty()) {
+      ++stats.landings;
+      return;
+    }
+    // Said once per place and device: a misconfigured map would otherwise
+    // print a line per message.
+    if (++stats.landing_failures > 1 && !landing_warned.emplace(message.meta.destination, where).second)
+      return;
+    landing_warned.emplace(message.meta.destination, where);
+    fmt::print(stderr,
+               "troupe router [{}]: a tensor for {} was to land on {} by its sender's device map, but "
+               "moving it failed ({}); delivered on the host\n",
+               options.node_name, message.meta.destination, where, failure);
   }
 
   /// A handoff from a same-host node (data plane thread): map, deliver; a
@@ -473,9 +501,13 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
     message.flow_id = trace::next_flow_id();
   // Both planes carry host memory: a device tensor leaving the process is
   // staged through the host here (before the lock: the copy waits for the
-  // device), and the receiving actor moves it onto its own place's device.
-  if (to.node != st.options.node_name && message.value.defined() && message.value.where().kind != device_kind::cpu)
-    message.value = message.value.to(device::cpu());
+  // device). The device map for the destination says where it lands there.
+  if (to.node != st.options.node_name && message.value.defined()) {
+    if (auto map = st.options.device_maps.find(to.node); map != st.options.device_maps.end())
+      message.meta.landing = map->second.find(message.value.where());
+    if (message.value.where().kind != device_kind::cpu)
+      message.value = message.value.to(device::cpu());
+  }
   std::unique_lock guard(st.mutex);
   if (trace::enabled()) {
     trace::message_sent(sender, trace::message_info(trace_kind(message.meta.kind),
@@ -579,9 +611,13 @@ void tensor_router::deliver(tensor_message message) {
       ++st.stats.remote_deliveries;
     }
   }
-  if (sink)
+  if (sink) { // troupe's own endpoints (reducers, parameter servers) work on host memory
     sink(std::move(message));
-  else if (target)
+    return;
+  }
+  if (message.meta.landing && message.value.defined() && message.value.where() != *message.meta.landing)
+    impl_->land(message);
+  if (target)
     caf::anon_send(target, std::move(message));
   else if (router_actor)
     caf::anon_send(router_actor, deliver_atom_v, std::move(message));

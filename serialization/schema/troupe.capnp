@@ -54,6 +54,18 @@ struct TrainingMessage {
   token @6 :UInt64;
   # Links a send record to its receive record in a trace; 0 when untraced.
   flowId @7 :UInt64;
+  # Where the receiving node puts the tensor before handing it to an actor:
+  # the sender's device map applied to the device its tensor was on
+  # (docs/design.md, "Devices"). asCarried: on the host, as the plane
+  # carried it.
+  landingKind @8 :LandingKind;
+  landingIndex @9 :Int32;
+}
+
+enum LandingKind {
+  asCarried @0;
+  cpu @1;
+  cuda @2;
 }
 
 # The index of a checkpoint file (checkpoint_file.cpp narrates the layout).

@@ -28,6 +28,21 @@ expected<decoded_message> attach(message_header header, std::shared_ptr<storage>
   return out;
 }
 
+/// The landing device: none (asCarried), cpu, or cuda:N with N in [0, 65535].
+expected<std::optional<device>> read_landing(wire::TrainingMessage::Reader root) {
+  auto kind = static_cast<std::uint16_t>(root.getLandingKind());
+  auto index = root.getLandingIndex();
+  switch (root.getLandingKind()) {
+    case wire::LandingKind::AS_CARRIED: return std::optional<device>{};
+    case wire::LandingKind::CPU: return std::optional<device>{device::cpu()};
+    case wire::LandingKind::CUDA:
+      if (index < 0 || index > 65535)
+        return make_error(errc::malformed_message, "landingIndex {} but must be in [0, 65535]", index);
+      return std::optional<device>{device::cuda(index)};
+  }
+  return make_error(errc::malformed_message, "landingKind {} is unknown (wire values are [0, 3))", kind);
+}
+
 } // namespace
 
 expected<std::size_t> header_frame_size(std::span<const std::byte> bytes,
@@ -54,6 +69,10 @@ expected<message_header> decode_header(std::span<const std::byte> header,
         out.meta.destination.assign(destination.cStr(), destination.size());
         out.meta.token = root.getToken();
         out.meta.flow_id = root.getFlowId();
+        auto landing = read_landing(root);
+        if (!landing)
+          return landing.error();
+        out.meta.landing = *landing;
         if (!root.hasTensor())
           return make_error(errc::malformed_message, "message has no tensor header");
         auto layout = detail::read_tensor_header(

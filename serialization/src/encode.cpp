@@ -60,6 +60,10 @@ encoded_message encode(const message_meta& meta, const tensor& value) {
   root.setDestination(capnp::Text::Reader(meta.destination.data(), meta.destination.size()));
   root.setToken(meta.token);
   root.setFlowId(meta.flow_id);
+  if (meta.landing) {
+    root.setLandingKind(meta.landing->kind == device_kind::cuda ? wire::LandingKind::CUDA : wire::LandingKind::CPU);
+    root.setLandingIndex(meta.landing->index);
+  }
   detail::write_tensor_header(root.initTensor(), layout);
   out.header_words_ = detail::flatten(builder);
   return out;

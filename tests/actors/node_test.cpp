@@ -145,7 +145,7 @@ TEST(Node, SpawnsByFactoryAndLooksUpByNameAcrossThreeProcesses) {
   EXPECT_NE(unknown.error().message().find("no actor is registered as worker1/cpu/nobody"), std::string::npos);
 
   // Device maps travel with the join: worker1's cpu tensors land on cuda:1 at
-  // worker2 (kept even on a CPU-only machine); unmapped pairs are identity.
+  // worker2 (kept even on a CPU-only machine); unmapped pairs arrive on the host.
   auto landing = n.landing_device(*place::parse("worker1/cpu/stage0"), *place::parse("worker2/cpu/stage1"));
   ASSERT_TRUE(landing) << landing.error().message();
   EXPECT_EQ(*landing, troupe::device::cuda(1));

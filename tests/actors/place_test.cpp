@@ -65,9 +65,11 @@ TEST(Place, MalformedStringsAreClearErrors) {
 TEST(DeviceMap, ParsesMapsAndPrints) {
   auto map = device_map::parse("cuda:0->cuda:1,cpu->cpu,cuda:1->cpu");
   ASSERT_TRUE(map) << map.error().message();
-  EXPECT_EQ(map->map(device::cuda(0)), device::cuda(1));
-  EXPECT_EQ(map->map(device::cuda(1)), device::cpu());
-  EXPECT_EQ(map->map(device::cuda(7)), device::cuda(7)) << "unlisted devices map to themselves";
+  EXPECT_EQ(map->landing(device::cuda(0)), device::cuda(1));
+  EXPECT_EQ(map->landing(device::cuda(1)), device::cpu());
+  EXPECT_EQ(map->landing(device::cuda(7)), device::cpu()) << "unlisted devices arrive on the host";
+  EXPECT_EQ(map->find(device::cuda(0)), device::cuda(1));
+  EXPECT_EQ(map->find(device::cuda(7)), std::nullopt);
   EXPECT_EQ(map->to_string(), "cpu->cpu,cuda:0->cuda:1,cuda:1->cpu");
   EXPECT_EQ(*device_map::parse(map->to_string()), *map);
   EXPECT_TRUE(device_map::parse("")->empty());

@@ -94,7 +94,7 @@ TEST(NodeOptions, FlagsOverrideTheEnvironment) {
   EXPECT_EQ(options->heartbeat_timeout, 2500ms);
   EXPECT_EQ(options->join_timeout, 60s);
   EXPECT_EQ(options->scheduler.policy, "stealing");
-  EXPECT_EQ(options->device_maps.at("worker2").map(troupe::device::cuda(0)), troupe::device::cuda(1));
+  EXPECT_EQ(options->device_maps.at("worker2").landing(troupe::device::cuda(0)), troupe::device::cuda(1));
 }
 
 TEST(NodeOptions, DefaultsAreSafe) {

@@ -18,16 +18,22 @@
 
 #include <caf/all.hpp>
 
+#include "emulated_device.hpp"
 #include "process_support.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/actors/trace_reader.hpp"
 #include "troupe/actors/trace_report.hpp"
+#include "troupe/tensor/cuda.hpp"
 
 using namespace std::chrono_literals;
 using namespace troupe;
 using namespace troupe::actors;
 using troupe::test::child_process;
+
+namespace troupe {
+void PrintTo(const device& d, std::ostream* out) { *out << d.to_string(); }
+} // namespace troupe
 
 namespace {
 
@@ -69,7 +75,34 @@ caf::expected<caf::actor> make_checker(std::shared_ptr<tensor_router> router, ca
 
 bool is_router_child(int argc, char** argv) { return argc > 1 && std::string_view(argv[1]) == "--router-child"; }
 
+/// Where this test's tensors can live on `cuda:N`: the real backend's devices
+/// when there are any, else an emulated device of two ordinals (host memory;
+/// emulated_device.hpp) installed in place of the CUDA backend.
+int cuda_ordinals_for_test(bool emulate) {
+  if (cuda_device_count() > 0 || !emulate)
+    return cuda_device_count();
+  static test::emulated_device_memory emulated(2);
+  register_backend(device_kind::cuda, &emulated);
+  return 2;
+}
+
+// "placer": answers each tensor with an int64 [device kind, device index]
+// of where it arrived, to worker0/cpu/collector, with the checksum of its
+// bytes as the context id.
+tensor_message where_it_arrived(const tensor_message& m) {
+  tensor_message reply;
+  reply.meta.kind = message_kind::control;
+  reply.meta.step = m.meta.step;
+  reply.meta.context_id = checksum(m.value.to(device::cpu()));
+  reply.value = tensor::from<std::int64_t>({static_cast<std::int64_t>(m.value.where().kind), m.value.where().index},
+                                           {2});
+  return reply;
+}
+
 int run_router_child(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--emulate-devices")
+      cuda_ordinals_for_test(true);
   auto options = node_options::from(argc, argv);
   if (!options)
     return 2;
@@ -95,6 +128,20 @@ int run_router_child(int argc, char** argv) {
       }};
     });
   });
+  n.register_factory("placer", [router](caf::actor_system& sys, const place&, const caf::message&) -> caf::expected<caf::actor> {
+    return sys.spawn([router]() -> caf::behavior {
+      return {[router](const tensor_message& m) {
+        if (auto ok = router->send(*place::parse("worker0/cpu/collector"), where_it_arrived(m)); !ok)
+          std::printf("PLACER ERROR %s\n", ok.error().message().c_str());
+      }};
+    });
+  });
+  // A sink (as troupe's reducers and parameter servers use): no device map
+  // applies to it.
+  router->attach_sink("worker1/cpu/sink", [router](tensor_message m) {
+    if (auto ok = router->send(*place::parse("worker0/cpu/collector"), where_it_arrived(m)); !ok)
+      std::printf("SINK ERROR %s\n", ok.error().message().c_str());
+  });
   std::printf("READY %u plane=%s\n", static_cast<unsigned>(n.port()), router->plane() ? "ucx" : "none");
   std::fflush(stdout);
   char byte;
@@ -116,6 +163,7 @@ struct inbox {
     std::uint64_t context_id;
     std::uint64_t step;
     const void* data;
+    tensor value;
   };
   std::mutex mutex;
   std::condition_variable changed;
@@ -123,7 +171,7 @@ struct inbox {
 
   void add(const tensor_message& m) {
     std::lock_guard guard(mutex);
-    items.push_back({m.meta.context_id, m.meta.step, m.value.raw_data()});
+    items.push_back({m.meta.context_id, m.meta.step, m.value.raw_data(), m.value});
     changed.notify_all();
   }
   std::optional<item> wait_for_step(std::uint64_t step, std::chrono::milliseconds timeout) {
@@ -165,12 +213,19 @@ struct cluster {
   }
 };
 
-void start_cluster(cluster& c, const tls_options& tls = {}) {
+/// What a test adds to the two nodes' options.
+struct cluster_extras {
+  std::map<std::string, device_map> coordinator_device_maps;
+  std::vector<std::string> worker_args;
+};
+
+void start_cluster(cluster& c, const tls_options& tls = {}, const cluster_extras& extras = {}) {
   node_options options;
   options.name = "worker0";
   options.world_size = 2;
   options.listen_address = "127.0.0.1";
   options.tls = tls;
+  options.device_maps = extras.coordinator_device_maps;
   auto started = node::start(options);
   ASSERT_TRUE(started) << started.error().message();
   c.coordinator = std::move(*started);
@@ -183,6 +238,7 @@ void start_cluster(cluster& c, const tls_options& tls = {}) {
     args.push_back("--troupe.tls.key=" + dir + "/node2.key");
     args.push_back("--troupe.tls.ca=" + tls.ca_file);
   }
+  args.insert(args.end(), extras.worker_args.begin(), extras.worker_args.end());
   c.worker = child_process::start(child_process::self_path(), args,
                                   {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=", "TROUPE_NODE_NAME="});
   ASSERT_TRUE(c.worker.wait_for("READY", 15s)) << c.worker.output();
@@ -409,6 +465,79 @@ TEST(TensorRouter, ATensorReceivedByReferenceCanBeSentOnAndBack) {
   // The collector's inbox keeps only pointers; the echoed tensors are gone,
   // so both arenas are free again.
   EXPECT_TRUE(arena_drained(*router, 10s)) << "loans " << router->arena_loans_outstanding();
+}
+
+namespace {
+
+// Where the sending node's device map lists a tensor's device, the receiving
+// router moves the tensor there before the actor sees it: host tensors onto
+// a GPU, one GPU's tensors onto another; an unlisted device arrives on the
+// host, a sink gets host memory, and a map naming a device the receiver
+// lacks delivers on the host and counts it. On the real CUDA backend where
+// there is a device, else on an emulated one (host memory): there it checks
+// where tensors go, not CUDA.
+void check_device_maps(const tls_options& tls) {
+  const bool real = cuda_device_count() > 0;
+  const int ordinals = cuda_ordinals_for_test(true);
+  std::printf("%s, %d CUDA ordinals\n", real ? "the CUDA backend" : "an emulated device (host memory)", ordinals);
+  cluster_extras extras;
+  auto map = device_map::parse(ordinals > 1 ? "cpu->cuda:1,cuda:1->cuda:0" : "cpu->cuda:0");
+  ASSERT_TRUE(map) << map.error().message();
+  extras.coordinator_device_maps["worker1"] = *map;
+  // worker1's answers are mapped onto a device worker0 does not have.
+  extras.worker_args.push_back("--troupe.device-map.worker0=cpu->cuda:7");
+  if (!real)
+    extras.worker_args.push_back("--emulate-devices");
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, tls, extras));
+  ASSERT_TRUE(c.coordinator->spawn_remote(*place::parse("worker1/cpu/placer"), "placer"));
+  auto router = c.coordinator->router();
+
+  std::uint64_t step = 100;
+  auto arrives_on = [&](const tensor& value, const char* to) -> std::optional<device> {
+    const auto expected_sum = checksum(value.to(device::cpu()));
+    tensor_message m;
+    m.meta.kind = message_kind::forward_activation;
+    m.meta.step = ++step;
+    m.value = value;
+    if (auto ok = router->send(*place::parse(to), std::move(m)); !ok) {
+      ADD_FAILURE() << ok.error().message();
+      return std::nullopt;
+    }
+    auto reply = c.box.wait_for_step(step, 15s);
+    if (!reply) {
+      ADD_FAILURE() << "no answer for step " << step << "; worker output:\n" << c.worker.output();
+      return std::nullopt;
+    }
+    EXPECT_EQ(reply->context_id, expected_sum) << "the bytes changed on the way to " << to;
+    EXPECT_EQ(reply->value.where(), device::cpu()) << "worker1's map names cuda:7, which worker0 lacks";
+    auto where = reply->value.to_vector<std::int64_t>();
+    return device{static_cast<device_kind>(where.at(0)), static_cast<std::int32_t>(where.at(1))};
+  };
+
+  // 4 KiB go through UCX; 1 MiB through the shared arena (same host).
+  for (std::size_t bytes : {std::size_t{4096}, std::size_t{1} << 20}) {
+    SCOPED_TRACE(bytes);
+    const auto host = pattern(bytes, bytes);
+    EXPECT_EQ(arrives_on(host, "worker1/cpu/placer"), device::cuda(ordinals > 1 ? 1 : 0)) << "cpu is mapped";
+    EXPECT_EQ(arrives_on(host.to(device::cuda(0)), "worker1/cpu/placer"), device::cpu()) << "cuda:0 is not listed";
+    if (ordinals > 1) {
+      EXPECT_EQ(arrives_on(host.to(device::cuda(1)), "worker1/cpu/placer"), device::cuda(0)) << "cuda:1 -> cuda:0";
+    }
+    EXPECT_EQ(arrives_on(host, "worker1/cpu/sink"), device::cpu()) << "sinks take what the plane carried";
+  }
+  const auto stats = router->stats();
+  EXPECT_EQ(stats.landings, 0u);
+  EXPECT_EQ(stats.landing_failures, ordinals > 1 ? 8u : 6u) << "every answer was to land on cuda:7";
+}
+
+} // namespace
+
+TEST(TensorRouter, DeviceMapsPlaceTensorsAtTheReceiver) { check_device_maps({}); }
+
+TEST(TensorRouter, DeviceMapsPlaceTensorsAtTheReceiverOverTls) {
+  const auto& dir = cert_dir();
+  check_device_maps({dir + "/node.pem", dir + "/node.key", dir + "/ca.pem", ""});
 }
 
 TEST(TensorRouter, WithTlsTensorsTravelOverCafAndTheDataPlaneIsNotUsed) {

@@ -229,6 +229,18 @@ TEST(Codec, EveryKindAndLongDestinationRoundTrip) {
   }
 }
 
+TEST(Codec, LandingDeviceRoundTrips) {
+  for (std::optional<device> landing : {std::optional<device>{}, std::optional<device>{device::cpu()},
+                                        std::optional<device>{device::cuda(0)},
+                                        std::optional<device>{device::cuda(65535)}}) {
+    message_meta meta{message_kind::forward_activation, 3, 1, 0, "worker1/cpu/x"};
+    meta.landing = landing;
+    auto decoded = decode_flat(received(encode(meta, tensor::zeros({2}))));
+    ASSERT_TRUE(decoded) << decoded.error().to_string();
+    EXPECT_EQ(decoded->meta.landing, landing);
+  }
+}
+
 TEST(Codec, SixteenMebibytesRoundTripWithoutCopies) {
   auto original = patterned({4, 1024, 1024}, dtype::float32);  // 16 MiB
   auto start = std::chrono::steady_clock::now();

@@ -1,12 +1,14 @@
 // Every way a data-plane message can be wrong: each must be an error value
 // with the right code and a message naming the field, never a crash or throw.
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "schema/troupe.capnp.h"
@@ -27,6 +29,8 @@ struct forged {
   std::uint16_t device_kind = 0;
   std::int32_t device_index = 0;
   bool with_tensor = true;
+  std::uint16_t landing_kind = 0;
+  std::int32_t landing_index = 0;
 };
 
 /// A header frame in 8-byte aligned words.
@@ -35,6 +39,8 @@ std::vector<std::uint64_t> forge(const forged& f) {
   auto root = builder.initRoot<wire::TrainingMessage>();
   root.setKind(static_cast<wire::TrainingMessage::Kind>(f.kind));
   root.setDestination("stage-1");
+  root.setLandingKind(static_cast<wire::LandingKind>(f.landing_kind));
+  root.setLandingIndex(f.landing_index);
   if (f.with_tensor) {
     auto h = root.initTensor();
     h.setDtype(f.dtype);
@@ -178,6 +184,26 @@ TEST(DecodeErrors, UnknownKindAndDevice) {
   f = {};
   f.device_index = -2;
   expect_error(decode_forged(f), errc::malformed_message, "deviceIndex -2");
+}
+
+TEST(DecodeErrors, UnknownOrOutOfRangeLandingDevice) {
+  forged f;
+  f.landing_kind = 3;
+  expect_error(decode_forged(f), errc::malformed_message, "landingKind 3 is unknown");
+  f.landing_kind = 2; // cuda
+  for (std::int32_t index : {-1, 65536, std::numeric_limits<std::int32_t>::min()}) {
+    f.landing_index = index;
+    expect_error(decode_forged(f), errc::malformed_message, fmt::format("landingIndex {} but must be", index));
+  }
+  f.landing_index = 65535;
+  auto fine = decode_forged(f);
+  ASSERT_TRUE(fine) << fine.error().to_string();
+  EXPECT_EQ(fine->meta.landing, device::cuda(65535));
+  f = {};
+  f.landing_index = -7; // ignored: nothing lands anywhere (asCarried)
+  fine = decode_forged(f);
+  ASSERT_TRUE(fine) << fine.error().to_string();
+  EXPECT_EQ(fine->meta.landing, std::nullopt);
 }
 
 TEST(DecodeErrors, MissingTensorHeader) {

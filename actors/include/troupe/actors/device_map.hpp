@@ -1,8 +1,12 @@
 #pragma once
-// Where a tensor sent from one node lands on another: a map from the sender's
-// device to the receiver's device (PyTorch RPC's `set_device_map`). A device
-// that is not listed lands on the same device kind and index.
+// Where a tensor sent from one node lands on another: a map from the device
+// the tensor is on at the sender to a device of the receiver (PyTorch RPC's
+// `set_device_map`, with CPU entries too: `cpu->cuda:0` puts host tensors
+// on the receiver's GPU). Both planes carry host memory, so a tensor whose
+// device is not listed arrives on the host, and the receiving actor moves it
+// where it wants it (a pipeline stage onto its place's device).
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -20,10 +24,17 @@ public:
 
   void set(troupe::device from, troupe::device to) { entries_[from] = to; }
 
-  /// The receiver's device for a tensor on `from` at the sender.
-  troupe::device map(troupe::device from) const {
+  /// The receiver's device for a tensor on `from` at the sender: the
+  /// listed one, or the host.
+  troupe::device landing(troupe::device from) const {
     auto i = entries_.find(from);
-    return i == entries_.end() ? from : i->second;
+    return i == entries_.end() ? troupe::device::cpu() : i->second;
+  }
+
+  /// The listed device for `from`, if any.
+  std::optional<troupe::device> find(troupe::device from) const {
+    auto i = entries_.find(from);
+    return i == entries_.end() ? std::nullopt : std::optional<troupe::device>(i->second);
   }
 
   bool empty() const noexcept { return entries_.empty(); }

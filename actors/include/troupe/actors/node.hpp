@@ -123,8 +123,9 @@ public:
   /// The names of the nodes that joined, sorted.
   troupe::expected<std::vector<std::string>> nodes();
 
-  /// Where a tensor sent from `from` lands at `to`: the sending node's
-  /// device map for the receiving node (identity if none).
+  /// Where a tensor on `from`'s device, sent from `from`, lands at `to`: as
+  /// the sending node's device map for the receiving node says, else on the
+  /// host (device_map.hpp).
   troupe::expected<troupe::device> landing_device(const place& from, const place& to);
 
   /// Where tensors go: one call for a place in this process, on another node

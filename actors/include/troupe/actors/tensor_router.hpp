@@ -53,6 +53,15 @@
 //                                not encrypt: with TLS on no payload leaves the process
 //                                in the clear and the data plane is not even started
 //
+// Devices. Both planes carry host memory: a device tensor leaving the
+// process is staged through the host. Where the sending node's device map
+// for the destination node lists the tensor's device, the receiving router
+// moves it onto the listed device before the actor sees it (on the thread
+// that delivers it); otherwise it arrives on the host. A tensor that cannot
+// be placed there (no such device at the receiver, out of memory) is
+// delivered on the host with an error on stderr, never dropped. In-process
+// sends keep the tensor where it is.
+//
 // Thread model. send() may be called from any thread, including an
 // event-based actor's handler: it never blocks on the network or on the
 // registry. A send to a node not yet connected waits in a bounded queue while
@@ -76,6 +85,7 @@
 #include <caf/fwd.hpp>
 
 #include "troupe/actors/data_plane.hpp"
+#include "troupe/actors/device_map.hpp"
 #include "troupe/actors/peer_monitor.hpp"
 #include "troupe/actors/place.hpp"
 #include "troupe/actors/shared_arena.hpp"
@@ -98,6 +108,8 @@ struct tensor_router_stats {
   std::uint64_t arena_fallbacks = 0;     ///< arena full: went through UCX instead
   std::uint64_t arena_receives = 0;      ///< tensors received by reference
   std::uint64_t arena_refused = 0;       ///< handoffs or releases from peers that failed validation
+  std::uint64_t landings = 0;            ///< tensors moved onto the device a sender's device map named
+  std::uint64_t landing_failures = 0;    ///< ... that could not be moved there and were delivered on the host
 };
 
 struct tensor_router_options {
@@ -126,6 +138,11 @@ struct tensor_router_options {
   /// Which host this node is on (empty: this kernel's boot id and /dev/shm);
   /// nodes with equal keys exchange tensors by reference.
   std::string host_key;
+  /// Per destination node, where its actors receive this node's tensors
+  /// (device_map.hpp; `--troupe.device-map.<node>`). The receiving router
+  /// moves the tensor there before an actor sees it; sinks (attach_sink)
+  /// get it on the host, as the plane carried it.
+  std::map<std::string, device_map> device_maps;
 };
 
 class tensor_router : public std::enable_shared_from_this<tensor_router> {

@@ -2,10 +2,12 @@
 // What a data-plane message is for and where it goes: everything in the
 // Cap'n Proto header except the tensor layout (docs/design.md, "The two planes").
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "troupe/serialization/fwd.hpp"
+#include "troupe/tensor/device.hpp"
 
 namespace troupe {
 
@@ -48,6 +50,10 @@ struct message_meta {
   /// Links the send and receive records of this message in a trace (0 when
   /// untraced).
   std::uint64_t flow_id = 0;
+  /// Where the receiving node puts the tensor before an actor sees it (the
+  /// sender's device map, applied by its tensor router); none: on the host,
+  /// as the plane carried it.
+  std::optional<device> landing = std::nullopt;
 
   friend bool operator==(const message_meta&, const message_meta&) = default;
 };
