@@ -50,14 +50,25 @@ expected<void> check_options(const remote_module_options& o) {
     return make_error(errc::invalid_argument, "remote module '{}': a factory and an optimizer are required", o.name);
   if (o.callers.size() >= (1u << 16))
     return make_error(errc::invalid_argument, "remote module '{}': {} callers, at most 65535", o.name, o.callers.size());
-  for (const auto& text : o.callers)
-    if (auto p = actors::place::parse(text); !p)
-      return make_error(errc::invalid_argument, "remote module '{}': caller place '{}': {}", o.name, text,
+  // The host runs the module, its optimizer and its checkpoints on the CPU,
+  // and a caller's autograd sees the host's answers as host tensors: a CUDA
+  // place would be silently ignored, so it is refused until it is built.
+  auto on_the_cpu = [&](const std::string& text, const char* what) -> expected<void> {
+    auto p = actors::place::parse(text);
+    if (!p)
+      return make_error(errc::invalid_argument, "remote module '{}': {} '{}': {}", o.name, what, text,
                         p.error().message());
-  if (auto p = actors::place::parse(o.place); !p)
-    return make_error(errc::invalid_argument, "remote module '{}': place '{}': {}", o.name, o.place,
-                      p.error().message());
-  return {};
+    if (p->device.kind != device_kind::cpu)
+      return make_error(errc::invalid_argument,
+                        "remote module '{}': {} '{}' is on {}, but remote modules run on the CPU only (a CUDA "
+                        "remote module is not built)",
+                        o.name, what, text, p->device);
+    return {};
+  };
+  for (const auto& text : o.callers)
+    if (auto ok = on_the_cpu(text, "caller place"); !ok)
+      return ok.error();
+  return on_the_cpu(o.place, "place");
 }
 
 // A call's context id: the caller in the top 16 bits, its call counter below.

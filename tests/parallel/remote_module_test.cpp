@@ -193,3 +193,22 @@ TEST(RemoteModule, AGradientForAnUnknownCallIsRefusedAndTheModuleUntouched) {
   // And the module still serves.
   EXPECT_EQ((*m.callers[0])(autograd::variable(tensor::ones({2, 6}))).data().shape(), (dims{2, 3}));
 }
+
+// A remote module runs on the CPU: a CUDA place, for the host or a caller,
+// is refused by name rather than silently run on the host.
+TEST(RemoteModule, CudaPlacesAreRefusedByName) {
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node);
+  auto on_gpu = head_options(1);
+  on_gpu.place = "worker0/cuda:0";
+  auto host = remote_module_host::host(**node, on_gpu);
+  ASSERT_FALSE(host);
+  EXPECT_THAT(host.error().message(),
+              HasSubstr("remote module 'head': place 'worker0/cuda:0' is on cuda:0, but remote modules run on the "
+                        "CPU only"));
+  auto caller_on_gpu = head_options(2);
+  caller_on_gpu.callers[1] = "worker0/cuda:1";
+  auto caller = remote_module::connect(**node, caller_on_gpu, 0);
+  ASSERT_FALSE(caller);
+  EXPECT_THAT(caller.error().message(), HasSubstr("caller place 'worker0/cuda:1' is on cuda:1"));
+}

@@ -71,9 +71,9 @@ struct remote_module_options {
   /// Names the module's actors: "<place>/module_<name>" and each caller's
   /// "<caller place>/module_<name>_caller<i>".
   std::string name;
-  /// Where it lives: "<node>/<device>".
+  /// Where it lives: "<node>/cpu" (CUDA places are refused: not built).
   std::string place;
-  /// Every caller's "<node>/<device>", in order.
+  /// Every caller's "<node>/cpu", in order.
   std::vector<std::string> callers;
   /// Builds the module on the host (the same recipe on every rank).
   std::function<std::shared_ptr<nn::module>()> factory;
