@@ -77,12 +77,12 @@ bool is_router_child(int argc, char** argv) { return argc > 1 && std::string_vie
 
 /// Where this test's tensors can live on `cuda:N`: the real backend's devices
 /// when there are any, else an emulated device of two ordinals (host memory;
-/// emulated_device.hpp) installed in place of the CUDA backend.
-int cuda_ordinals_for_test(bool emulate) {
-  if (cuda_device_count() > 0 || !emulate)
+/// emulated_device.hpp), installed in place of the CUDA backend for as long
+/// as `scope` lives.
+int cuda_ordinals_for_test(std::optional<test::emulated_cuda_scope>& scope) {
+  if (cuda_device_count() > 0)
     return cuda_device_count();
-  static test::emulated_device_memory emulated(2);
-  register_backend(device_kind::cuda, &emulated);
+  scope.emplace(2);
   return 2;
 }
 
@@ -100,9 +100,10 @@ tensor_message where_it_arrived(const tensor_message& m) {
 }
 
 int run_router_child(int argc, char** argv) {
+  std::optional<test::emulated_cuda_scope> emulated;
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--emulate-devices")
-      cuda_ordinals_for_test(true);
+      cuda_ordinals_for_test(emulated);
   auto options = node_options::from(argc, argv);
   if (!options)
     return 2;
@@ -478,7 +479,8 @@ namespace {
 // where tensors go, not CUDA.
 void check_device_maps(const tls_options& tls) {
   const bool real = cuda_device_count() > 0;
-  const int ordinals = cuda_ordinals_for_test(true);
+  std::optional<test::emulated_cuda_scope> emulated;
+  const int ordinals = cuda_ordinals_for_test(emulated);
   std::printf("%s, %d CUDA ordinals\n", real ? "the CUDA backend" : "an emulated device (host memory)", ordinals);
   cluster_extras extras;
   auto map = device_map::parse(ordinals > 1 ? "cpu->cuda:1,cuda:1->cuda:0" : "cpu->cuda:0");

@@ -4,13 +4,17 @@
 // passed by reference on the device), on a CPU stage feeding a CUDA stage
 // (the CPU<->GPU map PyTorch RPC refuses), and across two processes sharing
 // the GPU (activations and gradients staged through the host and the tensor
-// routers); and a hybrid, two replicas of two stages all on the GPU. Skips, visibly, without a device; without one it checks that a
-// CUDA place is a usage error naming the device.
+// routers); and a hybrid, two replicas of two stages all on the GPU.
+// Without a device the same tests run on an emulated one (host memory, the
+// CPU's kernels; tests/support/emulated_device.hpp), saying so: that checks
+// where every tensor goes and when it moves, not CUDA; and a CUDA place is
+// then a usage error naming the device on the real backend.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
+#include "emulated_device.hpp"
 #include "ring_support.hpp"
 #include "troupe/actors/node.hpp"
 #include "troupe/autograd/backward.hpp"
@@ -133,8 +137,12 @@ bool have_device() { return cuda_device_count() > 0; }
 class CudaPipeline : public ::testing::Test {
 protected:
   void SetUp() override {
-    if (!have_device())
-      GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+    if (!have_device()) {
+      std::printf("no CUDA device (%s): on an emulated device (host memory, the CPU's kernels), which checks "
+                  "placement, not CUDA\n",
+                  cuda_unavailable_reason().c_str());
+      emulated_.emplace(1);
+    }
   }
 
   /// Trains `steps` steps through a pipeline over `places` (one per stage,
@@ -163,6 +171,7 @@ protected:
     expect_output_of_trained_reference(*pipe, want);
   }
 
+  std::optional<test::emulated_cuda_scope> emulated_; // before job_: outlives it
   troupe::job job_ = troupe::job::local().value();
 };
 
@@ -217,6 +226,9 @@ bool is_stage_child(int argc, char** argv) { return argc > 1 && std::string_view
 
 /// worker1: a node with the stage factory, until stdin closes.
 int run_stage_child(int argc, char** argv) {
+  std::optional<test::emulated_cuda_scope> emulated; // as the parent has, when it has no device
+  if (!have_device())
+    emulated.emplace(1);
   return test::serve_as_child_node(argc, argv, [](actors::node& node) {
     register_stage_factory(node, recipe());
     return std::function<void()>{};

@@ -1,0 +1,253 @@
+#pragma once
+// A stand-in for the CUDA backend where a test has no GPU: tensors on
+// `cuda:N` live in host memory, and every kernel is the CPU backend's, run
+// on host views of that memory. It lets a test run the code that decides
+// where tensors go and moves them (pipeline stages on CUDA places, the
+// tensor router's device maps, a hybrid's host ring for replicas sharing a
+// GPU) on any machine. It says nothing about CUDA itself (kernels, streams,
+// cuBLAS, NCCL): the same tests run against the real backend where a device
+// is present (scripts/gpu_check.sh).
+//
+//   emulated_cuda_scope emulated(2); // cuda:0 and cuda:1, until it goes
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "troupe/tensor/backend.hpp"
+#include "troupe/tensor/error.hpp"
+#include "troupe/tensor/random.hpp"
+#include "troupe/tensor/storage.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::test {
+
+class emulated_cuda_backend final : public backend {
+public:
+  explicit emulated_cuda_backend(int devices) : devices_(devices) {}
+
+  std::string_view name() const override { return "emulated cuda"; }
+
+  // -- memory: host memory that says cuda:N ------------------------------------
+  std::shared_ptr<storage> allocate(std::size_t bytes, device where) override {
+    if (where.index < 0 || where.index >= devices_)
+      throw usage_error(fmt::format("storage::allocate: device {} is not available: the emulated device has {} "
+                                    "ordinals",
+                                    where, devices_));
+    const auto rounded = (bytes + storage::alignment - 1) / storage::alignment * storage::alignment;
+    void* data = std::aligned_alloc(storage::alignment, rounded == 0 ? storage::alignment : rounded);
+    ++allocations_;
+    return storage::wrap(data, bytes, where, [](void* p) { std::free(p); });
+  }
+  void fill(tensor& out, double value) override {
+    auto view = on_host(out);
+    view.fill(value);
+  }
+  void copy(const tensor& source, tensor& out) override {
+    auto view = on_host(out);
+    view.copy_from(on_host(source));
+  }
+  void transfer(const tensor& source, tensor& out) override {
+    std::memcpy(out.raw_data(), source.raw_data(), source.nbytes()); // both contiguous, same size
+    ++transfers_;
+  }
+
+  // -- every kernel: the CPU backend's, on host views ----------------------------
+  void unary(unary_op op, const tensor& a, double scalar, tensor& out) override {
+    auto o = on_host(out);
+    cpu().unary(op, on_host(a), scalar, o);
+  }
+  void binary(binary_op op, const tensor& a, const tensor& b, tensor& out) override {
+    auto o = on_host(out);
+    cpu().binary(op, on_host(a), on_host(b), o);
+  }
+  void axpy(tensor& a, const tensor& b, double alpha) override {
+    auto h = on_host(a);
+    cpu().axpy(h, on_host(b), alpha);
+  }
+  void where(const tensor& cond, const tensor& a, const tensor& b, tensor& out) override {
+    auto o = on_host(out);
+    cpu().where(on_host(cond), on_host(a), on_host(b), o);
+  }
+  void reduce_rows(reduce_op op, const tensor& a, tensor& values, tensor& indices) override {
+    auto v = on_host(values);
+    auto i = on_host(indices);
+    cpu().reduce_rows(op, on_host(a), v, i);
+  }
+  void softmax(const tensor& a, bool log, tensor& out) override {
+    auto o = on_host(out);
+    cpu().softmax(on_host(a), log, o);
+  }
+  void softmax_backward(const tensor& grad, const tensor& output, bool log, tensor& out) override {
+    auto o = on_host(out);
+    cpu().softmax_backward(on_host(grad), on_host(output), log, o);
+  }
+  void causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) override {
+    auto o = on_host(out);
+    cpu().causal_softmax(on_host(a), queries, scale, o);
+  }
+  void causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
+                               tensor& out) override {
+    auto o = on_host(out);
+    cpu().causal_softmax_backward(on_host(grad), on_host(output), queries, scale, o);
+  }
+  void causal_attention(const tensor& qkv, std::int64_t heads, double scale, const tensor& dropout_mask,
+                        tensor& output, tensor& weights) override {
+    auto o = on_host(output);
+    auto w = on_host(weights);
+    cpu().causal_attention(on_host(qkv), heads, scale, on_host(dropout_mask), o, w);
+  }
+  void causal_attention_backward(const tensor& grad, const tensor& qkv, const tensor& weights,
+                                 const tensor& dropout_mask, std::int64_t heads, double scale,
+                                 tensor& grad_qkv) override {
+    auto g = on_host(grad_qkv);
+    cpu().causal_attention_backward(on_host(grad), on_host(qkv), on_host(weights), on_host(dropout_mask), heads,
+                                    scale, g);
+  }
+  void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss, tensor& log_sum_exp) override {
+    auto l = on_host(loss);
+    auto s = on_host(log_sum_exp);
+    cpu().cross_entropy(on_host(logits), on_host(targets), l, s);
+  }
+  void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                              const tensor& log_sum_exp, tensor& out) override {
+    auto o = on_host(out);
+    cpu().cross_entropy_backward(on_host(grad), on_host(logits), on_host(targets), on_host(log_sum_exp), o);
+  }
+  void gemm(const tensor& a, const tensor& b, tensor& out, double alpha, double beta) override {
+    auto o = on_host(out);
+    cpu().gemm(on_host(a), on_host(b), o, alpha, beta);
+  }
+  void bmm(const tensor& a, const tensor& b, tensor& out) override {
+    auto o = on_host(out);
+    cpu().bmm(on_host(a), on_host(b), o);
+  }
+  void index_select(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {
+    auto o = on_host(out);
+    cpu().index_select(on_host(a), dim, on_host(index), o);
+  }
+  void gather(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {
+    auto o = on_host(out);
+    cpu().gather(on_host(a), dim, on_host(index), o);
+  }
+  void scatter_add_(tensor& out, std::int64_t dim, const tensor& index, const tensor& src) override {
+    auto o = on_host(out);
+    cpu().scatter_add_(o, dim, on_host(index), on_host(src));
+  }
+  void index_add_(tensor& a, std::int64_t dim, const tensor& index, const tensor& src) override {
+    auto h = on_host(a);
+    cpu().index_add_(h, dim, on_host(index), on_host(src));
+  }
+  void embedding_bag(const tensor& weight, const tensor& indices, const tensor& offsets, bool mean,
+                     tensor& out) override {
+    auto o = on_host(out);
+    cpu().embedding_bag(on_host(weight), on_host(indices), on_host(offsets), mean, o);
+  }
+  void embedding_bag_backward(const tensor& grad, const tensor& indices, const tensor& offsets, bool mean,
+                              tensor& grad_weight) override {
+    auto g = on_host(grad_weight);
+    cpu().embedding_bag_backward(on_host(grad), on_host(indices), on_host(offsets), mean, g);
+  }
+  void im2col(const tensor& image, const conv_geometry& geometry, tensor& cols) override {
+    auto c = on_host(cols);
+    cpu().im2col(on_host(image), geometry, c);
+  }
+  void col2im(const tensor& cols, const conv_geometry& geometry, tensor& image) override {
+    auto i = on_host(image);
+    cpu().col2im(on_host(cols), geometry, i);
+  }
+  void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride, tensor& output,
+                  tensor& indices) override {
+    auto o = on_host(output);
+    auto i = on_host(indices);
+    cpu().max_pool2d(on_host(input), kernel, stride, o, i);
+  }
+  void max_pool2d_backward(const tensor& grad, const tensor& indices, tensor& grad_input) override {
+    auto g = on_host(grad_input);
+    cpu().max_pool2d_backward(on_host(grad), on_host(indices), g);
+  }
+  void layer_norm(const tensor& input, const tensor& weight, const tensor& bias, double eps, tensor& output,
+                  tensor& mean, tensor& rstd) override {
+    auto o = on_host(output);
+    auto m = on_host(mean);
+    auto r = on_host(rstd);
+    cpu().layer_norm(on_host(input), on_host(weight), on_host(bias), eps, o, m, r);
+  }
+  void layer_norm_backward(const tensor& grad, const tensor& input, const tensor& mean, const tensor& rstd,
+                           const tensor& weight, tensor& grad_input, tensor& grad_weight,
+                           tensor& grad_bias) override {
+    auto gi = on_host(grad_input);
+    auto gw = on_host(grad_weight);
+    auto gb = on_host(grad_bias);
+    cpu().layer_norm_backward(on_host(grad), on_host(input), on_host(mean), on_host(rstd), on_host(weight), gi, gw,
+                              gb);
+  }
+  void fill_random(random_distribution what, const generator& gen, double a, double b, tensor& out) override {
+    auto o = on_host(out);
+    cpu().fill_random(what, gen, a, b, o);
+  }
+  void adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& step) override {
+    auto p = on_host(param);
+    auto hm = on_host(m);
+    auto hv = on_host(v);
+    cpu().adam_step(p, on_host(grad), hm, hv, step);
+  }
+  void sgd_step(tensor& param, const tensor& grad, tensor& momentum_buffer, const sgd_step_args& step) override {
+    auto p = on_host(param);
+    auto b = on_host(momentum_buffer);
+    cpu().sgd_step(p, on_host(grad), b, step);
+  }
+
+  /// Blocks handed out and host <-> device copies made so far.
+  int allocations() const noexcept { return allocations_; }
+  int transfers() const noexcept { return transfers_; }
+
+private:
+  static backend& cpu() { return backend_for(device::cpu()); }
+  /// The same bytes seen as a CPU tensor (the storage stays alive with it);
+  /// undefined stays undefined (optional operands). An operand that is not
+  /// on an emulated device is refused: the real backend would take its host
+  /// address for device memory.
+  static tensor on_host(const tensor& t) {
+    if (!t.defined())
+      return t;
+    if (t.where().kind != device_kind::cuda)
+      throw usage_error(fmt::format("emulated cuda: a kernel was given a {} tensor of shape {} on {} among CUDA "
+                                    "operands",
+                                    t.type(), t.shape(), t.where()));
+    auto memory = t.memory();
+    auto alias = storage::wrap(memory->data(), memory->bytes(), device::cpu(), [memory](void*) {});
+    return tensor::from_storage(std::move(alias), t.shape(), t.strides(), t.offset(), t.type());
+  }
+
+  int devices_;
+  std::atomic<int> allocations_{0};
+  std::atomic<int> transfers_{0}; // a tensor router delivers on the data plane's thread
+};
+
+/// Installs an emulated CUDA backend of `devices` ordinals for its lifetime,
+/// then puts back what was there (the real backend, or none).
+class emulated_cuda_scope {
+public:
+  explicit emulated_cuda_scope(int devices) : emulated_(devices) {
+    try {
+      previous_ = &backend_for(device::cuda(0));
+    } catch (const usage_error&) { // a build without the CUDA backend
+      previous_ = nullptr;
+    }
+    register_backend(device_kind::cuda, &emulated_);
+  }
+  ~emulated_cuda_scope() { register_backend(device_kind::cuda, previous_); }
+  emulated_cuda_scope(const emulated_cuda_scope&) = delete;
+  emulated_cuda_scope& operator=(const emulated_cuda_scope&) = delete;
+
+  emulated_cuda_backend& backend() noexcept { return emulated_; }
+
+private:
+  emulated_cuda_backend emulated_;
+  troupe::backend* previous_ = nullptr;
+};
+
+} // namespace troupe::test
