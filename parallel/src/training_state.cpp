@@ -18,8 +18,17 @@ constexpr std::string_view model_prefix = "model.";
 constexpr std::string_view optimizer_prefix = "optimizer.";
 constexpr std::string_view step_name = "optimizer.step";
 
+/// What a shard file gets of `value`: host memory (a device's state is
+/// copied to the host, which is also a snapshot), cloned when a snapshot is
+/// asked for, else the live tensor.
+tensor host_copy(const tensor& value, bool snapshot) {
+  if (value.where().kind != device_kind::cpu)
+    return value.to(device::cpu());
+  return snapshot ? value.clone() : value;
+}
+
 tensor_piece whole(std::string name, const tensor& value, bool snapshot) {
-  auto kept = snapshot ? value.clone() : value;
+  auto kept = host_copy(value, snapshot);
   return split_piece(std::move(name), kept, kept.shape(), -1, 0);
 }
 
@@ -195,7 +204,7 @@ std::vector<state_share> sharded_training_shares(nn::module& model, const optim:
   for (const auto& [fqn, shard] : parameter_shards(model)) {
     auto piece_of = [&, &shard = shard](const tensor& local) {
       auto value = shard.dim < 0 ? local : local.narrow(shard.dim, shard.local_offset, shard.size);
-      return snapshot ? value.clone() : value;
+      return host_copy(value, snapshot);
     };
     auto& share = shares[shard.dim < 0 ? 1 : 0];
     share.pieces.push_back(split_piece(std::string(model_prefix) + fqn, piece_of(parameters.at(fqn)),

@@ -1,6 +1,7 @@
 // Distributed checkpoints saved at one layout and resumed at another: one
 // process, pipelines of 2 and 3 stages with different splits, data parallel
-// over 2 and 3 replicas, hybrid 2 x 2. Training resumed from step 3 must give
+// over 2 and 3 replicas, hybrid 2 x 2, a pipeline whose stages are on
+// cuda:0 (on an emulated device without a GPU). Training resumed from step 3 must give
 // the losses, parameters and optimizer state of an uninterrupted run. Then
 // what may go wrong: another model, a damaged shard, a save cut short, a
 // writer that never reports, and the values an asynchronous save writes.
@@ -21,6 +22,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "emulated_device.hpp"
 #include "ring_support.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
@@ -36,6 +38,7 @@
 #include "troupe/parallel/vocab_parallel.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
+#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -110,6 +113,7 @@ struct layout {
   std::vector<std::size_t> boundaries{}; ///< pipeline: the split's layer boundaries
   std::uint32_t replicas = 1;           ///< data parallel
   std::string name;
+  std::string device = "cpu"; ///< pipeline: every stage's device
 };
 
 void PrintTo(const layout& l, std::ostream* os) { *os << l.name; }
@@ -187,10 +191,15 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
     return trained ? *trained : fail(trained.error());
   }
   case layout_kind::pipeline: {
+    // Stages on a GPU save host copies and load onto the device; without a
+    // GPU on an emulated one (emulated_device.hpp), which checks placement.
+    std::optional<test::emulated_cuda_scope> emulated;
+    if (l.device != "cpu" && cuda_device_count() == 0)
+      emulated.emplace(1);
     auto job = troupe::job::local().value();
     pipeline_options o;
     o.model = make_mlp();
-    o.places.assign(l.boundaries.size() + 1, "worker0/cpu");
+    o.places.assign(l.boundaries.size() + 1, "worker0/" + l.device);
     auto split = from_split_points(l.boundaries, o.model->size());
     o.split = split;
     o.micro_batches = 2;
@@ -322,6 +331,7 @@ const std::vector<layout> layouts = {
   {layout_kind::pipeline, {2}, 1, "pipeline 2 stages split at 2"},
   {layout_kind::pipeline, {4, 8}, 1, "pipeline 3 stages"},
   {layout_kind::pipeline, {2, 10}, 1, "pipeline 3 stages uneven"},
+  {layout_kind::pipeline, {6}, 1, "pipeline 2 stages on cuda:0", "cuda:0"},
   {layout_kind::data_parallel, {}, 2, "data parallel 2"},
   {layout_kind::data_parallel, {}, 3, "data parallel 3"},
   {layout_kind::hybrid, {}, 1, "hybrid 2 x 2"},

@@ -201,7 +201,9 @@ expected<void> module::load_state_dict(const named_tensors& state, bool strict) 
   for (auto& [destination, source] : copies) {
     if (deferred != nullptr)
       deferred->drop(destination.raw_data()); // loaded, not drawn
-    if (!destination.shares_storage_with(source) || destination.offset() != source.offset())
+    if (destination.where() != source.where()) // a host checkpoint into a model on a GPU, or back
+      destination.copy_from(source.to(destination.where()));
+    else if (!destination.shares_storage_with(source) || destination.offset() != source.offset())
       destination.copy_from(source);
   }
   return {};

@@ -89,7 +89,9 @@ public:
   /// Parameters then buffers (each module's own before its children's), by
   /// FQN. The tensors share storage with the module: clone them to snapshot.
   named_tensors state_dict() const;
-  /// Copies `state` into the parameters and buffers in place. State usually
+  /// Copies `state` into the parameters and buffers in place, onto their
+  /// device wherever `state` lives (a host checkpoint into a model on a
+  /// GPU). State usually
   /// comes from a file, so every problem is an errc::state_mismatch naming
   /// the key (a missing key, an unexpected key when `strict`, a shape or
   /// dtype that differs) — and nothing is modified unless every entry
