@@ -33,7 +33,9 @@ command -v patchelf >/dev/null || { echo "gpu_bundle.sh: needs patchelf (apt-get
 binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading_test tests/tensor/tensor.vector_isa_test
           tests/autograd/autograd.cuda_training_test
           tests/parallel/parallel.cuda_pipeline_test tests/parallel/parallel.nccl_communicator_test
-          tests/parallel/parallel.data_parallel_test tests/actors/actors.tensor_router_test bench/gpt_step bench/pipeline)
+          tests/parallel/parallel.data_parallel_test tests/actors/actors.tensor_router_test
+          tests/parallel/parallel.remote_module_test tests/parallel/parallel.remote_module_checkpoints_test
+          tests/parallel/parallel.checkpoints_test bench/gpt_step bench/pipeline)
 
 rm -rf "$out"
 final=$out

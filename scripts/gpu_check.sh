@@ -42,7 +42,9 @@ fi
 tests=(tensor/tensor.cuda_backend_test tensor/tensor.cuda_loading_test tensor/tensor.vector_isa_test
        autograd/autograd.cuda_training_test
        parallel/parallel.cuda_pipeline_test parallel/parallel.nccl_communicator_test
-       parallel/parallel.data_parallel_test actors/actors.tensor_router_test)
+       parallel/parallel.data_parallel_test actors/actors.tensor_router_test
+       parallel/parallel.remote_module_test parallel/parallel.remote_module_checkpoints_test
+       parallel/parallel.checkpoints_test)
 status=0
 mkdir -p "$(dirname "$report")"
 {
@@ -59,6 +61,9 @@ for t in "${tests[@]}"; do
   # Only the device maps, on the real backend (CI runs them on an emulated device; the
   # TLS case needs the source tree's certificate script, so it stays with CI).
   [[ $t == */actors.tensor_router_test ]] && filter='TensorRouter.DeviceMapsPlaceTensorsAtTheReceiver'
+  # Only the cases with GPU places (the rest is CPU, run by CI).
+  [[ $t == */parallel.remote_module_test || $t == */parallel.remote_module_checkpoints_test ]] && filter='*OnACudaPlace*'
+  [[ $t == */parallel.checkpoints_test ]] && filter='*cuda*'
   echo "## test $(basename "$t")" >>"$report"
   if [[ ! -x $binary ]]; then
     echo "MISSING: $binary was not built" | tee -a "$report"

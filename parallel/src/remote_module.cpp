@@ -50,25 +50,14 @@ expected<void> check_options(const remote_module_options& o) {
     return make_error(errc::invalid_argument, "remote module '{}': a factory and an optimizer are required", o.name);
   if (o.callers.size() >= (1u << 16))
     return make_error(errc::invalid_argument, "remote module '{}': {} callers, at most 65535", o.name, o.callers.size());
-  // The host runs the module, its optimizer and its checkpoints on the CPU,
-  // and a caller's autograd sees the host's answers as host tensors: a CUDA
-  // place would be silently ignored, so it is refused until it is built.
-  auto on_the_cpu = [&](const std::string& text, const char* what) -> expected<void> {
-    auto p = actors::place::parse(text);
-    if (!p)
-      return make_error(errc::invalid_argument, "remote module '{}': {} '{}': {}", o.name, what, text,
-                        p.error().message());
-    if (p->device.kind != device_kind::cpu)
-      return make_error(errc::invalid_argument,
-                        "remote module '{}': {} '{}' is on {}, but remote modules run on the CPU only (a CUDA "
-                        "remote module is not built)",
-                        o.name, what, text, p->device);
-    return {};
-  };
   for (const auto& text : o.callers)
-    if (auto ok = on_the_cpu(text, "caller place"); !ok)
-      return ok.error();
-  return on_the_cpu(o.place, "place");
+    if (auto p = actors::place::parse(text); !p)
+      return make_error(errc::invalid_argument, "remote module '{}': caller place '{}': {}", o.name, text,
+                        p.error().message());
+  if (auto p = actors::place::parse(o.place); !p)
+    return make_error(errc::invalid_argument, "remote module '{}': place '{}': {}", o.name, o.place,
+                      p.error().message());
+  return {};
 }
 
 // A call's context id: the caller in the top 16 bits, its call counter below.
@@ -83,6 +72,7 @@ struct remote_module_host::state {
   std::shared_ptr<actors::tensor_router> router;
   remote_module_options options;
   std::string place;
+  device where = device::cpu(); ///< the place's device: the module's, its optimizer's
   trace::name_id trace_name; ///< the place's, for its receives and sends
   caf::actor handle;
   std::shared_ptr<nn::module> module;
@@ -187,7 +177,7 @@ struct remote_module_host::state {
         const context_key key{m.meta.context_id, 0, 0};
         if (!registry.holds_sent(key))
           return fail(caller, m, fmt::format("a gradient for call {:#x}, which has no forward here", m.meta.context_id));
-        registry.backward_sent(key, m.value);
+        registry.backward_sent(key, m.value.to(where));
         reply(caller, message_kind::backward_gradient, m, registry.take_received_grad(key));
         return;
       }
@@ -202,7 +192,7 @@ struct remote_module_host::state {
 
   void forward(std::uint32_t caller, const actors::tensor_message& m) {
     const context_key key{m.meta.context_id, 0, 0};
-    auto input = registry.receive(key, m.value, true);
+    auto input = registry.receive(key, m.value.to(where), true);
     auto output = module->forward(input);
     registry.record_send(key, output);
     contexts[m.meta.step].push_back(m.meta.context_id);
@@ -387,6 +377,15 @@ expected<remote_module_host> remote_module_host::host(actors::node& node, remote
   st->module = st->options.factory();
   if (!st->module)
     return make_error(errc::invalid_argument, "remote module '{}': the factory built nothing", st->options.name);
+  // The module, and so its optimizer's state, live on the place's device;
+  // what arrives (on the host when it crossed processes) is moved there.
+  st->where = actors::place::parse(st->options.place)->device;
+  try {
+    st->module->to(st->where);
+  } catch (const std::exception& e) {
+    return make_error(errc::invalid_argument, "remote module '{}': its place {}: {}", st->options.name,
+                      st->options.place, e.what());
+  }
   st->optimizer = st->options.optimizer(st->module->named_parameters());
   st->lost.resize(st->options.callers.size());
   remote_module_host host(st); // stops what started if joining fails
@@ -426,7 +425,7 @@ named_tensors remote_module_host::parameters() const {
   std::lock_guard lock(state_->mailbox.state_mutex());
   named_tensors out;
   for (auto& [name, p] : state_->module->named_parameters())
-    out.emplace_back(name, p.data().clone());
+    out.emplace_back(name, p.data().where() == device::cpu() ? p.data().clone() : p.data().to(device::cpu()));
   return out;
 }
 
@@ -496,20 +495,21 @@ class remote_call_backward final : public autograd::node {
 public:
   remote_call_backward(std::shared_ptr<remote_module::state> st, std::uint64_t step, std::uint64_t context,
                        const autograd::variable& input)
-      : state_(std::move(st)), step_(step), context_(context) {
+      : state_(std::move(st)), step_(step), context_(context), input_device_(input.data().where()) {
     set_next_edges({autograd::gradient_edge(input)});
   }
   std::vector<tensor> apply(std::vector<tensor> grads) override {
     require(!released_, "remote_module_backward: already run");
     released_ = true;
     auto input_grad = state_->call(message_kind::backward_gradient, step_, context_, grads.at(0).contiguous());
-    return {next_edges()[0].valid() ? input_grad : tensor{}};
+    return {next_edges()[0].valid() ? input_grad.to(input_device_) : tensor{}};
   }
   std::string name() const override { return "remote_module_backward"; }
 
 private:
   std::shared_ptr<remote_module::state> state_;
   std::uint64_t step_, context_;
+  device input_device_; // where the input's gradient goes (the host's answer comes on the host)
   bool released_ = false;
 };
 
@@ -608,7 +608,9 @@ autograd::variable remote_module::operator()(const autograd::variable& input) {
     step = st.step;
   }
   auto context = st.next_context();
-  auto output = st.call(message_kind::forward_activation, step, context, input.data().contiguous());
+  // The output on the input's device, wherever the host computed it.
+  auto output = st.call(message_kind::forward_activation, step, context, input.data().contiguous())
+                  .to(input.data().where());
   auto fn = std::make_shared<remote_call_backward>(state_, step, context, input);
   return autograd::variable::make_result(std::move(output), std::move(fn));
 }

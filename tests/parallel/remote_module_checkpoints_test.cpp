@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "ps_wire.hpp"
+#include "emulated_device.hpp"
 #include "ring_support.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/backward.hpp"
@@ -30,6 +31,7 @@
 #include "troupe/parallel/remote_module.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
+#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -335,6 +337,37 @@ TEST(RemoteModuleCheckpoints, AModelPartNamedLikeTheModuleIsRefusedWhenTracked) 
   } catch (const std::exception& e) {
     EXPECT_THAT(e.what(), HasSubstr("the model's 'head.weight' and remote module 'head'"));
   }
+}
+
+// A module hosted on a GPU place saves its state (copied to the host) and
+// resumes onto the GPU, and the run equals the CPU-hosted one. Without a
+// GPU on an emulated device (emulated_device.hpp), which checks placement.
+TEST(RemoteModuleCheckpoints, OnACudaPlaceAResumedRunEqualsTheCpuHostedOne) {
+  std::optional<test::emulated_cuda_scope> emulated;
+  if (cuda_device_count() == 0)
+    emulated.emplace(1);
+  const auto on_cpu_directory = fresh_directory("cpu-host");
+  auto on_cpu = train(on_cpu_directory, start::fresh);
+  ASSERT_TRUE(on_cpu.errors.empty()) << on_cpu.errors.front();
+  auto o = head_options();
+  o.place = "worker0/cuda:0";
+  const auto directory = fresh_directory("cuda-host");
+  auto saved = train(directory, start::fresh, true, o);
+  ASSERT_TRUE(saved.errors.empty()) << saved.errors.front();
+  auto resumed = train(directory, start::resume, true, o);
+  ASSERT_TRUE(resumed.errors.empty()) << resumed.errors.front();
+  for (std::uint32_t c = 0; c < callers; ++c) {
+    ASSERT_EQ(saved.losses[c].size(), static_cast<std::size_t>(last_step)) << "caller " << c;
+    ASSERT_EQ(resumed.losses[c].size(), static_cast<std::size_t>(last_step - saved_at)) << "caller " << c;
+    for (int s = 0; s < last_step; ++s)
+      EXPECT_NEAR(saved.losses[c][s], on_cpu.losses[c][s], 1e-6) << "caller " << c << " step " << s + 1;
+    for (int s = 0; s < last_step - saved_at; ++s)
+      EXPECT_NEAR(resumed.losses[c][s], on_cpu.losses[c][saved_at + s], 1e-6)
+        << "caller " << c << " step " << saved_at + s + 1;
+  }
+  expect_equal(resumed.head, on_cpu.head, "the module");
+  fs::remove_all(on_cpu_directory);
+  fs::remove_all(directory);
 }
 
 } // namespace

@@ -71,9 +71,11 @@ struct remote_module_options {
   /// Names the module's actors: "<place>/module_<name>" and each caller's
   /// "<caller place>/module_<name>_caller<i>".
   std::string name;
-  /// Where it lives: "<node>/cpu" (CUDA places are refused: not built).
+  /// Where it lives: "<node>/<device>". On "<node>/cuda:N" the module, its
+  /// optimizer and its work are on that GPU; a caller gets its answers on
+  /// its input's device.
   std::string place;
-  /// Every caller's "<node>/cpu", in order.
+  /// Every caller's "<node>/<device>", in order.
   std::vector<std::string> callers;
   /// Builds the module on the host (the same recipe on every rank).
   std::function<std::shared_ptr<nn::module>()> factory;
@@ -100,7 +102,7 @@ public:
   remote_module_host(const remote_module_host&) = delete;
   remote_module_host& operator=(const remote_module_host&) = delete;
 
-  /// Copies of the module's parameters (tests, checks).
+  /// Copies of the module's parameters, on the host (tests, checks).
   named_tensors parameters() const;
   /// Steps applied so far.
   std::uint64_t steps_applied() const;
