@@ -152,9 +152,9 @@ struct tensor_router::impl {
     }
     // Said once per place and device: a misconfigured map would otherwise
     // print a line per message.
-    if (++stats.landing_failures > 1 && !landing_warned.emplace(message.meta.destination, where).second)
+    ++stats.landing_failures;
+    if (!landing_warned.emplace(message.meta.destination, where).second)
       return;
-    landing_warned.emplace(message.meta.destination, where);
     fmt::print(stderr,
                "troupe router [{}]: a tensor for {} was to land on {} by its sender's device map, but "
                "moving it failed ({}); delivered on the host\n",
