@@ -44,7 +44,7 @@ tests=(tensor/tensor.cuda_backend_test tensor/tensor.cuda_loading_test tensor/te
        parallel/parallel.cuda_pipeline_test parallel/parallel.nccl_communicator_test
        parallel/parallel.data_parallel_test actors/actors.tensor_router_test
        parallel/parallel.remote_module_test parallel/parallel.remote_module_checkpoints_test
-       parallel/parallel.checkpoints_test)
+       parallel/parallel.checkpoints_test parallel/parallel.parameter_server_test)
 status=0
 mkdir -p "$(dirname "$report")"
 {
@@ -62,7 +62,8 @@ for t in "${tests[@]}"; do
   # TLS case needs the source tree's certificate script, so it stays with CI).
   [[ $t == */actors.tensor_router_test ]] && filter='TensorRouter.DeviceMapsPlaceTensorsAtTheReceiver'
   # Only the cases with GPU places (the rest is CPU, run by CI).
-  [[ $t == */parallel.remote_module_test || $t == */parallel.remote_module_checkpoints_test ]] && filter='*OnACudaPlace*'
+  [[ $t == */parallel.remote_module_test || $t == */parallel.remote_module_checkpoints_test ||
+     $t == */parallel.parameter_server_test ]] && filter='*OnACudaPlace*'
   [[ $t == */parallel.checkpoints_test ]] && filter='*cuda*'
   echo "## test $(basename "$t")" >>"$report"
   if [[ ! -x $binary ]]; then

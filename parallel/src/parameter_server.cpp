@@ -683,6 +683,9 @@ struct parameter_client::state {
   std::shared_ptr<actors::tensor_router> router;
   parameter_server_options options;
   std::uint32_t trainer = 0;
+  /// The trainer place's device: lookups and pulls answer there, gradients
+  /// may come from there (the shards keep their rows in host memory).
+  device where = device::cpu();
   std::shared_ptr<detail::reply_endpoint> replies; // "<trainer place>/ps_client<i>"
   std::vector<shard_map> maps;
   std::vector<actors::place> shard_places;
@@ -780,6 +783,8 @@ expected<parameter_client> parameter_client::connect(actors::node& node, paramet
     return make_error(errc::invalid_argument, "parameter client: trainer {} is not placed on node {}", trainer,
                       node.name());
   st->trainer = static_cast<std::uint32_t>(trainer);
+  if (auto mine = actors::place::parse(o.trainers[st->trainer]))
+    st->where = mine->device;
   for (const auto& spec : o.tables)
     st->maps.push_back({spec.rows, static_cast<std::uint32_t>(o.servers.size()), spec.shard_by});
   st->gradients.resize(o.tables.size());
@@ -828,15 +833,19 @@ expected<tensor> parameter_client::lookup(const std::string& table, const tensor
   return lookup_rows(*state_, table, ids, offsets, mode, per_sample_weights);
 }
 
+/// A trainer's ids, offsets, weights or gradient, contiguous in host memory
+/// (they may come from its device); undefined stays undefined.
+static tensor on_host(const tensor& t) { return t.defined() ? t.to(device::cpu()).contiguous() : t; }
+
 static expected<tensor> lookup_rows(parameter_client::state& st, const std::string& table, const tensor& ids_in,
                                     const tensor& offsets_in, bag_mode mode, const tensor& weights_in) {
   auto t = st.table_index(table);
   if (!t)
     return t.error();
   const auto& spec = st.options.tables[*t];
-  auto ids = ids_in.defined() ? ids_in.contiguous() : ids_in;
-  auto offsets = offsets_in.defined() ? offsets_in.contiguous() : offsets_in;
-  auto weights = weights_in.defined() ? weights_in.contiguous() : weights_in;
+  auto ids = on_host(ids_in);
+  auto offsets = on_host(offsets_in);
+  auto weights = on_host(weights_in);
   if (auto ok = check_bags(spec, ids, offsets, weights); !ok)
     return ok.error();
   const auto& map = st.maps[*t];
@@ -926,7 +935,7 @@ static expected<tensor> lookup_rows(parameter_client::state& st, const std::stri
           o[b * spec.dim + c] /= static_cast<float>(len);
     }
   }
-  return out;
+  return out.to(st.where);
 }
 
 expected<void> parameter_client::record_gradient(const std::string& table, const tensor& ids,
@@ -942,16 +951,16 @@ static expected<void> record_rows(parameter_client::state& st, const std::string
   if (!t)
     return t.error();
   const auto& spec = st.options.tables[*t];
-  auto ids = ids_in.contiguous();
-  auto offsets = offsets_in.contiguous();
-  auto weights = weights_in.defined() ? weights_in.contiguous() : weights_in;
+  auto ids = on_host(ids_in);
+  auto offsets = on_host(offsets_in);
+  auto weights = on_host(weights_in);
   if (auto ok = check_bags(spec, ids, offsets, weights); !ok)
     return ok.error();
   const auto bags = offsets.numel();
   if (!grad_in.defined() || grad_in.shape() != dims{bags, spec.dim})
     return make_error(errc::invalid_argument, "table '{}': the gradient of {} bags must be [{}, {}], got {}", table,
                       bags, bags, spec.dim, grad_in.defined() ? fmt::format("{}", grad_in.shape()) : "nothing");
-  auto grad = grad_in.to(dtype::float32).contiguous();
+  auto grad = on_host(grad_in).to(dtype::float32).contiguous();
   const auto* g = grad.data<float>();
   const auto* id = ids.data<std::int64_t>();
   const auto* off = offsets.data<std::int64_t>();

@@ -15,6 +15,7 @@
 
 #include "ps_shard.hpp"
 #include "ps_wire.hpp"
+#include "emulated_device.hpp"
 #include "ring_support.hpp"
 #include "troupe/actors/tensor_router.hpp"
 #include "troupe/autograd/backward.hpp"
@@ -22,6 +23,7 @@
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/parallel/data_parallel.hpp"
+#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 using namespace std::chrono_literals;
@@ -484,6 +486,47 @@ TEST(ParameterServer, RemoteEmbeddingIsABagOfOneIdPerElement) {
   auto after = client.lookup("emb", int64s({7}), int64s({0}), bag_mode::sum);
   ASSERT_TRUE(after);
   EXPECT_TRUE(allclose(*after, add(table.slice(0, 7, 8), -2.0), 1e-6, 1e-6));
+}
+
+// A trainer on a GPU place gets its rows on its device and may pass ids and
+// gradients from there; the rows and updates equal a CPU trainer's. Without
+// a GPU on an emulated device (emulated_device.hpp), which checks placement.
+TEST(ParameterServer, ATrainerOnACudaPlaceGetsItsRowsOnItsDevice) {
+  std::optional<test::emulated_cuda_scope> emulated;
+  if (cuda_device_count() == 0)
+    emulated.emplace(1);
+  const auto gpu = device::cuda(0);
+  auto node = test::start_local_node();
+  ASSERT_TRUE(node);
+  table_spec spec{.name = "emb", .rows = 20, .dim = 3, .seed = 4, .optimizer = {.lr = 1.0},
+                  .consistency = consistency::asynchronous(), .average_over_trainers = false};
+  table_spec dense{.name = "w", .rows = 5, .dim = 3, .seed = 8, .optimizer = {.lr = 0.5}};
+  auto o = options_for({spec, dense}, 2, 1);
+  o.trainers = {"worker0/cuda:0"};
+  local_servers ps(**node, o);
+  ASSERT_TRUE(ps.server);
+  generator init{4};
+  auto table = randn({20, 3}, init);
+  remote_embedding emb(*ps.clients[0], "emb");
+  auto ids = tensor::from(std::vector<std::int64_t>{19, 0, 7, 7, 3, 12}, {2, 3}).to(gpu);
+  auto out = emb(ids);
+  ASSERT_EQ(out.data().where(), gpu);
+  EXPECT_TRUE(allclose(out.data().to(device::cpu()),
+                       index_select(table, 0, ids.to(device::cpu()).reshape({6})).reshape({2, 3, 3}), 0, 0));
+  autograd::backward(autograd::sum(out)); // a gradient on the device
+  auto& client = *ps.clients[0];
+  generator dense_init{8};
+  auto start = randn({5, 3}, dense_init);
+  ASSERT_TRUE(client.push_dense("w", tensor::ones({5, 3}).to(gpu)));
+  ASSERT_TRUE(client.step());
+  auto after = client.lookup("emb", int64s({7}), int64s({0}), bag_mode::sum);
+  ASSERT_TRUE(after) << after.error().message();
+  EXPECT_EQ(after->where(), gpu);
+  EXPECT_TRUE(allclose(after->to(device::cpu()), add(table.slice(0, 7, 8), -2.0), 1e-6, 1e-6));
+  auto pulled = client.pull("w"); // step 2 waits for step 1's update (synchronous)
+  ASSERT_TRUE(pulled) << pulled.error().message();
+  EXPECT_EQ(pulled->where(), gpu);
+  EXPECT_TRUE(allclose(pulled->to(device::cpu()), add(start, -0.5), 1e-6, 1e-6));
 }
 
 TEST(ParameterServer, MeanBagsAndPerSampleWeightsAcrossShardsAndTheirGradients) {

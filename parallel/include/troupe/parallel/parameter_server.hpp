@@ -200,8 +200,10 @@ public:
 
   /// Bag lookups of `table` for the current step: `ids` [n] int64, `offsets`
   /// [bags] int64 (bag b is ids[offsets[b] : offsets[b+1]], the last runs to
-  /// n, an empty bag is zeros), optional `per_sample_weights` [n] float32.
-  /// Returns [bags, dim]. Blocks until every shard involved answered.
+  /// n, an empty bag is zeros), optional `per_sample_weights` [n] float32,
+  /// each on any device. Returns [bags, dim] on the trainer place's device
+  /// (the shards keep their rows in host memory). Blocks until every shard
+  /// involved answered.
   expected<tensor> lookup(const std::string& table, const tensor& ids, const tensor& offsets, bag_mode mode,
                           const tensor& per_sample_weights = {});
 

@@ -24,7 +24,9 @@
 //   distributed_optimizer opt(std::make_unique<optim::sgd>(pre[i]->named_parameters(), optim::sgd_options{.lr = 0.1}),
 //                             {&*m.callers[i]});
 //   ...
-//   auto loss = autograd::mse_loss((*m.callers[i])((*pre[i])(autograd::variable(xs[i][s]))), autograd::variable(ys[i][s]));
+//   auto out = (*m.callers[i])((*pre[i])(autograd::variable(xs[i][s].to(callers_on))));
+//   ...
+//   auto loss = autograd::mse_loss(out, autograd::variable(ys[i][s].to(callers_on)));
 //   autograd::backward(loss);
 //   ASSERT_TRUE(opt.step());
 //
