@@ -75,17 +75,6 @@ caf::expected<caf::actor> make_checker(std::shared_ptr<tensor_router> router, ca
 
 bool is_router_child(int argc, char** argv) { return argc > 1 && std::string_view(argv[1]) == "--router-child"; }
 
-/// Where this test's tensors can live on `cuda:N`: the real backend's devices
-/// when there are any, else an emulated device of two ordinals (host memory;
-/// emulated_device.hpp), installed in place of the CUDA backend for as long
-/// as `scope` lives.
-int cuda_ordinals_for_test(std::optional<test::emulated_cuda_scope>& scope) {
-  if (cuda_device_count() > 0)
-    return cuda_device_count();
-  scope.emplace(2);
-  return 2;
-}
-
 // "placer": answers each tensor with an int64 [device kind, device index]
 // of where it arrived, to worker0/cpu/collector, with the checksum of its
 // bytes as the context id.
@@ -100,10 +89,10 @@ tensor_message where_it_arrived(const tensor_message& m) {
 }
 
 int run_router_child(int argc, char** argv) {
-  std::optional<test::emulated_cuda_scope> emulated;
+  std::optional<test::cuda_or_emulated> devices; // the parent's, where it asks
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--emulate-devices")
-      cuda_ordinals_for_test(emulated);
+      devices.emplace(2);
   auto options = node_options::from(argc, argv);
   if (!options)
     return 2;
@@ -478,10 +467,9 @@ namespace {
 // there is a device, else on an emulated one (host memory): there it checks
 // where tensors go, not CUDA.
 void check_device_maps(const tls_options& tls) {
-  const bool real = cuda_device_count() > 0;
-  std::optional<test::emulated_cuda_scope> emulated;
-  const int ordinals = cuda_ordinals_for_test(emulated);
-  std::printf("%s, %d CUDA ordinals\n", real ? "the CUDA backend" : "an emulated device (host memory)", ordinals);
+  const test::cuda_or_emulated devices(2);
+  const bool real = !devices.emulated();
+  const int ordinals = devices.ordinals();
   cluster_extras extras;
   auto map = device_map::parse(ordinals > 1 ? "cpu->cuda:1,cuda:1->cuda:0" : "cpu->cuda:0");
   ASSERT_TRUE(map) << map.error().message();

@@ -7,8 +7,6 @@
 // random draws is made on the model's device, not CUDA.
 #include <gtest/gtest.h>
 
-#include <optional>
-
 #include "emulated_device.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
@@ -60,15 +58,7 @@ run_result train_gpt(device where, dtype type, int steps) {
 
 class CudaTraining : public ::testing::Test {
 protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) {
-      std::printf("no CUDA device (%s): on an emulated device (host memory, the CPU's kernels), which checks "
-                  "placement, not CUDA\n",
-                  cuda_unavailable_reason().c_str());
-      emulated_.emplace(1);
-    }
-  }
-  std::optional<test::emulated_cuda_scope> emulated_;
+  test::cuda_or_emulated devices_{1};
 };
 
 void expect_same_training(dtype type, double loss_tolerance, double parameter_tolerance) {

@@ -38,7 +38,6 @@
 #include "troupe/parallel/vocab_parallel.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
-#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -193,9 +192,9 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
   case layout_kind::pipeline: {
     // Stages on a GPU save host copies and load onto the device; without a
     // GPU on an emulated one (emulated_device.hpp), which checks placement.
-    std::optional<test::emulated_cuda_scope> emulated;
-    if (l.device != "cpu" && cuda_device_count() == 0)
-      emulated.emplace(1);
+    std::optional<test::cuda_or_emulated> devices;
+    if (l.device != "cpu")
+      devices.emplace(1);
     auto job = troupe::job::local().value();
     pipeline_options o;
     o.model = make_mlp();

@@ -136,15 +136,6 @@ bool have_device() { return cuda_device_count() > 0; }
 
 class CudaPipeline : public ::testing::Test {
 protected:
-  void SetUp() override {
-    if (!have_device()) {
-      std::printf("no CUDA device (%s): on an emulated device (host memory, the CPU's kernels), which checks "
-                  "placement, not CUDA\n",
-                  cuda_unavailable_reason().c_str());
-      emulated_.emplace(1);
-    }
-  }
-
   /// Trains `steps` steps through a pipeline over `places` (one per stage,
   /// this process) and compares with the whole model trained on cuda:0.
   void train_and_compare(const std::vector<std::string>& places, schedule_kind schedule, std::size_t micro_batches) {
@@ -171,7 +162,7 @@ protected:
     expect_output_of_trained_reference(*pipe, want);
   }
 
-  std::optional<test::emulated_cuda_scope> emulated_; // before job_: outlives it
+  test::cuda_or_emulated devices_{1}; // before job_: outlives it
   troupe::job job_ = troupe::job::local().value();
 };
 
@@ -226,9 +217,7 @@ bool is_stage_child(int argc, char** argv) { return argc > 1 && std::string_view
 
 /// worker1: a node with the stage factory, until stdin closes.
 int run_stage_child(int argc, char** argv) {
-  std::optional<test::emulated_cuda_scope> emulated; // as the parent has, when it has no device
-  if (!have_device())
-    emulated.emplace(1);
+  test::cuda_or_emulated devices(1); // as the parent has
   return test::serve_as_child_node(argc, argv, [](actors::node& node) {
     register_stage_factory(node, recipe());
     return std::function<void()>{};

@@ -438,11 +438,7 @@ TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
 TEST(DataParallelCuda, ReplicasSharingOneGpuReduceThroughTheHostAndEqualOneProcess) {
   // Without a device: on an emulated one (host memory, the CPU's kernels),
   // which checks where buckets and gradients go, not CUDA.
-  std::optional<test::emulated_cuda_scope> emulated;
-  if (cuda_device_count() < 1) {
-    std::printf("no CUDA device (%s): on an emulated device\n", cuda_unavailable_reason().c_str());
-    emulated.emplace(1);
-  }
+  const test::cuda_or_emulated devices(1);
   const auto gpu = device::cuda(0);
   constexpr std::uint32_t n = 2;
   auto on_gpu = [&](const batch& b) { return batch{b.inputs.to(gpu), b.targets.to(gpu)}; };

@@ -23,7 +23,6 @@
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/parallel/data_parallel.hpp"
-#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 using namespace std::chrono_literals;
@@ -492,9 +491,7 @@ TEST(ParameterServer, RemoteEmbeddingIsABagOfOneIdPerElement) {
 // gradients from there; the rows and updates equal a CPU trainer's. Without
 // a GPU on an emulated device (emulated_device.hpp), which checks placement.
 TEST(ParameterServer, ATrainerOnACudaPlaceGetsItsRowsOnItsDevice) {
-  std::optional<test::emulated_cuda_scope> emulated;
-  if (cuda_device_count() == 0)
-    emulated.emplace(1);
+  const test::cuda_or_emulated devices(1);
   const auto gpu = device::cuda(0);
   auto node = test::start_local_node();
   ASSERT_TRUE(node);

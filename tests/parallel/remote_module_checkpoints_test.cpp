@@ -31,7 +31,6 @@
 #include "troupe/parallel/remote_module.hpp"
 #include "troupe/serialization/checkpoint_directory.hpp"
 #include "troupe/serialization/checkpoint_reader.hpp"
-#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -343,9 +342,7 @@ TEST(RemoteModuleCheckpoints, AModelPartNamedLikeTheModuleIsRefusedWhenTracked) 
 // resumes onto the GPU, and the run equals the CPU-hosted one. Without a
 // GPU on an emulated device (emulated_device.hpp), which checks placement.
 TEST(RemoteModuleCheckpoints, OnACudaPlaceAResumedRunEqualsTheCpuHostedOne) {
-  std::optional<test::emulated_cuda_scope> emulated;
-  if (cuda_device_count() == 0)
-    emulated.emplace(1);
+  const test::cuda_or_emulated devices(1);
   const auto on_cpu_directory = fresh_directory("cpu-host");
   auto on_cpu = train(on_cpu_directory, start::fresh);
   ASSERT_TRUE(on_cpu.errors.empty()) << on_cpu.errors.front();

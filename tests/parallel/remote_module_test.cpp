@@ -20,7 +20,6 @@
 #include "troupe/autograd/nn/all.hpp"
 #include "troupe/autograd/optim/sgd.hpp"
 #include "troupe/parallel/pipeline.hpp"
-#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 
 using namespace std::chrono_literals;
@@ -171,9 +170,7 @@ TEST(RemoteModule, TwoCallersTrainLikeOneProcess) { two_callers_train_like_one_p
 // CPU or on a GPU get their answers on their input's device. Without a GPU,
 // on an emulated device (emulated_device.hpp), which checks placement.
 TEST(RemoteModule, OnACudaPlaceTrainsLikeOneProcess) {
-  std::optional<test::emulated_cuda_scope> emulated;
-  if (cuda_device_count() == 0)
-    emulated.emplace(1);
+  const test::cuda_or_emulated devices(1);
   two_callers_train_like_one_process("worker0/cuda:0", device::cpu());
   two_callers_train_like_one_process("worker0/cuda:0", device::cuda(0));
   two_callers_train_like_one_process("worker0/cpu", device::cuda(0));

@@ -8,15 +8,18 @@
 // cuBLAS, NCCL): the same tests run against the real backend where a device
 // is present (scripts/gpu_check.sh).
 //
-//   emulated_cuda_scope emulated(2); // cuda:0 and cuda:1, until it goes
+//   test::cuda_or_emulated devices(1); // cuda:0: the real one, or emulated until `devices` goes
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "troupe/tensor/backend.hpp"
+#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/error.hpp"
 #include "troupe/tensor/random.hpp"
 #include "troupe/tensor/storage.hpp"
@@ -200,6 +203,7 @@ public:
     cpu().sgd_step(p, on_host(grad), b, step);
   }
 
+  int ordinals() const noexcept { return devices_; }
   /// Blocks handed out and host <-> device copies made so far.
   int allocations() const noexcept { return allocations_; }
   int transfers() const noexcept { return transfers_; }
@@ -244,10 +248,32 @@ public:
   emulated_cuda_scope& operator=(const emulated_cuda_scope&) = delete;
 
   emulated_cuda_backend& backend() noexcept { return emulated_; }
+  const emulated_cuda_backend& backend() const noexcept { return emulated_; }
 
 private:
   emulated_cuda_backend emulated_;
   troupe::backend* previous_ = nullptr;
+};
+
+/// The real CUDA backend where this machine has a device; otherwise an
+/// emulated device of `ordinals` ordinals for this object's lifetime, said
+/// on stdout so that a test's output shows which one it ran on.
+class cuda_or_emulated {
+public:
+  explicit cuda_or_emulated(int ordinals) {
+    if (cuda_device_count() > 0)
+      return;
+    std::printf("no CUDA device (%s): on an emulated device of %d ordinals (host memory, the CPU's kernels), "
+                "which checks placement, not CUDA\n",
+                cuda_unavailable_reason().c_str(), ordinals);
+    emulated_.emplace(ordinals);
+  }
+  bool emulated() const noexcept { return emulated_.has_value(); }
+  /// cuda:0 .. cuda:(ordinals() - 1) are usable.
+  int ordinals() const noexcept { return emulated_ ? emulated_->backend().ordinals() : cuda_device_count(); }
+
+private:
+  std::optional<emulated_cuda_scope> emulated_;
 };
 
 } // namespace troupe::test
