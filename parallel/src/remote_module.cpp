@@ -425,7 +425,7 @@ named_tensors remote_module_host::parameters() const {
   std::lock_guard lock(state_->mailbox.state_mutex());
   named_tensors out;
   for (auto& [name, p] : state_->module->named_parameters())
-    out.emplace_back(name, p.data().where() == device::cpu() ? p.data().clone() : p.data().to(device::cpu()));
+    out.emplace_back(name, host_copy(p.data(), /*snapshot=*/true));
   return out;
 }
 

@@ -12,20 +12,17 @@
 
 namespace troupe::parallel {
 
-namespace {
-
-constexpr std::string_view model_prefix = "model.";
-constexpr std::string_view optimizer_prefix = "optimizer.";
-constexpr std::string_view step_name = "optimizer.step";
-
-/// What a shard file gets of `value`: host memory (a device's state is
-/// copied to the host, which is also a snapshot), cloned when a snapshot is
-/// asked for, else the live tensor.
 tensor host_copy(const tensor& value, bool snapshot) {
   if (value.where().kind != device_kind::cpu)
     return value.to(device::cpu());
   return snapshot ? value.clone() : value;
 }
+
+namespace {
+
+constexpr std::string_view model_prefix = "model.";
+constexpr std::string_view optimizer_prefix = "optimizer.";
+constexpr std::string_view step_name = "optimizer.step";
 
 tensor_piece whole(std::string name, const tensor& value, bool snapshot) {
   auto kept = host_copy(value, snapshot);

@@ -87,6 +87,11 @@ struct state_names {
   static state_names of_part(std::string_view part);
 };
 
+/// What a shard file (or a caller asking for a copy) gets of `value`: host
+/// memory. A device's state is copied to the host, which is also a
+/// snapshot; host memory is cloned when `snapshot`, else the live tensor.
+tensor host_copy(const tensor& value, bool snapshot);
+
 /// The model's state_dict as whole-tensor pieces; `snapshot` copies them
 /// (an asynchronous save writes while training changes the originals).
 std::vector<tensor_piece> model_pieces(const nn::module& model, bool snapshot, const state_names& names = {});
