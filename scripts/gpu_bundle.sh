@@ -35,7 +35,9 @@ binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading
           tests/parallel/parallel.cuda_pipeline_test tests/parallel/parallel.nccl_communicator_test
           tests/parallel/parallel.data_parallel_test tests/actors/actors.tensor_router_test
           tests/parallel/parallel.remote_module_test tests/parallel/parallel.remote_module_checkpoints_test
-          tests/parallel/parallel.checkpoints_test tests/parallel/parallel.parameter_server_test bench/gpt_step bench/pipeline)
+          tests/parallel/parallel.checkpoints_test tests/parallel/parallel.parameter_server_test
+          tests/parallel/parallel.tensor_parallel_test tests/parallel/parallel.tensor_parallel_pipeline_test
+          bench/gpt_step bench/pipeline)
 
 rm -rf "$out"
 final=$out

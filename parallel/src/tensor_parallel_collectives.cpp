@@ -39,11 +39,19 @@ std::int64_t normalized(const tensor& t, std::int64_t dim, const char* what) {
 }
 
 // -- the collectives on tensors -----------------------------------------------------------------
+//
+// The group's collectives move host memory (the ring's messages, the
+// same-host workspaces), so a tensor on a GPU goes through the host and its
+// result comes back onto the GPU: the layers of a stage on `<node>/cuda:N`
+// keep their values there, and the sums are the same bits as on the CPU.
 
 tensor allreduced(reducer_group& group, const tensor& x, const char* what) {
-  auto out = x.contiguous().clone();
+  const auto where = x.where();
+  // to(cpu) of a device tensor is already a fresh copy; a host one is cloned
+  // because the ring reduces in place.
+  auto out = where == device::cpu() ? x.contiguous().clone() : x.to(device::cpu());
   value_or_throw(ring_allreduce(group, out), what);
-  return out;
+  return out.to(where);
 }
 
 tensor piece_of(reducer_group& group, const tensor& x, std::int64_t dim, const char* what) {
@@ -55,7 +63,9 @@ tensor piece_of(reducer_group& group, const tensor& x, std::int64_t dim, const c
 /// Every rank's piece along `dim` joined in rank order. Pieces are padded
 /// to the largest (rank 0's) so that the ring's equal segments are the
 /// pieces, then cut back.
-tensor gathered(reducer_group& group, const tensor& x, std::int64_t dim, std::int64_t total, const char* what) {
+tensor gathered(reducer_group& group, const tensor& x_anywhere, std::int64_t dim, std::int64_t total,
+                const char* what) {
+  const auto x = x_anywhere.to(device::cpu());
   const auto d = normalized(x, dim, what);
   const auto n = group.size();
   const auto mine = tensor_parallel_split(total, n, group.rank());
@@ -72,12 +82,13 @@ tensor gathered(reducer_group& group, const tensor& x, std::int64_t dim, std::in
     const auto size = tensor_parallel_split(total, n, r).size;
     pieces.push_back(all.slice(0, r * per_rank, (r + 1) * per_rank).view(padded_shape).slice(d, 0, size));
   }
-  return cat(pieces, d);
+  return cat(pieces, d).to(x_anywhere.where());
 }
 
 /// The group's sum of `x`, this rank's piece along `dim`: the dimension is
 /// moved to the front and padded so that the ring's segments are the pieces.
-tensor reduce_scattered(reducer_group& group, const tensor& x, std::int64_t dim, const char* what) {
+tensor reduce_scattered(reducer_group& group, const tensor& x_anywhere, std::int64_t dim, const char* what) {
+  const auto x = x_anywhere.to(device::cpu());
   const auto d = normalized(x, dim, what);
   const auto n = group.size();
   const auto total = x.shape()[d];
@@ -94,7 +105,7 @@ tensor reduce_scattered(reducer_group& group, const tensor& x, std::int64_t dim,
   }
   auto reduced = value_or_throw(reduce_scatter(group, padded), what);
   const auto mine = tensor_parallel_split(total, n, group.rank());
-  return reduced.view(row_shape).slice(0, 0, mine.size).transpose(0, d).contiguous();
+  return reduced.view(row_shape).slice(0, 0, mine.size).transpose(0, d).contiguous().to(x_anywhere.where());
 }
 
 // -- autograd ------------------------------------------------------------------------------------

@@ -18,16 +18,18 @@ namespace troupe::parallel {
 
 namespace {
 
-/// Which of `ids` (int64, any shape) fall in `mine`: their local index
-/// (0 where not) and a mask of 1 / 0 in `type`, shaped ids.shape() + [1].
+/// Which of `ids` (int64, any shape, on any device) fall in `mine`: their
+/// local index (0 where not) and a mask of 1 / 0 in `type`, shaped
+/// ids.shape() + [1], both on `where` (the device of the rows they index).
 struct local_ids {
   tensor index;
   tensor mask;
 };
 
-local_ids in_range(const tensor& ids, shard_range mine, std::int64_t vocabulary, dtype type, const char* what) {
+local_ids in_range(const tensor& ids, shard_range mine, std::int64_t vocabulary, dtype type, device where,
+                   const char* what) {
   require(ids.type() == dtype::int64, "{}: ids must be int64, got {}", what, ids.type());
-  const auto flat = ids.contiguous();
+  const auto flat = ids.to(device::cpu()).contiguous(); // checked and split on the host
   auto shape = flat.shape();
   local_ids out{tensor::zeros(shape, dtype::int64), {}};
   shape.push_back(1);
@@ -43,7 +45,8 @@ local_ids in_range(const tensor& ids, shard_range mine, std::int64_t vocabulary,
       mask[i] = 1.0;
     }
   }
-  out.mask = out.mask.to(type);
+  out.index = out.index.to(where);
+  out.mask = out.mask.to(type).to(where);
   return out;
 }
 
@@ -72,7 +75,8 @@ void vocab_parallel_embedding::init_parameter(const std::string&, tensor& data, 
 }
 
 autograd::variable vocab_parallel_embedding::forward(const autograd::variable& ids) {
-  auto local = in_range(ids.data(), rows_, whole_.num_embeddings, whole_.type, "vocab_parallel_embedding");
+  auto local = in_range(ids.data(), rows_, whole_.num_embeddings, whole_.type, weight_.data().where(),
+                        "vocab_parallel_embedding");
   auto mine = autograd::mul(autograd::embedding(weight_, local.index), autograd::variable(local.mask));
   return reduce_from_group(mine, group_);
 }
@@ -94,11 +98,12 @@ autograd::variable vocab_parallel_cross_entropy(const autograd::variable& logits
           targets.shape());
   // The rows' maximum over the whole vocabulary shifts the exponentials
   // into range; the loss does not depend on it, so autograd does not either.
-  auto maxima = value_or_throw(all_gather(group, max(data, 1).values.contiguous()), what);
-  auto row_max = max(maxima.view({static_cast<std::int64_t>(group.size()), n}), 0).values;
+  // (The group gathers host memory; the maxima go back to the logits' device.)
+  auto maxima = value_or_throw(all_gather(group, max(data, 1).values.to(device::cpu()).contiguous()), what);
+  auto row_max = max(maxima.view({static_cast<std::int64_t>(group.size()), n}), 0).values.to(data.where());
   auto shifted = autograd::sub(logits, autograd::variable(row_max.unsqueeze(1)));
   auto sum_exp = reduce_from_group(autograd::sum(autograd::exp(shifted), {1}), group);
-  auto local = in_range(targets, mine, vocabulary, data.type(), what);
+  auto local = in_range(targets, mine, vocabulary, data.type(), data.where(), what);
   auto picked = autograd::mul(autograd::gather(shifted, 1, local.index.unsqueeze(1)), autograd::variable(local.mask));
   auto target_logit = reduce_from_group(autograd::reshape(picked, {n}), group);
   return autograd::mean(autograd::sub(autograd::log(sum_exp), target_logit));

@@ -488,8 +488,9 @@ std::vector<double> run_gpt_mesh(const fs::path& directory, int until) {
 }
 
 /// Steps (resumed) .. `until` of the GPT as a tensor x pipeline layout:
-/// 2 stages x 2 tensor ranks, 2 micro-batches; the batch's mean loss.
-std::vector<double> run_gpt_tensor_pipeline(const fs::path& directory, int until) {
+/// 2 stages x 2 tensor ranks at `places`, 2 micro-batches; the batch's mean loss.
+std::vector<double> run_gpt_tensor_pipeline(const fs::path& directory, int until,
+                                            std::vector<std::string> places = {"worker0/cpu", "worker0/cpu"}) {
   auto job = troupe::job::local().value();
   auto made = tensor_parallel_pipeline::create(
     job, {.tensor = 2,
@@ -503,7 +504,7 @@ std::vector<double> run_gpt_tensor_pipeline(const fs::path& directory, int until
                                                   targets.reshape({tokens}), group, gpt_vocabulary);
             };
           },
-          .pipeline = {.places = {"worker0/cpu", "worker0/cpu"}, .micro_batches = 2, .optimizer = adam(),
+          .pipeline = {.places = std::move(places), .micro_batches = 2, .optimizer = adam(),
                        .in_this_process = true}});
   if (!made) {
     ADD_FAILURE() << made.error().message();
@@ -564,7 +565,17 @@ TEST_F(ScratchDirectory, TensorTimesDataMeshResumesInOneProcessAndBack) {
 }
 
 TEST_F(ScratchDirectory, TensorParallelPipelineResumesInOneProcessAndBack) {
-  check_one_process_and_back(directory_, "tensor x pipeline", run_gpt_tensor_pipeline);
+  check_one_process_and_back(directory_, "tensor x pipeline",
+                             [](const fs::path& directory, int until) { return run_gpt_tensor_pipeline(directory, until); });
+}
+
+// The same with both stages' tensor ranks on cuda:0: their pieces and Adam's
+// state are saved from the GPU and loaded back onto it.
+TEST_F(ScratchDirectory, TensorParallelPipelineOnCudaResumesInOneProcessAndBack) {
+  test::cuda_or_emulated devices(1);
+  check_one_process_and_back(directory_, "tensor x pipeline on cuda:0", [](const fs::path& directory, int until) {
+    return run_gpt_tensor_pipeline(directory, until, {"worker0/cuda:0", "worker0/cuda:0"});
+  });
 }
 
 class TensorParallelResume : public ScratchDirectory,

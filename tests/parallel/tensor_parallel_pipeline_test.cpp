@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "emulated_device.hpp"
 #include "gpt_reference.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
@@ -44,14 +45,12 @@ loss_function vocab_parallel_loss(reducer_group& group) {
   };
 }
 
-class TensorTimesPipeline : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
-
-// 2 stages x 2 tensor ranks (x `data` replicas), 2 micro-batches under
-// 1F1B, sequence parallelism on and off: every step's loss and,
-// afterwards, every rank's pieces equal nn::gpt trained on the whole batch
-// in one process.
-TEST_P(TensorTimesPipeline, TrainsLikeOneProcess) {
-  const auto [data, sequence_parallel] = GetParam();
+/// 2 stages x 2 tensor ranks at `places` (x `data` replicas), 2
+/// micro-batches under 1F1B: every step's loss and, afterwards, every
+/// rank's pieces equal nn::gpt trained on the whole batch in one process
+/// on the CPU, and the last stage's pieces are on its place's device.
+void expect_trains_like_one_process(std::uint32_t data, bool sequence_parallel, const std::vector<std::string>& places) {
+  SCOPED_TRACE(places[0] + ", " + places[1]);
   const auto one_process = test::train_gpt(config, steps, token_ids);
   const auto& want_losses = one_process.losses;
   const auto& want = one_process.parameters;
@@ -63,7 +62,7 @@ TEST_P(TensorTimesPipeline, TrainsLikeOneProcess) {
                      return std::make_shared<parallel_gpt>(config, group, tensor_parallel_options{sequence_parallel});
                    },
                    .loss = vocab_parallel_loss,
-                   .pipeline = {.places = {"worker0/cpu", "worker0/cpu"}, .micro_batches = 2,
+                   .pipeline = {.places = places, .micro_batches = 2,
                                 .optimizer = sgd_factory({.lr = 0.1}), .in_this_process = true}});
   ASSERT_TRUE(made) << made.error_value().message();
   auto tp = std::move(*made);
@@ -73,16 +72,43 @@ TEST_P(TensorTimesPipeline, TrainsLikeOneProcess) {
     ASSERT_TRUE(loss) << loss.error_value().message();
     EXPECT_NEAR(*loss, want_losses[s], 1e-10 * (1 + want_losses[s])) << "step " << s;
   }
+  const auto last_device = actors::place::parse(places.back())->device;
   for (std::uint32_t d = 0; d < data; ++d)
     for (std::uint32_t t = 0; t < 2; ++t) {
       auto same = pieces_equal(tp.model(d, t), want, 1e-10);
       EXPECT_TRUE(same) << "replica " << d << ", tensor rank " << t << ": " << same.error().message();
+      EXPECT_EQ(tp.model(d, t).named_parameters().back().second.data().where(), last_device)
+        << "replica " << d << ", tensor rank " << t << "'s last stage";
     }
   // The check can fail: the untrained model's pieces differ.
   EXPECT_FALSE(pieces_equal(tp.model(0, 1), nn::gpt(config).state_dict(), 1e-10));
 }
 
+class TensorTimesPipeline : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
+
+// Sequence parallelism on and off, 1 and 2 replicas.
+TEST_P(TensorTimesPipeline, TrainsLikeOneProcess) {
+  const auto [data, sequence_parallel] = GetParam();
+  expect_trains_like_one_process(data, sequence_parallel, {"worker0/cpu", "worker0/cpu"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Replicas, TensorTimesPipeline, ::testing::Combine(::testing::Values(1u, 2u), ::testing::Bool()));
+
+class TensorTimesPipelineOnCuda : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
+
+// The same on CUDA places: both stages on cuda:0, every tensor rank's
+// pieces there, the layers' collectives staged through the host; then a
+// CPU stage feeding a GPU stage. Against nn::gpt on the CPU (float64:
+// within 1e-10).
+TEST_P(TensorTimesPipelineOnCuda, TrainsLikeOneProcessOnTheCpu) {
+  const auto [data, sequence_parallel] = GetParam();
+  test::cuda_or_emulated devices(1); // before the jobs: outlives them
+  expect_trains_like_one_process(data, sequence_parallel, {"worker0/cuda:0", "worker0/cuda:0"});
+  expect_trains_like_one_process(data, sequence_parallel, {"worker0/cpu", "worker0/cuda:0"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Replicas, TensorTimesPipelineOnCuda,
+                         ::testing::Combine(::testing::Values(1u, 2u), ::testing::Bool()));
 
 TEST(TensorTimesPipelineLayout, TheMeshNamesTheGroupsTensorInnermost) {
   auto job = troupe::job::local().value();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "emulated_device.hpp"
 #include "gpt_reference.hpp"
 #include "ring_support.hpp"
 #include "troupe/autograd/backward.hpp"
@@ -314,12 +315,9 @@ TEST(VocabParallelUse, AnIdOutsideTheVocabularyIsAUsageErrorNamingItBeforeAnyCol
 
 class GptTensorParallel : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
 
-// The GPT with a vocabulary (11), a head count (3) and a sequence (5) that
-// 2 does not divide: at degrees 2 and 3, with sequence parallelism on and
-// off, every rank's losses and pieces equal nn::gpt's in one process after
-// 3 SGD steps (so on equals off).
-TEST_P(GptTensorParallel, TrainsLikeOneProcess) {
-  const auto [degree, sequence_parallel] = GetParam();
+/// Trains parallel_gpt at `degree` (its pieces and batches on `where`) and
+/// checks every rank's losses and pieces against nn::gpt's on the CPU.
+void expect_split_gpt_trains_like_one_process(std::uint32_t degree, bool sequence_parallel, device where) {
   const nn::gpt_config config{.vocab_size = vocabulary, .block_size = 8, .n_layer = 2, .n_head = 3, .n_embd = 12,
                               .type = dtype::float64, .seed = 21};
   constexpr int gpt_steps = 3;
@@ -335,36 +333,59 @@ TEST_P(GptTensorParallel, TrainsLikeOneProcess) {
   ASSERT_TRUE(ring.node);
   std::vector<std::vector<double>> losses(degree);
   std::vector<std::string> verdicts(degree), untrained(degree);
+  std::vector<device> held(degree, device::cpu());
   ring.each([&](std::uint32_t r) {
     auto& group = *ring.groups[r];
     parallel_gpt split(config, group, {.sequence_parallel = sequence_parallel});
+    split.to(where);
     if (auto fresh = pieces_equal(split, want, 1e-10); !fresh)
       untrained[r] = fresh.error().message();
     optim::sgd opt(split.named_parameters(), {.lr = 0.1});
     for (int s = 0; s < gpt_steps; ++s) {
       opt.zero_grad();
-      auto logits = split(variable(batch_ids(s, 0)));
+      auto logits = split(variable(batch_ids(s, 0).to(where)));
       auto classes = logits.data().shape()[2];
-      auto loss = vocab_parallel_cross_entropy(autograd::reshape(logits, {10, classes}), batch_ids(s, 1).reshape({10}),
-                                               group, vocabulary);
+      auto loss = vocab_parallel_cross_entropy(autograd::reshape(logits, {10, classes}),
+                                               batch_ids(s, 1).reshape({10}).to(where), group, vocabulary);
       autograd::backward(loss);
       opt.step();
       losses[r].push_back(loss.item());
     }
+    held[r] = split.named_parameters().front().second.data().where();
     auto same = pieces_equal(split, want, 1e-10);
     verdicts[r] = same ? "equal" : same.error().message();
   });
   for (std::uint32_t r = 0; r < degree; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(degree) +
-                 (sequence_parallel ? ", sequence parallel" : ""));
+                 (sequence_parallel ? ", sequence parallel" : "") + " on " + fmt::format("{}", where));
     ASSERT_EQ(losses[r].size(), want_losses.size());
     for (std::size_t s = 0; s < want_losses.size(); ++s)
       EXPECT_NEAR(losses[r][s], want_losses[s], 1e-10 * (1 + want_losses[s])) << "step " << s;
     EXPECT_EQ(verdicts[r], "equal");
+    EXPECT_EQ(held[r], where) << "the trained pieces stay where they were put";
     // The check can fail: before training the pieces differ from the
     // trained model's, and it names the first parameter that does.
     EXPECT_THAT(untrained[r], HasSubstr("0.wte.weight: piece"));
   }
+}
+
+// The GPT with a vocabulary (11), a head count (3) and a sequence (5) that
+// 2 does not divide: at degrees 2 and 3, with sequence parallelism on and
+// off, every rank's losses and pieces equal nn::gpt's in one process after
+// 3 SGD steps (so on equals off).
+TEST_P(GptTensorParallel, TrainsLikeOneProcess) {
+  const auto [degree, sequence_parallel] = GetParam();
+  expect_split_gpt_trains_like_one_process(degree, sequence_parallel, device::cpu());
+}
+
+// The same with every rank's pieces and batches on cuda:0: the
+// collectives move host memory, so the layers stage their operands through
+// the host and put the results back on the GPU (ids too: the vocabulary's
+// split is decided on the host).
+TEST(GptTensorParallelOnCuda, TrainsLikeOneProcessOnTheCpu) {
+  test::cuda_or_emulated devices(1);
+  for (const bool sequence_parallel : {false, true})
+    expect_split_gpt_trains_like_one_process(2, sequence_parallel, device::cuda(0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, GptTensorParallel, ::testing::Combine(::testing::Values(2u, 3u), ::testing::Bool()));

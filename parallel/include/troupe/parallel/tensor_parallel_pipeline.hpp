@@ -17,10 +17,15 @@
 //                      return std::make_shared<parallel_gpt>(config, group, tensor_parallel_options{sequence_parallel});
 //                    },
 //                    .loss = vocab_parallel_loss,
-//                    .pipeline = {.places = {"worker0/cpu", "worker0/cpu"}, .micro_batches = 2,
+//                    .pipeline = {.places = places, .micro_batches = 2,
 //                                 .optimizer = sgd_factory({.lr = 0.1}), .in_this_process = true}});
 //   ...
 //     auto loss = tp.train_step(ids, targets);
+//
+// with one place per stage: {"worker0/cpu", "worker0/cpu"}, or
+// {"worker0/cuda:0", "worker0/cuda:0"} to hold every stage's pieces on a
+// GPU (the layers' collectives then go through the host,
+// tensor_parallel_collectives.hpp).
 //
 // How. Each (replica d, tensor rank t) runs an ordinary pipeline
 // (pipeline.hpp) over the P stages; stage p of it holds tensor rank t's
