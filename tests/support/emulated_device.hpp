@@ -8,13 +8,33 @@
 // cuBLAS, NCCL): the same tests run against the real backend where a device
 // is present (scripts/gpu_check.sh).
 //
+// Device pointers are not host pointers. A tensor on an emulated device
+// carries an address in a reserved range that no host access may touch
+// (PROT_NONE), as a real device pointer would be; only the backend's kernels
+// and copies translate it to the host memory behind it. So host code that
+// reads or writes a device tensor's bytes (raw_data(), data<T>()) faults
+// here as it would on a GPU, and the fault is said, with a backtrace, on
+// stderr before the test aborts.
+//
 //   test::cuda_or_emulated devices(1); // cuda:0: the real one, or emulated until `devices` goes
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -26,6 +46,123 @@
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::test {
+
+/// Addresses for emulated device memory: a range of address space reserved
+/// with no access, handed out in power-of-two blocks (reused once freed),
+/// each standing for a block of host memory that only the backend reaches.
+/// One per process, never destroyed: tensors may outlive the emulated scope.
+class emulated_address_space {
+public:
+  static emulated_address_space& instance() {
+    static auto* space = new emulated_address_space;
+    return *space;
+  }
+
+  /// A device address for a new block of `bytes` of host memory.
+  void* allocate(std::size_t bytes) {
+    const auto size = std::bit_ceil(std::max<std::size_t>(bytes, storage::alignment));
+    void* host = std::aligned_alloc(storage::alignment, size);
+    if (host == nullptr)
+      throw std::bad_alloc();
+    std::lock_guard lock(mutex_);
+    std::uintptr_t address;
+    if (auto& free = free_[size]; !free.empty()) {
+      address = free.back();
+      free.pop_back();
+    } else {
+      if (next_ + size > reserved_bytes) {
+        std::free(host);
+        throw usage_error(fmt::format("emulated cuda: {} bytes more exceed the reserved address space", size));
+      }
+      address = base_ + next_;
+      next_ += size;
+    }
+    blocks_.emplace(address, block{static_cast<std::byte*>(host), size});
+    return reinterpret_cast<void*>(address);
+  }
+
+  void release(void* device_address) {
+    std::lock_guard lock(mutex_);
+    auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(device_address));
+    if (it == blocks_.end())
+      return;
+    std::free(it->second.host);
+    free_[it->second.size].push_back(it->first);
+    blocks_.erase(it);
+  }
+
+  /// The host memory behind `device_address` (any byte of a live block).
+  void* host_of(const void* device_address) const {
+    const auto address = reinterpret_cast<std::uintptr_t>(device_address);
+    std::lock_guard lock(mutex_);
+    auto it = blocks_.upper_bound(address);
+    if (it == blocks_.begin() || address >= std::prev(it)->first + std::prev(it)->second.size)
+      throw usage_error(fmt::format("emulated cuda: {} is not emulated device memory", device_address));
+    --it;
+    return it->second.host + (address - it->first);
+  }
+
+  bool contains(const void* address) const noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(address);
+    return a >= base_ && a < base_ + reserved_bytes;
+  }
+
+private:
+  static constexpr std::uintptr_t reserved_bytes = std::uintptr_t{1} << 40; // address space only
+
+  struct block {
+    std::byte* host;
+    std::size_t size;
+  };
+
+  emulated_address_space() {
+    void* reserved = mmap(nullptr, reserved_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (reserved == MAP_FAILED)
+      throw std::runtime_error("emulated cuda: cannot reserve address space for device memory");
+    base_ = reinterpret_cast<std::uintptr_t>(reserved);
+    install_fault_report();
+  }
+
+  // A host access of device memory is a segmentation fault, as on a GPU;
+  // this says what it was and where before the default action ends the test.
+  static void install_fault_report() {
+    void* warm[1];
+    (void)backtrace(warm, 1); // loads the unwinder now: the handler must not
+    struct sigaction report {};
+    report.sa_sigaction = &on_fault;
+    report.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_NODEFER;
+    sigemptyset(&report.sa_mask);
+    sigaction(SIGSEGV, &report, &previous_handler());
+  }
+  static struct sigaction& previous_handler() {
+    static struct sigaction previous {};
+    return previous;
+  }
+  static void on_fault(int signal, siginfo_t* info, void* context) {
+    if (instance().contains(info->si_addr)) {
+      static constexpr char said[] = "\nemulated cuda: host code read or wrote device memory (a CUDA device pointer "
+                                     "dereferenced on the host), at:\n";
+      (void)!write(STDERR_FILENO, said, sizeof said - 1);
+      void* frames[48];
+      backtrace_symbols_fd(frames, backtrace(frames, 48), STDERR_FILENO);
+      std::abort();
+    }
+    // Not ours: whatever handled it before (SA_RESETHAND left the default).
+    auto& previous = previous_handler();
+    if (previous.sa_flags & SA_SIGINFO && previous.sa_sigaction != nullptr)
+      previous.sa_sigaction(signal, info, context);
+    else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN && previous.sa_handler != nullptr)
+      previous.sa_handler(signal);
+    else
+      sigaction(SIGSEGV, &previous, nullptr); // returns and faults again, into the default action
+  }
+
+  mutable std::mutex mutex_;
+  std::uintptr_t base_ = 0;
+  std::uintptr_t next_ = 0;
+  std::map<std::uintptr_t, block> blocks_;
+  std::map<std::size_t, std::vector<std::uintptr_t>> free_;
+};
 
 class emulated_cuda_backend final : public backend {
 public:
@@ -39,10 +176,9 @@ public:
       throw usage_error(fmt::format("storage::allocate: device {} is not available: the emulated device has {} "
                                     "ordinals",
                                     where, devices_));
-    const auto rounded = (bytes + storage::alignment - 1) / storage::alignment * storage::alignment;
-    void* data = std::aligned_alloc(storage::alignment, rounded == 0 ? storage::alignment : rounded);
+    void* data = emulated_address_space::instance().allocate(bytes);
     ++allocations_;
-    return storage::wrap(data, bytes, where, [](void* p) { std::free(p); });
+    return storage::wrap(data, bytes, where, [](void* p) { emulated_address_space::instance().release(p); });
   }
   void fill(tensor& out, double value) override {
     auto view = on_host(out);
@@ -53,7 +189,7 @@ public:
     view.copy_from(on_host(source));
   }
   void transfer(const tensor& source, tensor& out) override {
-    std::memcpy(out.raw_data(), source.raw_data(), source.nbytes()); // both contiguous, same size
+    std::memcpy(host_address(out), host_address(source), source.nbytes()); // both contiguous, same size
     ++transfers_;
   }
 
@@ -222,8 +358,15 @@ private:
                                     "operands",
                                     t.type(), t.shape(), t.where()));
     auto memory = t.memory();
-    auto alias = storage::wrap(memory->data(), memory->bytes(), device::cpu(), [memory](void*) {});
+    auto alias = storage::wrap(emulated_address_space::instance().host_of(memory->data()), memory->bytes(),
+                               device::cpu(), [memory](void*) {});
     return tensor::from_storage(std::move(alias), t.shape(), t.strides(), t.offset(), t.type());
+  }
+  /// Where a copy reads or writes `t`'s first byte: its own address on the
+  /// host, the host memory behind it on an emulated device.
+  static void* host_address(const tensor& t) {
+    return t.where().kind == device_kind::cuda ? emulated_address_space::instance().host_of(t.raw_data())
+                                               : t.raw_data();
   }
 
   int devices_;
