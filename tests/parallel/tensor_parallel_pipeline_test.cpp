@@ -9,6 +9,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include "../actors/process_support.hpp"
 #include "emulated_device.hpp"
 #include "gpt_reference.hpp"
 #include "troupe/autograd/functions.hpp"
@@ -220,5 +223,95 @@ TEST(TensorTimesPipelineLayout, OneProcessJobRunsTheAcrossProcessesPath) {
                                    "but this process prepared d0.t0.stage0 with layers [0, 4)"));
 }
 
+// -- across processes, on CUDA places ---------------------------------------------------------
+
+/// Rank `rank` of a 2-process job whose coordinator (rank 0) listens on `port`.
+std::vector<std::string> job_flags(std::uint32_t rank, std::uint16_t port) {
+  return {"tensor_parallel_pipeline_test", "--troupe.name=" + std::string(rank == 0 ? "alpha" : "beta"),
+          "--troupe.rank=" + std::to_string(rank), "--troupe.world-size=2", "--troupe.join-timeout=20s",
+          "--troupe.listen-address=127.0.0.1", "--troupe.coordinator=127.0.0.1:" + std::to_string(port)};
+}
+
+/// Both ranks' tensor x pipeline: 2 tensor ranks of one stage, rank k on
+/// its node's cuda:0.
+expected<tensor_parallel_pipeline> two_tensor_ranks_on_cuda(troupe::job& job) {
+  return tensor_parallel_pipeline::create(
+    job, {.tensor = 2,
+          .model = [](reducer_group& group) { return std::make_shared<parallel_gpt>(config, group); },
+          .loss = vocab_parallel_loss,
+          .pipeline = {.places = job.places("cuda:0"), .micro_batches = 2, .optimizer = sgd_factory({.lr = 0.1})}});
+}
+
+// Every rank a process of its own, each tensor rank's pieces on its node's
+// cuda:0: the group's collectives cross processes (the same-host path) from
+// GPU memory through the host. The driver's losses equal nn::gpt's on the
+// CPU in one process, and both processes computed on the device.
+TEST(TensorTimesPipelineAcrossProcesses, TwoTensorRanksOnCudaPlacesTrainLikeOneProcessOnTheCpu) {
+  test::cuda_or_emulated devices(1);
+  const auto one_process = test::train_gpt(config, steps, token_ids);
+  const auto port = test::unused_port();
+  auto flags = job_flags(1, port);
+  flags.erase(flags.begin());
+  flags.insert(flags.begin(), "--tensor-rank-child");
+  auto child = test::child_process::start(test::child_process::self_path(), flags,
+                                          {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=",
+                                           "TROUPE_NODE_NAME=", "TROUPE_TRACE_DIR="});
+  auto args = job_flags(0, port);
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  troupe::job job(static_cast<int>(argv.size()), argv.data());
+  auto started = job.try_start();
+  ASSERT_TRUE(started) << started.error().message() << child.output();
+  const auto before = devices.emulated_allocations();
+  auto made = two_tensor_ranks_on_cuda(job);
+  ASSERT_TRUE(made) << made.error_value().message() << child.output();
+  for (int s = 0; s < steps; ++s) {
+    auto loss = made->train_step(token_ids(s, 0), token_ids(s, 1));
+    ASSERT_TRUE(loss) << loss.error_value().message() << child.output();
+    EXPECT_NEAR(*loss, one_process.losses[s], 1e-10 * (1 + one_process.losses[s])) << "step " << s;
+  }
+  if (devices.emulated()) {
+    EXPECT_GT(devices.emulated_allocations(), before) << "the driver's stage computed on the device";
+  }
+  EXPECT_EQ(job.finish(0), 0);
+  auto status = child.exited(std::chrono::seconds(30));
+  ASSERT_TRUE(status) << child.output();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << child.output();
+  if (devices.emulated()) {
+    EXPECT_THAT(child.output(), ::testing::ContainsRegex("device blocks [1-9]"))
+      << "the other tensor rank's stage computed on the device";
+  }
+}
+
+/// Rank 1 of the test above: makes its tensor rank, serves, and says how
+/// many device blocks it used.
+int tensor_rank_child(int argc, char** argv) {
+  test::cuda_or_emulated devices(1);
+  troupe::job job(argc, argv);
+  if (auto ok = job.try_start(); !ok) {
+    std::printf("start failed: %s\n", ok.error().message().c_str());
+    return 1;
+  }
+  auto made = two_tensor_ranks_on_cuda(job);
+  if (!made) {
+    std::printf("create failed: %s\n", made.error_value().message().c_str());
+    return job.finish(1);
+  }
+  const int served = job.serve();
+  std::printf("device blocks %d\n", devices.emulated_allocations());
+  std::fflush(stdout);
+  return served;
+}
+
 } // namespace
 } // namespace troupe::parallel
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "--tensor-rank-child") {
+    argv[1] = argv[0]; // the job's flags follow
+    return troupe::parallel::tensor_rank_child(argc - 1, argv + 1);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

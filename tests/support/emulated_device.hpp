@@ -414,6 +414,8 @@ public:
   bool emulated() const noexcept { return emulated_.has_value(); }
   /// cuda:0 .. cuda:(ordinals() - 1) are usable.
   int ordinals() const noexcept { return emulated_ ? emulated_->backend().ordinals() : cuda_device_count(); }
+  /// Blocks the emulated device has handed out so far; -1 on a real device.
+  int emulated_allocations() const noexcept { return emulated_ ? emulated_->backend().allocations() : -1; }
 
 private:
   std::optional<emulated_cuda_scope> emulated_;
