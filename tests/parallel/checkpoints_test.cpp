@@ -1,7 +1,8 @@
 // Distributed checkpoints saved at one layout and resumed at another: one
 // process, pipelines of 2 and 3 stages with different splits, data parallel
 // over 2 and 3 replicas, hybrid 2 x 2, a pipeline whose stages are on
-// cuda:0 (on an emulated device without a GPU). Training resumed from step 3 must give
+// cuda:0 and 2 replicas sharing cuda:0 (on an emulated device without a
+// GPU). Training resumed from step 3 must give
 // the losses, parameters and optimizer state of an uninterrupted run. Then
 // what may go wrong: another model, a damaged shard, a save cut short, a
 // writer that never reports, and the values an asynchronous save writes.
@@ -112,7 +113,7 @@ struct layout {
   std::vector<std::size_t> boundaries{}; ///< pipeline: the split's layer boundaries
   std::uint32_t replicas = 1;           ///< data parallel
   std::string name;
-  std::string device = "cpu"; ///< pipeline: every stage's device
+  std::string device = "cpu"; ///< pipeline: every stage's device; data parallel: every replica's
 };
 
 void PrintTo(const layout& l, std::ostream* os) { *os << l.name; }
@@ -217,6 +218,12 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
     return trained ? *trained : fail(trained.error());
   }
   case layout_kind::data_parallel: {
+    // Replicas sharing a GPU reduce through the host ring (NCCL takes one
+    // GPU per rank).
+    std::optional<test::cuda_or_emulated> devices;
+    if (l.device != "cpu")
+      devices.emplace(1);
+    const auto where = *device::parse(l.device);
     test::local_ring ring(l.replicas);
     std::vector<std::vector<double>> per_replica(l.replicas);
     std::mutex failures;
@@ -227,7 +234,9 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
         errors.push_back(fmt::format("replica {}: {}", k, e.message()));
       };
       auto model = make_mlp();
-      auto dp = data_parallel::create(model->named_parameters(), *ring.groups[k]);
+      model->to(where);
+      auto dp = data_parallel::create(model->named_parameters(), *ring.groups[k],
+                                      {.reduction = device_reduction::host_ring});
       if (!dp)
         return report(dp.error());
       auto opt = adam()(model->named_parameters());
@@ -236,8 +245,8 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
       const auto share = rows / l.replicas;
       auto trained = resume_and_train(ckpt, until, [&](std::int64_t step) -> expected<double> {
         auto b = make_batch(step);
-        auto x = b.inputs.narrow(0, k * share, share).contiguous();
-        auto y = b.targets.narrow(0, k * share, share).contiguous();
+        auto x = b.inputs.narrow(0, k * share, share).to(where).contiguous();
+        auto y = b.targets.narrow(0, k * share, share).to(where).contiguous();
         return replica_step(*dp, *opt, autograd::mse_loss(model->forward(autograd::variable(x)), autograd::variable(y)));
       });
       if (!trained)
@@ -333,6 +342,7 @@ const std::vector<layout> layouts = {
   {layout_kind::pipeline, {6}, 1, "pipeline 2 stages on cuda:0", "cuda:0"},
   {layout_kind::data_parallel, {}, 2, "data parallel 2"},
   {layout_kind::data_parallel, {}, 3, "data parallel 3"},
+  {layout_kind::data_parallel, {}, 2, "data parallel 2 on cuda:0", "cuda:0"},
   {layout_kind::hybrid, {}, 1, "hybrid 2 x 2"},
 };
 
