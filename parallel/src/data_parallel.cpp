@@ -6,15 +6,22 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
+#include <tuple>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "troupe/actors/trace.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/job.hpp"
+#include "troupe/parallel/all_gather.hpp"
 #include "troupe/parallel/broadcast.hpp"
 #include "troupe/parallel/ring_allreduce.hpp"
 #include "troupe/tensor/error.hpp"
@@ -123,9 +130,59 @@ expected<bool> data_parallel::replicas_identical() {
   return parallel::replicas_identical(impl_->group_, values);
 }
 
+namespace {
+
+/// This machine, as the replicas compare machines: the kernel's boot id
+/// (processes that see the same one see the same GPUs, network namespaces
+/// included), or the host name where there is none.
+std::uint64_t this_machine() {
+  std::string id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> id;
+  if (id.empty()) {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    id = name;
+  }
+  return std::hash<std::string>{}(id);
+}
+
+/// For parameters on a GPU, `asked`, or for automatic what every replica's
+/// (machine, device) allows: an all-gather of three exact float64 values
+/// per replica, so every replica decides the same.
+expected<device_reduction> agree_on_reduction(reducer_group& group, device where, device_reduction asked,
+                                              const std::string& name) {
+  if (where.kind != device_kind::cuda)
+    return device_reduction::host_ring; // the ring, as always on the CPU; nothing to agree on
+  if (asked != device_reduction::automatic)
+    return asked;
+  const auto machine = this_machine();
+  auto mine = tensor::from(std::vector<double>{static_cast<double>(machine >> 32),
+                                               static_cast<double>(machine & 0xffffffffu),
+                                               static_cast<double>(where.index)},
+                           {3});
+  auto all = all_gather(group, mine);
+  if (!all)
+    return make_error(all.error().code(), "{}: agreeing on how to reduce: {}", name, all.error().message());
+  const auto values = all->to_vector<double>();
+  std::set<std::tuple<double, double, double>> gpus;
+  bool nccl = true;
+  for (std::size_t k = 0; k + 2 < values.size(); k += 3)
+    nccl = nccl && gpus.emplace(values[k], values[k + 1], values[k + 2]).second;
+#ifndef TROUPE_HAVE_NCCL
+  nccl = false;
+#endif
+  return nccl ? device_reduction::nccl : device_reduction::host_ring;
+}
+
+} // namespace
+
 expected<data_parallel> data_parallel::create(nn::named_variables parameters, reducer_group& group,
                                               data_parallel_options options) {
   auto dp = std::make_unique<impl>(std::move(parameters), reducer_group_access::share(group), std::move(options));
+  auto reduction = agree_on_reduction(group, dp->where_, dp->options_.reduction, dp->name_);
+  if (!reduction)
+    return reduction.error();
+  dp->options_.reduction = *reduction;
   if (dp->where_.kind == device_kind::cuda && dp->options_.reduction == device_reduction::nccl) {
 #ifdef TROUPE_HAVE_NCCL
     // A collective of the group: NCCL's unique id travels over the ring.
@@ -168,6 +225,9 @@ const std::vector<gradient_bucket>& data_parallel::buckets() const noexcept { re
 const nn::named_variables& data_parallel::parameters() const noexcept { return impl_->parameters_; }
 reducer_group& data_parallel::group() noexcept { return impl_->group_; }
 const std::string& data_parallel::name() const noexcept { return impl_->name_; }
+device_reduction data_parallel::reduction() const noexcept {
+  return impl_->uses_nccl() ? device_reduction::nccl : device_reduction::host_ring;
+}
 
 data_parallel::impl::impl(nn::named_variables parameters, reducer_group group, data_parallel_options options)
     : parameters_(std::move(parameters)), group_(std::move(group)),

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 
 #include <caf/all.hpp>
@@ -115,18 +114,6 @@ expected<stage_spec> stage_spec_from(const caf::message& message) {
 }
 
 namespace {
-
-/// Whether two of a ring's places are one CUDA device of one node: NCCL
-/// takes one GPU per rank, so such replicas reduce through the host ring.
-bool replicas_share_a_device(const std::vector<std::string>& ring) {
-  std::set<std::pair<std::string, std::int32_t>> devices;
-  for (const auto& text : ring) {
-    auto where = actors::place::parse(text);
-    if (where && where->device.kind == device_kind::cuda && !devices.emplace(where->node, where->device.index).second)
-      return true;
-  }
-  return false;
-}
 
 using clock = std::chrono::steady_clock;
 
@@ -522,8 +509,6 @@ private:
                                            group.error_value().message()));
     data_parallel_options dp;
     dp.buckets.bucket_bytes = r.bucket_bytes;
-    if (replicas_share_a_device(r.ring))
-      dp.reduction = device_reduction::host_ring;
     dp.name = fmt::format("{} (replica {})", options_->name, r.rank);
     auto created = data_parallel::create(options_->layers->named_parameters(), *group, dp);
     if (!created)

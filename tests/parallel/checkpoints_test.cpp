@@ -219,7 +219,7 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
   }
   case layout_kind::data_parallel: {
     // Replicas sharing a GPU reduce through the host ring (NCCL takes one
-    // GPU per rank).
+    // GPU per rank), which data_parallel chooses by itself.
     std::optional<test::cuda_or_emulated> devices;
     if (l.device != "cpu")
       devices.emplace(1);
@@ -235,8 +235,7 @@ std::vector<double> run(const layout& l, const fs::path& directory, int until) {
       };
       auto model = make_mlp();
       model->to(where);
-      auto dp = data_parallel::create(model->named_parameters(), *ring.groups[k],
-                                      {.reduction = device_reduction::host_ring});
+      auto dp = data_parallel::create(model->named_parameters(), *ring.groups[k]);
       if (!dp)
         return report(dp.error());
       auto opt = adam()(model->named_parameters());

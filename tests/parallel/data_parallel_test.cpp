@@ -418,6 +418,7 @@ TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
       {"bias", autograd::variable(tensor::full({7}, r + 1.0, dtype::float32).to(gpu), true)}};
     auto dp = data_parallel::create(params, *ring.groups[r], dp_options({.bucket_bytes = 4096}));
     ASSERT_TRUE(dp) << dp.error().message();
+    EXPECT_EQ(dp->reduction(), device_reduction::nccl) << "each replica has a GPU of its own";
     // Rank 0's parameters reached rank 1.
     EXPECT_EQ(params[0].second.data().to(device::cpu()).to_vector<float>(), std::vector<float>(2100, 1.0f));
     for (auto& [name, p] : params)
@@ -435,7 +436,9 @@ TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
 #endif
 }
 
-TEST(DataParallelCuda, ReplicasSharingOneGpuReduceThroughTheHostAndEqualOneProcess) {
+// Two replicas on one GPU choose the host ring by themselves (the default,
+// device_reduction::automatic) and train like one process on that GPU.
+TEST(DataParallelCuda, ReplicasSharingOneGpuChooseTheHostRingAndEqualOneProcess) {
   // Without a device: on an emulated one (host memory, the CPU's kernels),
   // which checks where buckets and gradients go, not CUDA.
   const test::cuda_or_emulated devices(1);
@@ -464,12 +467,13 @@ TEST(DataParallelCuda, ReplicasSharingOneGpuReduceThroughTheHostAndEqualOneProce
     auto replica = make_model(11 + r); // rank 0's values must be broadcast
     replica->to(gpu);
     auto options = dp_options({.bucket_bytes = 1024, .first_bucket_bytes = 400, .min_buckets = 1});
-    options.reduction = device_reduction::host_ring;
     auto dp = data_parallel::create(replica->named_parameters(), *ring.groups[r], options);
     if (!dp) {
       errors[r] = dp.error().message();
       return;
     }
+    if (dp->reduction() != device_reduction::host_ring)
+      errors[r] = "replicas sharing cuda:0 chose NCCL";
     optim::sgd opt(replica->named_parameters(), sgd());
     for (int s = 0; s < steps; ++s) {
       opt.zero_grad();

@@ -77,6 +77,12 @@ namespace troupe::parallel {
 
 /// How replicas whose parameters are on a CUDA device reduce their buckets.
 enum class device_reduction {
+  /// Decided by create(), the same on every replica: NCCL where every
+  /// replica's parameters are on a GPU no other replica uses (by machine
+  /// and ordinal), the host ring otherwise (replicas sharing a GPU, a build
+  /// without NCCL). It costs one small all-gather of the replicas on GPUs,
+  /// so replicas on the CPU beside replicas on GPUs must say host_ring.
+  automatic,
   /// NCCL on the device (one GPU per replica).
   nccl,
   /// Through the host: each bucket is copied to host memory, reduced by the
@@ -94,8 +100,8 @@ struct data_parallel_options {
   std::string name{};
   /// CUDA parameters: bound on NCCL's bootstrap and on each collective.
   std::chrono::milliseconds nccl_timeout{60000};
-  /// CUDA parameters: NCCL, or the host ring.
-  device_reduction reduction = device_reduction::nccl;
+  /// CUDA parameters: NCCL, the host ring, or whichever fits (above).
+  device_reduction reduction = device_reduction::automatic;
 };
 
 /// Timings of the last synchronized step (steady clock, milliseconds).
@@ -160,6 +166,9 @@ public:
   const nn::named_variables& parameters() const noexcept;
   reducer_group& group() noexcept;
   const std::string& name() const noexcept;
+  /// How the buckets are reduced: nccl, or host_ring (the ring, for
+  /// parameters on the CPU too); never automatic.
+  device_reduction reduction() const noexcept;
   data_parallel_stats last_stats() const;
 
 private:
