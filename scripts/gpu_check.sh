@@ -3,10 +3,12 @@
 # the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA
 # and the GPU benchmark, and writes one report file.
 #
-#   bash scripts/gpu_check.sh [--no-build] [--build-dir=build] [--report=FILE] [--python=python3]
+#   bash scripts/gpu_check.sh [--no-build] [--no-bench] [--build-dir=build] [--report=FILE] [--python=python3]
 #
 # --no-build   use the binaries already in the build directory (a build made
 #              on another machine of the same architecture and copied here)
+# --no-bench   the tests only (a lent device's first call: the benchmarks
+#              take longer than one call may run)
 # --report     where the report goes (default: <build-dir>/gpu-report.txt)
 # --python     the interpreter that has PyTorch with CUDA, for the peer
 #
@@ -21,9 +23,11 @@ build=build
 report=""
 python=python3
 do_build=1
+do_bench=1
 for arg in "$@"; do
   case "$arg" in
     --no-build) do_build=0 ;;
+    --no-bench) do_bench=0 ;;
     --build-dir=*) build=${arg#*=} ;;
     --report=*) report=${arg#*=} ;;
     --python=*) python=${arg#*=} ;;
@@ -102,6 +106,10 @@ run_bench() {
   echo "$out"
 }
 
+if ((!do_bench)); then
+  echo "gpu_check.sh: report in $report ($([[ $status == 0 ]] && echo all tests passed || echo FAILURES); no benchmarks: --no-bench)"
+  exit $status
+fi
 run_bench 1200 "$build/bench/gpt_step" --device=cuda:0 --models=char_lm,gpt,gpt_wide --rounds=3 --steps=5 \
   --python="$python" --peer="$here/bench/peers/gpt_step_torch.py"
 # Two pipeline stages on the GPU, in one process and in two, beside the
