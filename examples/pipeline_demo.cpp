@@ -25,6 +25,7 @@
 // replicas. --checkpoint-dir=DIR with --checkpoint-every=N (default 20):
 // every stage saves its layers and optimizer every N steps, and a run
 // resumes after the latest checkpoint in DIR (whatever the partition then).
+// --device=cuda:0 puts every rank's stage on its machine's first GPU.
 #include <fmt/format.h>
 
 #include "license_corpus.hpp"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   const auto overlap = job.flag("overlap-update", 0, 0, 1);
   const auto directory = job.flag("checkpoint-dir", ""); // none: no checkpoints
   const auto every = job.flag("checkpoint-every", 20, 1, 1'000'000);
+  const auto where = job.flag("device", device::cpu()); // every stage's
   examples::license_corpus corpus;
   job.host_stages(corpus.recipe()); // every rank: the same model from the same seed
   job.start();
@@ -56,8 +58,9 @@ int main(int argc, char** argv) {
   fmt::print("pipeline_demo: {} layers, {} parameters, {} stages, {}, {} micro-batches\n{}", model->size(),
              model->parameter_count(), p, schedule, micro, parallel::to_string(split));
   auto pipe = job.must(parallel::pipeline::create(
-    job, {.model = model, .split = split, .schedule = parallel::schedule_named(schedule),
-          .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
+    job, {.model = model, .places = job.places(where.to_string()), .split = split,
+          .schedule = parallel::schedule_named(schedule), .micro_batches = std::size_t(micro),
+          .overlap_update = overlap == 1}));
 
   auto ckpt = job.must(parallel::checkpoints::create(job, {.directory = directory, .every = every}));
   ckpt.track(pipe);

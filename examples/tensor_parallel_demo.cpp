@@ -19,6 +19,7 @@
 // allreduces). --checkpoint-dir=DIR with --checkpoint-every=N (default 20):
 // every stage saves its pieces with their global shapes every N steps, and
 // a run resumes after the latest checkpoint in DIR, at whatever layout.
+// --device=cuda:0 puts every rank's pieces on its machine's first GPU.
 #include <fmt/format.h>
 
 #include "license_corpus.hpp"
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   const auto sequence_parallel = job.flag("sequence-parallel", 0, 0, 1);
   const auto directory = job.flag("checkpoint-dir", ""); // none: no checkpoints
   const auto every = job.flag("checkpoint-every", 20, 1, 1'000'000);
+  const auto where = job.flag("device", device::cpu()); // every rank's pieces
   examples::license_corpus corpus;
   job.start();
   constexpr std::int64_t batch = 16, seq = 64; // the whole batch, shared by the replicas
@@ -66,7 +68,8 @@ int main(int argc, char** argv) {
                                                             targets.reshape({-1}), group, vocab);
             };
           },
-          .pipeline = {.micro_batches = std::size_t(micro), .optimizer = corpus.recipe().optimizer}}));
+          .pipeline = {.places = job.places(where.to_string()), .micro_batches = std::size_t(micro),
+                       .optimizer = corpus.recipe().optimizer}}));
   if (!job.is_driver()) return job.serve();
 
   fmt::print("tensor_parallel_demo: {} layers, {} stages x {} tensor ranks x {} replicas, {} micro-batches{}\n",

@@ -29,7 +29,7 @@ for arg in "$@"; do
 done
 command -v patchelf >/dev/null || { echo "gpu_bundle.sh: needs patchelf (apt-get install patchelf)" >&2; exit 1; }
 
-# The same list as gpu_check.sh runs, plus the benchmark.
+# The same list as gpu_check.sh runs: tests, demos, the launcher, the benchmarks.
 binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading_test tests/tensor/tensor.vector_isa_test
           tests/autograd/autograd.cuda_training_test
           tests/parallel/parallel.cuda_pipeline_test tests/parallel/parallel.nccl_communicator_test
@@ -37,6 +37,7 @@ binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading
           tests/parallel/parallel.remote_module_test tests/parallel/parallel.remote_module_checkpoints_test
           tests/parallel/parallel.checkpoints_test tests/parallel/parallel.parameter_server_test
           tests/parallel/parallel.tensor_parallel_test tests/parallel/parallel.tensor_parallel_pipeline_test
+          examples/pipeline_demo examples/tensor_parallel_demo bin/troupe-launch
           bench/gpt_step bench/pipeline)
 
 rm -rf "$out"

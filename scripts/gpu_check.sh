@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole CUDA check in one command, for a machine with a GPU: builds with
-# the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA
-# and the GPU benchmark, and writes one report file.
+# the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA,
+# the pipeline and tensor-parallel demos across two processes on cuda:0, and
+# the GPU benchmarks, and writes one report file.
 #
 #   bash scripts/gpu_check.sh [--no-build] [--no-bench] [--build-dir=build] [--report=FILE] [--python=python3]
 #
@@ -89,6 +90,40 @@ for t in "${tests[@]}"; do
   fi
   echo "$(basename "$t"): exit $rc"
 done
+
+# The demos across two processes on cuda:0, beside the same runs on the CPU:
+# each must exit 0, and its last loss must be the CPU run's within 0.01
+# (float32 sums in another order; a wrong kernel or a lost update moves it
+# by much more).
+last_loss() { grep -E 'step +[0-9]+ +loss' <<<"$1" | tail -1 | sed -E 's/.*loss +([0-9.]+).*/\1/'; }
+run_demo() {
+  local name=$1
+  shift
+  echo "## demo $name $*" >>"$report"
+  local gpu cpu rc
+  gpu=$(timeout 300 "$build/bin/troupe-launch" -n 2 -- "$build/examples/$name" --device=cuda:0 --steps=5 \
+        --print-every=1 "$@" 2>&1)
+  rc=$?
+  echo "$gpu" >>"$report"
+  if grep -q "this machine has no CUDA device" <<<"$gpu"; then
+    echo "Skipped: no CUDA device" >>"$report"
+    echo "demo $name $*: skipped (no CUDA device)"
+    return
+  fi
+  cpu=$(timeout 300 "$build/bin/troupe-launch" -n 2 -- "$build/examples/$name" --steps=5 --print-every=1 "$@" 2>&1)
+  local want got
+  want=$(last_loss "$cpu")
+  got=$(last_loss "$gpu")
+  echo "last loss: cuda:0 ${got:-none}, cpu ${want:-none}; exit code $rc" >>"$report"
+  if ((rc != 0)) || [[ -z $got || -z $want ]] ||
+     ! awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; exit !(d < 0.01 && d > -0.01) }'; then
+    status=1
+    echo "FAILED: demo $name $*" >>"$report"
+  fi
+  echo "demo $name $*: exit $rc, last loss ${got:-none} (cpu ${want:-none})"
+}
+run_demo pipeline_demo
+run_demo tensor_parallel_demo --tensor=2
 
 # Runs a benchmark into the report; a failure or a WRONG correctness column fails the check.
 run_bench() {

@@ -229,6 +229,8 @@ std::string job::flag(std::string_view name, std::string fallback) {
   return state_->flags.text(name, std::move(fallback));
 }
 
+device job::flag(std::string_view name, device fallback) { return state_->flags.device_here(name, fallback); }
+
 void job::reject(std::string message) {
   state_->flags.reject(std::move(message));
 }

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "troupe/tensor/cuda.hpp"
+
 namespace troupe {
 
 command_line::command_line(int argc, const char* const* argv) {
@@ -79,6 +81,27 @@ std::string command_line::choice(std::string_view name, std::string fallback,
 std::string command_line::text(std::string_view name, std::string fallback) {
   const auto* argument = take(name);
   return argument == nullptr ? fallback : std::string(value_of(*argument));
+}
+
+troupe::device command_line::device_here(std::string_view name, troupe::device fallback) {
+  const auto* argument = take(name);
+  if (argument == nullptr)
+    return fallback;
+  const auto text = value_of(*argument);
+  const auto parsed = troupe::device::parse(text);
+  if (!parsed) {
+    reject(fmt::format("--{} is '{}' but must be cpu or cuda:N", name, text));
+    return fallback;
+  }
+  if (parsed->kind == device_kind::cuda && parsed->index >= cuda_device_count()) {
+    reject(cuda_device_count() == 0
+             ? fmt::format("--{} is '{}' but this machine has no CUDA device ({})", name, text,
+                           cuda_unavailable_reason())
+             : fmt::format("--{} is '{}' but this machine has cuda:0 to cuda:{}", name, text,
+                           cuda_device_count() - 1));
+    return fallback;
+  }
+  return *parsed;
 }
 
 std::vector<std::int64_t> command_line::integers(std::string_view name, std::vector<std::int64_t> fallback) {

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "troupe/actors/fwd.hpp"
+#include "troupe/tensor/device.hpp"
 #include "troupe/tensor/expected.hpp"
 
 namespace troupe {
@@ -116,6 +117,10 @@ public:
   std::string flag(std::string_view name, std::string fallback, const std::vector<std::string>& allowed);
   /// `--name=value` as free text (a path); `fallback` when absent.
   std::string flag(std::string_view name, std::string fallback);
+  /// `--name=cpu` or `--name=cuda:N`, a device this rank's machine has;
+  /// `fallback` when absent. Its to_string() names every rank's place on
+  /// it: `job.places(where.to_string())`.
+  device flag(std::string_view name, device fallback);
   /// Records a usage error of the program's own (a flag that depends on
   /// another); start() reports it like a bad flag.
   void reject(std::string message);

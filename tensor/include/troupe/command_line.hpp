@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "troupe/tensor/device.hpp"
 #include "troupe/tensor/expected.hpp"
 
 namespace troupe {
@@ -29,6 +30,9 @@ public:
   std::string choice(std::string_view name, std::string fallback, const std::vector<std::string>& allowed);
   /// `--name=value` as given; `fallback` when absent.
   std::string text(std::string_view name, std::string fallback);
+  /// `--name=cpu` or `--name=cuda:N`, a device this machine has (a CUDA
+  /// ordinal it lacks is a usage error saying why); `fallback` when absent.
+  troupe::device device_here(std::string_view name, troupe::device fallback);
   /// `--name=1,2,4`: positive integers; `fallback` when absent.
   std::vector<std::int64_t> integers(std::string_view name, std::vector<std::int64_t> fallback);
   /// The switch `--name` (no value) is present.

@@ -7,8 +7,9 @@
 // From examples/pipeline_demo.cpp:
 //
 //   auto pipe = job.must(parallel::pipeline::create(
-//     job, {.model = model, .split = split, .schedule = parallel::schedule_named(schedule),
-//           .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}));
+//     job, {.model = model, .places = job.places(where.to_string()), .split = split,
+//           .schedule = parallel::schedule_named(schedule), .micro_batches = std::size_t(micro),
+//           .overlap_update = overlap == 1}));
 //   ...
 //   for (auto step : job.steps(steps, done)) {
 //     auto [x, y] = corpus.batch(data, batch, seq);

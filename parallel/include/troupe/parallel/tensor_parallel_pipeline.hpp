@@ -57,7 +57,8 @@
 //     job, {.tensor = std::uint32_t(tensor_ranks), .data = std::uint32_t(replicas),
 //           .model = [&](parallel::reducer_group& group) {
 //           ...
-//           .pipeline = {.micro_batches = std::size_t(micro), .optimizer = corpus.recipe().optimizer}}));
+//           .pipeline = {.places = job.places(where.to_string()), .micro_batches = std::size_t(micro),
+//                        .optimizer = corpus.recipe().optimizer}}));
 //   if (!job.is_driver()) return job.serve();
 //
 // Every build is a whole model (P per tensor rank in one process, one per
