@@ -31,6 +31,7 @@ packages=(
   openssh-server              # each namespace host's sshd (examples/check_ssh_cluster.sh)
   openmpi-bin                 # mpirun -n 4 starting a job (examples/check_mpirun.sh)
   clang libclang-rt-14-dev   # libFuzzer for the decoder fuzz test
+  patchelf                    # scripts/gpu_bundle.sh: the CUDA binaries packed for a GPU machine
 )
 # The peers the benchmarks run beside troupe in the same run.
 if [[ "$action" == bench ]]; then
