@@ -6,22 +6,15 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <fstream>
-#include <functional>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
-#include <tuple>
-
-#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "troupe/actors/trace.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/job.hpp"
-#include "troupe/parallel/all_gather.hpp"
 #include "troupe/parallel/broadcast.hpp"
 #include "troupe/parallel/ring_allreduce.hpp"
 #include "troupe/tensor/error.hpp"
@@ -29,6 +22,7 @@
 #include "troupe/parallel/nccl_communicator.hpp"
 #endif
 
+#include "gpu_placement.hpp"
 #include "reducer_member.hpp"
 
 namespace troupe::parallel {
@@ -132,46 +126,22 @@ expected<bool> data_parallel::replicas_identical() {
 
 namespace {
 
-/// This machine, as the replicas compare machines: the kernel's boot id
-/// (processes that see the same one see the same GPUs, network namespaces
-/// included), or the host name where there is none.
-std::uint64_t this_machine() {
-  std::string id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> id;
-  if (id.empty()) {
-    char name[256] = {};
-    ::gethostname(name, sizeof name - 1);
-    id = name;
-  }
-  return std::hash<std::string>{}(id);
-}
-
-/// For parameters on a GPU, `asked`, or for automatic what every replica's
-/// (machine, device) allows: an all-gather of three exact float64 values
-/// per replica, so every replica decides the same.
+/// For parameters on a GPU, `asked`, or for automatic NCCL where every
+/// replica has a GPU of its own (the same decision on every replica).
 expected<device_reduction> agree_on_reduction(reducer_group& group, device where, device_reduction asked,
                                               const std::string& name) {
   if (where.kind != device_kind::cuda)
     return device_reduction::host_ring; // the ring, as always on the CPU; nothing to agree on
   if (asked != device_reduction::automatic)
     return asked;
-  const auto machine = this_machine();
-  auto mine = tensor::from(std::vector<double>{static_cast<double>(machine >> 32),
-                                               static_cast<double>(machine & 0xffffffffu),
-                                               static_cast<double>(where.index)},
-                           {3});
-  auto all = all_gather(group, mine);
-  if (!all)
-    return make_error(all.error().code(), "{}: agreeing on how to reduce: {}", name, all.error().message());
-  const auto values = all->to_vector<double>();
-  std::set<std::tuple<double, double, double>> gpus;
-  bool nccl = true;
-  for (std::size_t k = 0; k + 2 < values.size(); k += 3)
-    nccl = nccl && gpus.emplace(values[k], values[k + 1], values[k + 2]).second;
-#ifndef TROUPE_HAVE_NCCL
-  nccl = false;
+  auto own = every_member_has_its_own_gpu(group, where);
+  if (!own)
+    return make_error(own.error().code(), "{}: agreeing on how to reduce: {}", name, own.error().message());
+#ifdef TROUPE_HAVE_NCCL
+  return *own ? device_reduction::nccl : device_reduction::host_ring;
+#else
+  return device_reduction::host_ring;
 #endif
-  return nccl ? device_reduction::nccl : device_reduction::host_ring;
 }
 
 } // namespace

@@ -22,6 +22,7 @@
 namespace troupe::parallel {
 
 class same_host_workspace;
+struct device_collectives; // tensor_parallel_collectives.cpp
 
 class reducer_member {
 public:
@@ -68,6 +69,10 @@ public:
   /// job::finish() shuts this member down.
   void stop_with(troupe::job& job);
 
+  /// How the group's tensor-parallel collectives move tensors on a GPU
+  /// (NCCL, or through the host), once the first of them has decided.
+  std::shared_ptr<device_collectives>& device_path() noexcept { return device_path_; }
+
   struct state; // shared with the reducer actor and the peer-lost handler
 
 private:
@@ -89,6 +94,7 @@ private:
   finish_hook finish_hook_;
   bool shut_down_ = false;
   std::unique_ptr<same_host_workspace> workspace_;
+  std::shared_ptr<device_collectives> device_path_;
 };
 
 /// The member behind a handle, for parallel/'s own code.

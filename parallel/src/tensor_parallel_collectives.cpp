@@ -3,6 +3,8 @@
 // autograd node per pair whose backward is the conjugate collective.
 #include "troupe/parallel/tensor_parallel_collectives.hpp"
 
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -17,6 +19,11 @@
 #include "troupe/tensor/error.hpp"
 #include "troupe/tensor/ops.hpp"
 
+#ifdef TROUPE_HAVE_NCCL
+#include "troupe/parallel/nccl_communicator.hpp"
+#endif
+
+#include "gpu_placement.hpp"
 #include "reducer_member.hpp"
 #include "value_or_throw.hpp"
 
@@ -38,15 +45,82 @@ std::int64_t normalized(const tensor& t, std::int64_t dim, const char* what) {
   return d;
 }
 
-// -- the collectives on tensors -----------------------------------------------------------------
+} // namespace
+
+// -- tensors on GPUs ----------------------------------------------------------------------------
 //
-// The group's collectives move host memory (the ring's messages, the
-// same-host workspaces), so a tensor on a GPU goes through the host and its
-// result comes back onto the GPU: the layers of a stage on `<node>/cuda:N`
-// keep their values there, and the sums are the same bits as on the CPU.
+// The group's own collectives move host memory (the ring's messages, the
+// same-host workspaces). Tensors on GPUs take NCCL where every member has a
+// GPU of its own; where members share one (NCCL refuses two ranks on a
+// device) or the build has no NCCL, they go through the host and their
+// results come back onto the GPU, the same bits as on the CPU. The group's
+// first collective on a GPU decides, for every member alike (it is a
+// collective: gpu_placement.hpp), and makes the communicator.
+
+struct device_collectives {
+  device where;
+#ifdef TROUPE_HAVE_NCCL
+  std::optional<nccl_communicator> nccl;
+#endif
+};
+
+namespace {
+
+#ifdef TROUPE_HAVE_NCCL
+using device_communicator = nccl_communicator;
+#else
+struct device_communicator; // never made: every device tensor goes through the host
+#endif
+
+#ifdef TROUPE_HAVE_NCCL
+expected<tensor> device_all_gather(device_communicator& nccl, const tensor& t) { return nccl.all_gather(t); }
+expected<tensor> device_reduce_scatter(device_communicator& nccl, const tensor& t) { return nccl.reduce_scatter(t); }
+#else
+expected<tensor> device_all_gather(device_communicator&, const tensor&) {
+  return make_error(errc::invalid_argument, "tensor parallelism: this build has no NCCL");
+}
+expected<tensor> device_reduce_scatter(device_communicator&, const tensor&) {
+  return make_error(errc::invalid_argument, "tensor parallelism: this build has no NCCL");
+}
+#endif
+
+/// The NCCL communicator for `x`'s collectives, or nullptr: `x` on the
+/// host, or the group's device tensors go through the host.
+device_communicator* nccl_for(reducer_group& group, const tensor& x, const char* what) {
+  if (x.where().kind != device_kind::cuda)
+    return nullptr;
+  auto& path = reducer_group_access::member(group).device_path();
+  if (!path) {
+    auto decided = std::make_shared<device_collectives>();
+    decided->where = x.where();
+#ifdef TROUPE_HAVE_NCCL
+    if (value_or_throw(every_member_has_its_own_gpu(group, x.where()), what))
+      decided->nccl.emplace(value_or_throw(
+        nccl_communicator::create(group, {.where = x.where(), .timeout = group.options().timeout}), what));
+#endif
+    path = std::move(decided);
+  }
+  require(path->where == x.where(), "{}: this group's collectives on a GPU run on {}, but this tensor is on {}",
+          what, path->where, x.where());
+#ifdef TROUPE_HAVE_NCCL
+  return path->nccl ? &*path->nccl : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
+// -- the collectives on tensors -----------------------------------------------------------------
 
 tensor allreduced(reducer_group& group, const tensor& x, const char* what) {
   const auto where = x.where();
+  [[maybe_unused]] auto* nccl = nccl_for(group, x, what);
+#ifdef TROUPE_HAVE_NCCL
+  if (nccl) {
+    auto out = x.contiguous().clone();
+    value_or_throw(nccl->allreduce(out), what);
+    return out;
+  }
+#endif
   // to(cpu) of a device tensor is already a fresh copy; a host one is cloned
   // because the ring reduces in place.
   auto out = where == device::cpu() ? x.contiguous().clone() : x.to(device::cpu());
@@ -65,7 +139,8 @@ tensor piece_of(reducer_group& group, const tensor& x, std::int64_t dim, const c
 /// pieces, then cut back.
 tensor gathered(reducer_group& group, const tensor& x_anywhere, std::int64_t dim, std::int64_t total,
                 const char* what) {
-  const auto x = x_anywhere.to(device::cpu());
+  auto* nccl = nccl_for(group, x_anywhere, what);
+  const auto x = nccl ? x_anywhere : x_anywhere.to(device::cpu());
   const auto d = normalized(x, dim, what);
   const auto n = group.size();
   const auto mine = tensor_parallel_split(total, n, group.rank());
@@ -73,9 +148,9 @@ tensor gathered(reducer_group& group, const tensor& x_anywhere, std::int64_t dim
           group.rank(), x.shape()[d], d, total, mine.size);
   auto padded_shape = x.shape();
   padded_shape[d] = tensor_parallel_split(total, n, 0).size;
-  auto padded = tensor::zeros(padded_shape, x.type());
+  auto padded = tensor::zeros(padded_shape, x.type(), x.where());
   padded.slice(d, 0, mine.size).copy_from(x);
-  auto all = value_or_throw(all_gather(group, padded), what);
+  auto all = value_or_throw(nccl ? device_all_gather(*nccl, padded) : all_gather(group, padded), what);
   const auto per_rank = padded.numel();
   std::vector<tensor> pieces;
   for (std::uint32_t r = 0; r < n; ++r) {
@@ -88,7 +163,8 @@ tensor gathered(reducer_group& group, const tensor& x_anywhere, std::int64_t dim
 /// The group's sum of `x`, this rank's piece along `dim`: the dimension is
 /// moved to the front and padded so that the ring's segments are the pieces.
 tensor reduce_scattered(reducer_group& group, const tensor& x_anywhere, std::int64_t dim, const char* what) {
-  const auto x = x_anywhere.to(device::cpu());
+  auto* nccl = nccl_for(group, x_anywhere, what);
+  const auto x = nccl ? x_anywhere : x_anywhere.to(device::cpu());
   const auto d = normalized(x, dim, what);
   const auto n = group.size();
   const auto total = x.shape()[d];
@@ -98,12 +174,12 @@ tensor reduce_scattered(reducer_group& group, const tensor& x_anywhere, std::int
   row_shape[0] = largest;
   auto padded_shape = row_shape;
   padded_shape[0] = largest * n;
-  auto padded = tensor::zeros(padded_shape, x.type());
+  auto padded = tensor::zeros(padded_shape, x.type(), x.where());
   for (std::uint32_t r = 0; r < n; ++r) {
     const auto piece = tensor_parallel_split(total, n, r);
     padded.slice(0, r * largest, r * largest + piece.size).copy_from(front.slice(0, piece.offset, piece.offset + piece.size));
   }
-  auto reduced = value_or_throw(reduce_scatter(group, padded), what);
+  auto reduced = value_or_throw(nccl ? device_reduce_scatter(*nccl, padded) : reduce_scatter(group, padded), what);
   const auto mine = tensor_parallel_split(total, n, group.rank());
   return reduced.view(row_shape).slice(0, 0, mine.size).transpose(0, d).contiguous().to(x_anywhere.where());
 }

@@ -436,6 +436,31 @@ TEST(DataParallelCuda, TwoReplicasAverageDeviceGradientsWithNccl) {
 #endif
 }
 
+// Replicas on GPUs of their own choose NCCL by themselves. With two GPUs
+// TwoReplicasAverageDeviceGradientsWithNccl above shows it; on the emulated
+// device (two ordinals, no NCCL behind them) create() fails in NCCL's set-up,
+// naming it.
+TEST(DataParallelCuda, ReplicasOnGpusOfTheirOwnChooseNccl) {
+#ifndef TROUPE_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL: replicas on GPUs of their own reduce through the host";
+#else
+  const test::cuda_or_emulated devices(2);
+  if (!devices.emulated())
+    GTEST_SKIP() << "a real device: TwoReplicasAverageDeviceGradientsWithNccl shows the choice";
+  local_ring ring(2, 1024, 2000ms);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::string> errors(2);
+  ring.each([&](std::uint32_t r) {
+    auto replica = make_model(11);
+    replica->to(device::cuda(static_cast<std::int32_t>(r)));
+    auto dp = data_parallel::create(replica->named_parameters(), *ring.groups[r]);
+    errors[r] = dp ? "created" : dp.error().message();
+  });
+  for (std::uint32_t r = 0; r < 2; ++r)
+    EXPECT_THAT(errors[r], HasSubstr("nccl_communicator")) << "replica " << r;
+#endif
+}
+
 // Two replicas on one GPU choose the host ring by themselves (the default,
 // device_reduction::automatic) and train like one process on that GPU.
 TEST(DataParallelCuda, ReplicasSharingOneGpuChooseTheHostRingAndEqualOneProcess) {

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -315,9 +316,11 @@ TEST(VocabParallelUse, AnIdOutsideTheVocabularyIsAUsageErrorNamingItBeforeAnyCol
 
 class GptTensorParallel : public ::testing::TestWithParam<std::tuple<std::uint32_t, bool>> {};
 
-/// Trains parallel_gpt at `degree` (its pieces and batches on `where`) and
-/// checks every rank's losses and pieces against nn::gpt's on the CPU.
-void expect_split_gpt_trains_like_one_process(std::uint32_t degree, bool sequence_parallel, device where) {
+/// Trains parallel_gpt at `degree` (rank r's pieces and batches on
+/// `where(r)`) and checks every rank's losses and pieces against nn::gpt's
+/// on the CPU.
+void expect_split_gpt_trains_like_one_process(std::uint32_t degree, bool sequence_parallel,
+                                              const std::function<device(std::uint32_t)>& where_of) {
   const nn::gpt_config config{.vocab_size = vocabulary, .block_size = 8, .n_layer = 2, .n_head = 3, .n_embd = 12,
                               .type = dtype::float64, .seed = 21};
   constexpr int gpt_steps = 3;
@@ -336,6 +339,7 @@ void expect_split_gpt_trains_like_one_process(std::uint32_t degree, bool sequenc
   std::vector<device> held(degree, device::cpu());
   ring.each([&](std::uint32_t r) {
     auto& group = *ring.groups[r];
+    const auto where = where_of(r);
     parallel_gpt split(config, group, {.sequence_parallel = sequence_parallel});
     split.to(where);
     if (auto fresh = pieces_equal(split, want, 1e-10); !fresh)
@@ -356,6 +360,7 @@ void expect_split_gpt_trains_like_one_process(std::uint32_t degree, bool sequenc
     verdicts[r] = same ? "equal" : same.error().message();
   });
   for (std::uint32_t r = 0; r < degree; ++r) {
+    const auto where = where_of(r);
     SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(degree) +
                  (sequence_parallel ? ", sequence parallel" : "") + " on " + fmt::format("{}", where));
     ASSERT_EQ(losses[r].size(), want_losses.size());
@@ -375,7 +380,7 @@ void expect_split_gpt_trains_like_one_process(std::uint32_t degree, bool sequenc
 // 3 SGD steps (so on equals off).
 TEST_P(GptTensorParallel, TrainsLikeOneProcess) {
   const auto [degree, sequence_parallel] = GetParam();
-  expect_split_gpt_trains_like_one_process(degree, sequence_parallel, device::cpu());
+  expect_split_gpt_trains_like_one_process(degree, sequence_parallel, [](std::uint32_t) { return device::cpu(); });
 }
 
 // The same with every rank's pieces and batches on cuda:0: the
@@ -385,7 +390,42 @@ TEST_P(GptTensorParallel, TrainsLikeOneProcess) {
 TEST(GptTensorParallelOnCuda, TrainsLikeOneProcessOnTheCpu) {
   test::cuda_or_emulated devices(1);
   for (const bool sequence_parallel : {false, true})
-    expect_split_gpt_trains_like_one_process(2, sequence_parallel, device::cuda(0));
+    expect_split_gpt_trains_like_one_process(2, sequence_parallel, [](std::uint32_t) { return device::cuda(0); });
+}
+
+// Members on GPUs of their own run the layers' collectives with NCCL. With
+// two GPUs the GPT trains like one process on the CPU. On the emulated
+// device (two ordinals, no NCCL behind them) the first forward fails in
+// NCCL's set-up, naming it: that shows the choice, since members sharing a
+// GPU (above) go through the host.
+TEST(GptTensorParallelOnCuda, MembersOnGpusOfTheirOwnChooseNccl) {
+#ifndef TROUPE_HAVE_NCCL
+  GTEST_SKIP() << "this build has no NCCL: members on GPUs of their own go through the host";
+#else
+  test::cuda_or_emulated devices(2);
+  auto own = [](std::uint32_t r) { return device::cuda(static_cast<std::int32_t>(r)); };
+  if (!devices.emulated()) {
+    if (devices.ordinals() < 2)
+      GTEST_SKIP() << "needs 2 GPUs, found " << devices.ordinals();
+    for (const bool sequence_parallel : {false, true})
+      expect_split_gpt_trains_like_one_process(2, sequence_parallel, own);
+    return;
+  }
+  local_ring ring(2, 1024, 2000ms);
+  ASSERT_TRUE(ring.node);
+  std::vector<std::string> errors(2);
+  ring.each([&](std::uint32_t r) {
+    parallel_mlp mlp({.width = width, .hidden = hidden, .type = dtype::float64, .seed = 9}, *ring.groups[r]);
+    mlp.to(own(r));
+    try {
+      (void)mlp(variable(inputs(0).to(own(r))));
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (std::uint32_t r = 0; r < 2; ++r)
+    EXPECT_THAT(errors[r], HasSubstr("nccl_communicator")) << "rank " << r;
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(Degrees, GptTensorParallel, ::testing::Combine(::testing::Values(2u, 3u), ::testing::Bool()));

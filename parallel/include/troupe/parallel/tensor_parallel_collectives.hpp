@@ -19,9 +19,11 @@
 // Every member must make the same calls in the same order (forward and
 // backward alike), as with any collective of the group. They run on the
 // calling thread over the group's ring (or its shared memory on one host),
-// float32 and float64. The group moves host memory: a tensor on a GPU is
-// copied to the host for the collective and its result copied back onto
-// the GPU (the same sums, bit for bit, as on the CPU). A collective that fails (a lost member, a
+// float32 and float64. Tensors on GPUs: where every member has a GPU of
+// its own, NCCL (the group's first collective on a GPU decides, on every
+// member alike, and makes the communicator); where members share a GPU,
+// through the host, the results copied back onto the GPU (the same sums,
+// bit for bit, as on the CPU). A collective that fails (a lost member, a
 // timeout) throws std::runtime_error naming the member, from forward or
 // from backward; wrong arguments throw usage_error.
 #include <cstdint>
