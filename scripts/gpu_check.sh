@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole CUDA check in one command, for a machine with a GPU: builds with
 # the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA,
-# the pipeline and tensor-parallel demos across two processes on cuda:0, and
-# the GPU benchmarks, and writes one report file.
+# the pipeline and tensor-parallel demos across two processes on cuda:0, the
+# GPU benchmarks and the share of communication hidden behind compute in a
+# traced two-process pipeline, and writes one report file.
 #
 #   bash scripts/gpu_check.sh [--no-build] [--no-bench] [--build-dir=build] [--report=FILE] [--python=python3]
 #
@@ -150,5 +151,18 @@ run_bench 1200 "$build/bench/gpt_step" --device=cuda:0 --models=char_lm,gpt,gpt_
 # Two pipeline stages on the GPU, in one process and in two, beside the
 # whole model trained on the same GPU in one process.
 run_bench 900 "$build/bench/pipeline" --model=gpt --device=cuda:0 --processes=2 --micro-batches=1,2,4,8 --steps=5
+# The share of communication hidden behind compute, from the trace: the
+# same bench traced at 4 micro-batches; only its two-process rows move
+# tensors over the data plane, so the summary's share is theirs.
+trace_dir=$(mktemp -d)
+export TROUPE_TRACE_DIR=$trace_dir
+run_bench 600 "$build/bench/pipeline" --model=gpt --device=cuda:0 --processes=2 --micro-batches=4 --steps=5 \
+  --no-peers >/dev/null
+unset TROUPE_TRACE_DIR
+{
+  echo "## trace of the pipeline at 4 micro-batches"
+  "$build/bin/troupe-trace" summary "$trace_dir" 2>&1 | head -3
+} | tee -a "$report"
+rm -rf "$trace_dir"
 echo "gpu_check.sh: report in $report ($([[ $status == 0 ]] && echo all passed || echo FAILURES))"
 exit $status
