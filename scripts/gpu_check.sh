@@ -51,7 +51,8 @@ tests=(tensor/tensor.cuda_backend_test tensor/tensor.cuda_loading_test tensor/te
        parallel/parallel.data_parallel_test actors/actors.tensor_router_test
        parallel/parallel.remote_module_test parallel/parallel.remote_module_checkpoints_test
        parallel/parallel.checkpoints_test parallel/parallel.parameter_server_test
-       parallel/parallel.tensor_parallel_test parallel/parallel.tensor_parallel_pipeline_test)
+       parallel/parallel.tensor_parallel_test parallel/parallel.tensor_parallel_pipeline_test
+       parallel/parallel.tensor_parallel_equivalence_test)
 status=0
 mkdir -p "$(dirname "$report")"
 {
@@ -72,7 +73,7 @@ for t in "${tests[@]}"; do
   [[ $t == */parallel.remote_module_test || $t == */parallel.remote_module_checkpoints_test ||
      $t == */parallel.parameter_server_test ]] && filter='*OnACudaPlace*'
   [[ $t == */parallel.checkpoints_test ]] && filter='*cuda*:*Cuda*'
-  [[ $t == */parallel.tensor_parallel_test || $t == */parallel.tensor_parallel_pipeline_test ]] && filter='*OnCuda*'
+  [[ $t == */parallel.tensor_parallel* ]] && filter='*OnCuda*'
   echo "## test $(basename "$t")" >>"$report"
   if [[ ! -x $binary ]]; then
     echo "MISSING: $binary was not built" | tee -a "$report"

@@ -29,8 +29,10 @@ struct layer_step {
   variable output;
 };
 
+/// A float64 copy on the host: what is compared, whichever device the
+/// model computed on.
 tensor as_float64(const tensor& t) {
-  return t.to(dtype::float64).contiguous().clone();
+  return t.to(device::cpu()).to(dtype::float64).contiguous().clone();
 }
 
 std::vector<layer_step> run_forward(nn::sequential& model, const tensor& input) {
@@ -57,7 +59,7 @@ void run_backward(std::vector<layer_step>& steps, tensor seed) {
       break;
     seed = steps[i].input.grad();
     if (!seed.defined())
-      seed = tensor::zeros(steps[i].input.data().shape(), steps[i].input.data().type());
+      seed = tensor::zeros(steps[i].input.data().shape(), steps[i].input.data().type(), steps[i].input.data().where());
   }
 }
 
@@ -67,7 +69,7 @@ std::string layer_of(const std::string& fqn) {
 }
 
 tensor gradient_or_zeros(const variable& p) {
-  return p.grad().defined() ? p.grad() : tensor::zeros(p.data().shape(), p.data().type());
+  return p.grad().defined() ? p.grad() : tensor::zeros(p.data().shape(), p.data().type(), p.data().where());
 }
 
 /// How the ranks hold one tensor: whole on each (dim -1), or pieces of
@@ -136,7 +138,7 @@ tensor put_together(const tensor& mine, const layout& how, const dims& whole, re
   std::int64_t offset = 0;
   for (std::uint32_t r = 0; r < group.rank(); ++r)
     offset += how.sizes[r];
-  full.slice(how.dim, offset, offset + how.sizes[group.rank()]).copy_from(mine);
+  full.slice(how.dim, offset, offset + how.sizes[group.rank()]).copy_from(mine.to(device::cpu()));
   if (auto summed = ring_allreduce(group, full); !summed)
     throw std::runtime_error(summed.error().message());
   return full;
@@ -183,7 +185,7 @@ layer_trace record_layers(nn::sequential& model, const tensor& input, const equi
   generator gen{options.seed};
   const auto& out = steps.back().output.data();
   trace.output_gradient = randn(out.shape(), gen, 0.0, 1.0, dtype::float64);
-  run_backward(steps, trace.output_gradient.to(out.type()));
+  run_backward(steps, trace.output_gradient.to(out.type()).to(out.where()));
   for (std::size_t i = 0; i < steps.size(); ++i) {
     layer_record record;
     record.name = model.name_at(i);
@@ -228,8 +230,9 @@ equivalence_report compare_layers(const layer_trace& reference, nn::sequential& 
     layouts.push_back(agree_layout(steps[i].output.data().shape(), reference.layers[i].output.shape(), group));
   const auto& last = layouts.back();
   const auto& out = steps.back().output.data();
-  run_backward(steps, last.error.empty() ? piece_of(reference.output_gradient, last, group.rank()).to(out.type())
-                                         : tensor::zeros(out.shape(), out.type()));
+  run_backward(steps, last.error.empty()
+                        ? piece_of(reference.output_gradient, last, group.rank()).to(out.type()).to(out.where())
+                        : tensor::zeros(out.shape(), out.type(), out.where()));
 
   equivalence_report report;
   const double tolerance = options.tolerance;
@@ -255,7 +258,7 @@ equivalence_report compare_layers(const layer_trace& reference, nn::sequential& 
     for (const auto& [fqn, whole] : want.parameter_gradients) {
       require(pieces.count(fqn) != 0, "compare_layers: the split model has no parameter {}", fqn);
       const auto& shards = pieces.at(fqn);
-      const auto mine = gradient_or_zeros(parameters.at(fqn));
+      const auto mine = gradient_or_zeros(parameters.at(fqn)).to(device::cpu());
       tensor got;
       if (shards.front().dim < 0) {
         got = as_float64(mine);

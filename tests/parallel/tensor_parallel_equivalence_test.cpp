@@ -10,6 +10,7 @@
 
 #include <functional>
 
+#include "emulated_device.hpp"
 #include "ring_support.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
@@ -35,7 +36,8 @@ tensor gpt_ids() {
 /// Every rank's report on the GPT split over `degree` ranks, after
 /// `change(rank, model)` (a fault, or nothing).
 std::vector<equivalence_report> gpt_reports(std::uint32_t degree, bool sequence_parallel,
-                                            const std::function<void(std::uint32_t, parallel_gpt&)>& change) {
+                                            const std::function<void(std::uint32_t, parallel_gpt&)>& change,
+                                            device where = device::cpu()) {
   nn::gpt whole(config);
   const auto ids = gpt_ids();
   const auto reference = record_layers(whole, ids, {});
@@ -45,7 +47,8 @@ std::vector<equivalence_report> gpt_reports(std::uint32_t degree, bool sequence_
   ring.each([&](std::uint32_t r) {
     parallel_gpt split(config, *ring.groups[r], {.sequence_parallel = sequence_parallel});
     change(r, split);
-    reports[r] = compare_layers(reference, split, *ring.groups[r], ids, {.tolerance = 1e-10});
+    split.to(where);
+    reports[r] = compare_layers(reference, split, *ring.groups[r], ids.to(where), {.tolerance = 1e-10});
   });
   return reports;
 }
@@ -74,27 +77,44 @@ INSTANTIATE_TEST_SUITE_P(Degrees, GptEquivalence, ::testing::Combine(::testing::
 // is off by 1e-3. The report names layer 2's output; the layers before it
 // agree in their outputs, and the embedding's gradient, which differs too
 // (backward passes through the fault), is not what is named.
+void perturb_block_2_on_rank_1(std::uint32_t r, parallel_gpt& split) {
+  if (r == 1)
+    for (auto& [fqn, p] : split.named_parameters())
+      if (fqn == "2.attn.c_attn.weight") {
+        auto corner = p.data().slice(0, 0, 1).slice(1, 0, 1);
+        corner.copy_from(add(corner, 1e-3));
+      }
+}
+
+/// What the perturbation must give: layer 2's output named, not earlier.
+void expect_block_2_named(const equivalence_report& report) {
+  ASSERT_FALSE(report.equal());
+  EXPECT_EQ(report.first->layer, "2") << report.to_string();
+  EXPECT_EQ(report.first->what.name, "output");
+  EXPECT_FALSE(report.layers[0].output.differs);
+  EXPECT_FALSE(report.layers[1].output.differs);
+  EXPECT_TRUE(report.layers[0].parameter_gradients[0].differs) << "the embedding's gradient differs too";
+  EXPECT_THAT(report.to_string(), HasSubstr("first difference: layer 2, output"));
+}
+
 TEST_P(GptEquivalence, NamesTheMiddleBlockWhoseWeightIsPerturbed) {
   const auto [degree, sequence_parallel] = GetParam();
-  const auto reports = gpt_reports(degree, sequence_parallel, [](std::uint32_t r, parallel_gpt& split) {
-    if (r == 1)
-      for (auto& [fqn, p] : split.named_parameters())
-        if (fqn == "2.attn.c_attn.weight") {
-          auto corner = p.data().slice(0, 0, 1).slice(1, 0, 1);
-          corner.copy_from(add(corner, 1e-3));
-        }
-  });
+  const auto reports = gpt_reports(degree, sequence_parallel, perturb_block_2_on_rank_1);
   for (std::uint32_t r = 0; r < degree; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
-    const auto& report = reports[r];
-    ASSERT_FALSE(report.equal());
-    EXPECT_EQ(report.first->layer, "2") << report.to_string();
-    EXPECT_EQ(report.first->what.name, "output");
-    EXPECT_FALSE(report.layers[0].output.differs);
-    EXPECT_FALSE(report.layers[1].output.differs);
-    EXPECT_TRUE(report.layers[0].parameter_gradients[0].differs) << "the embedding's gradient differs too";
-    EXPECT_THAT(report.to_string(), HasSubstr("first difference: layer 2, output"));
+    expect_block_2_named(reports[r]);
   }
+}
+
+// The split model on cuda:0 against the one-process model recorded on the
+// CPU: no layer differs (float64), and the perturbed block is named.
+TEST(GptEquivalenceOnCuda, ASplitModelOnAGpuIsComparedWithTheCpu) {
+  test::cuda_or_emulated devices(1);
+  const auto none = [](std::uint32_t, parallel_gpt&) {};
+  for (const auto& report : gpt_reports(2, true, none, device::cuda(0)))
+    EXPECT_TRUE(report.equal()) << report.to_string();
+  for (const auto& report : gpt_reports(2, false, perturb_block_2_on_rank_1, device::cuda(0)))
+    expect_block_2_named(report);
 }
 
 constexpr std::int64_t width = 4, hidden = 8, rows = 6;

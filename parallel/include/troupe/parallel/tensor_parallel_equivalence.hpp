@@ -15,7 +15,8 @@
 //   const auto reference = record_layers(whole, ids, {});
 //   ...
 //   parallel_gpt split(config, *ring.groups[r], {.sequence_parallel = sequence_parallel});
-//   reports[r] = compare_layers(reference, split, *ring.groups[r], ids, {.tolerance = 1e-10});
+//   split.to(where);
+//   reports[r] = compare_layers(reference, split, *ring.groups[r], ids.to(where), {.tolerance = 1e-10});
 //
 // How it runs. Each layer takes a fresh leaf holding the previous layer's
 // output, so its input gradient is observable; backward goes layer by
@@ -41,6 +42,10 @@
 // every gradient of the layers before it later), so block 2 is named, not
 // the embedding whose gradient also differs; a wrong backward in a layer
 // whose forward is right is named by its input gradient.
+//
+// Devices. Either model may compute on a GPU (the input on its device):
+// what is compared is float64 copies on the host, so a split model on
+// `cuda:0` is checked against a reference recorded on the CPU.
 //
 // Every rank gets the same report (the ranks' differences are gathered and
 // the largest kept). Every rank's model must have the same layers and
