@@ -57,32 +57,24 @@ std::int64_t normalized(const tensor& t, std::int64_t dim, const char* what) {
 // first collective on a GPU decides, for every member alike (it is a
 // collective: gpu_placement.hpp), and makes the communicator.
 
-struct device_collectives {
-  device where;
-#ifdef TROUPE_HAVE_NCCL
-  std::optional<nccl_communicator> nccl;
-#endif
-};
-
-namespace {
-
 #ifdef TROUPE_HAVE_NCCL
 using device_communicator = nccl_communicator;
 #else
-struct device_communicator; // never made: every device tensor goes through the host
+/// Never made: without NCCL every tensor on a GPU goes through the host.
+struct device_communicator {
+  expected<void> allreduce(const tensor&) { return no_nccl(); }
+  expected<tensor> all_gather(const tensor&) { return no_nccl(); }
+  expected<tensor> reduce_scatter(const tensor&) { return no_nccl(); }
+  static error no_nccl() { return make_error(errc::invalid_argument, "this build has no NCCL"); }
+};
 #endif
 
-#ifdef TROUPE_HAVE_NCCL
-expected<tensor> device_all_gather(device_communicator& nccl, const tensor& t) { return nccl.all_gather(t); }
-expected<tensor> device_reduce_scatter(device_communicator& nccl, const tensor& t) { return nccl.reduce_scatter(t); }
-#else
-expected<tensor> device_all_gather(device_communicator&, const tensor&) {
-  return make_error(errc::invalid_argument, "tensor parallelism: this build has no NCCL");
-}
-expected<tensor> device_reduce_scatter(device_communicator&, const tensor&) {
-  return make_error(errc::invalid_argument, "tensor parallelism: this build has no NCCL");
-}
-#endif
+struct device_collectives {
+  device where;
+  std::optional<device_communicator> nccl; ///< empty: through the host
+};
+
+namespace {
 
 /// The NCCL communicator for `x`'s collectives, or nullptr: `x` on the
 /// host, or the group's device tensors go through the host.
@@ -102,25 +94,18 @@ device_communicator* nccl_for(reducer_group& group, const tensor& x, const char*
   }
   require(path->where == x.where(), "{}: this group's collectives on a GPU run on {}, but this tensor is on {}",
           what, path->where, x.where());
-#ifdef TROUPE_HAVE_NCCL
   return path->nccl ? &*path->nccl : nullptr;
-#else
-  return nullptr;
-#endif
 }
 
 // -- the collectives on tensors -----------------------------------------------------------------
 
 tensor allreduced(reducer_group& group, const tensor& x, const char* what) {
   const auto where = x.where();
-  [[maybe_unused]] auto* nccl = nccl_for(group, x, what);
-#ifdef TROUPE_HAVE_NCCL
-  if (nccl) {
+  if (auto* nccl = nccl_for(group, x, what)) {
     auto out = x.contiguous().clone();
     value_or_throw(nccl->allreduce(out), what);
     return out;
   }
-#endif
   // to(cpu) of a device tensor is already a fresh copy; a host one is cloned
   // because the ring reduces in place.
   auto out = where == device::cpu() ? x.contiguous().clone() : x.to(device::cpu());
@@ -150,7 +135,7 @@ tensor gathered(reducer_group& group, const tensor& x_anywhere, std::int64_t dim
   padded_shape[d] = tensor_parallel_split(total, n, 0).size;
   auto padded = tensor::zeros(padded_shape, x.type(), x.where());
   padded.slice(d, 0, mine.size).copy_from(x);
-  auto all = value_or_throw(nccl ? device_all_gather(*nccl, padded) : all_gather(group, padded), what);
+  auto all = value_or_throw(nccl ? nccl->all_gather(padded) : all_gather(group, padded), what);
   const auto per_rank = padded.numel();
   std::vector<tensor> pieces;
   for (std::uint32_t r = 0; r < n; ++r) {
@@ -179,7 +164,7 @@ tensor reduce_scattered(reducer_group& group, const tensor& x_anywhere, std::int
     const auto piece = tensor_parallel_split(total, n, r);
     padded.slice(0, r * largest, r * largest + piece.size).copy_from(front.slice(0, piece.offset, piece.offset + piece.size));
   }
-  auto reduced = value_or_throw(nccl ? device_reduce_scatter(*nccl, padded) : reduce_scatter(group, padded), what);
+  auto reduced = value_or_throw(nccl ? nccl->reduce_scatter(padded) : reduce_scatter(group, padded), what);
   const auto mine = tensor_parallel_split(total, n, group.rank());
   return reduced.view(row_shape).slice(0, 0, mine.size).transpose(0, d).contiguous().to(x_anywhere.where());
 }
