@@ -9,6 +9,7 @@ shift
 name=$(basename "$demo")
 expect_error() {
   local pattern=$1 value=$2 output rc
+  shift 2
   output=$("$demo" --device="$value" --steps=1 "$@" 2>&1); rc=$?
   if [[ $rc -ne 2 ]] || ! grep -qF -e "$pattern" <<<"$output" || grep -q 'step ' <<<"$output"; then
     echo "FAIL: $name --device=$value: expected exit 2 and '$pattern', got exit $rc:"; echo "$output"; exit 1

@@ -15,6 +15,8 @@
 // The trace summary has a row per replica with its "backward" and
 // "allreduce" spans; the SVG shows the buckets' allreduce under backward.
 // Flags: --steps, --print-every, --batch (per replica), --bucket-kib,
+// --device=cuda:0 (every replica on its machine's first GPU; replicas
+// sharing one reduce through the host, on GPUs of their own with NCCL),
 // --checkpoint-dir=DIR with --checkpoint-every=N (default 20): save every N
 // steps (asynchronously) and, when DIR holds a checkpoint, resume after it.
 // Under `troupe-launch --restarts=1`, a rank killed mid-run restarts the
@@ -38,10 +40,12 @@ int main(int argc, char** argv) {
   const auto bucket_bytes = std::size_t(job.flag("bucket-kib", 256, 1, 1 << 20)) << 10;
   const auto directory = job.flag("checkpoint-dir", ""); // none: no checkpoints
   const auto every = job.flag("checkpoint-every", 20, 1, 1'000'000);
+  const auto where = job.flag("device", device::cpu());
   job.start();
   examples::license_corpus corpus;
   auto recipe = corpus.recipe();
   auto model = recipe.model(); // every rank: the same model from the same seed
+  model->to(where);
   auto dp = job.must(parallel::data_parallel::create(job, model->named_parameters(), {.buckets = {bucket_bytes}}));
   auto optimizer = recipe.optimizer(model->named_parameters());
   auto ckpt = job.must(parallel::checkpoints::create(job, {.directory = directory, .every = every}));
@@ -51,7 +55,7 @@ int main(int argc, char** argv) {
     auto data = generator{100 + job.rank()}.fork(std::uint64_t(step)); // every replica its own batches
     auto [x, y] = corpus.batch(data, batch, 64);
     optimizer->zero_grad();
-    auto loss = recipe.loss((*model)(autograd::variable(x)), y);
+    auto loss = recipe.loss((*model)(autograd::variable(x.to(where))), y.to(where));
     job.must(dp.backward(loss), fmt::format("step {}", step.number()));
     optimizer->step();
     step.report(loss.item(), batch * job.world_size(), "  " + dp.last_stats().summary());

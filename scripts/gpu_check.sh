@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole CUDA check in one command, for a machine with a GPU: builds with
 # the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA,
-# the pipeline and tensor-parallel demos across two processes on cuda:0, the
+# the data-parallel, pipeline and tensor-parallel demos across two processes on cuda:0, the
 # GPU benchmarks and the share of communication hidden behind compute in a
 # traced two-process pipeline, and writes one report file.
 #
@@ -124,6 +124,7 @@ run_demo() {
   fi
   echo "demo $name $*: exit $rc, last loss ${got:-none} (cpu ${want:-none})"
 }
+run_demo data_parallel_demo
 run_demo pipeline_demo
 run_demo tensor_parallel_demo --tensor=2
 

@@ -7,11 +7,12 @@
 // From examples/data_parallel_demo.cpp:
 //
 //   auto model = recipe.model(); // every rank: the same model from the same seed
+//   model->to(where);
 //   auto dp = job.must(parallel::data_parallel::create(job, model->named_parameters(), {.buckets = {bucket_bytes}}));
 //   auto optimizer = recipe.optimizer(model->named_parameters());
 //   ...
 //   optimizer->zero_grad();
-//   auto loss = recipe.loss((*model)(autograd::variable(x)), y);
+//   auto loss = recipe.loss((*model)(autograd::variable(x.to(where))), y.to(where));
 //   job.must(dp.backward(loss), fmt::format("step {}", step.number()));
 //   optimizer->step();
 //
