@@ -58,10 +58,13 @@ public:
     return *space;
   }
 
-  /// A device address for a new block of `bytes` of host memory.
+  /// A device address for a new block of `bytes` of host memory (the
+  /// address range is a power of two, the host block only what is asked).
   void* allocate(std::size_t bytes) {
-    const auto size = std::bit_ceil(std::max<std::size_t>(bytes, storage::alignment));
-    void* host = std::aligned_alloc(storage::alignment, size);
+    const auto host_bytes = std::max<std::size_t>((bytes + storage::alignment - 1) / storage::alignment, 1) *
+                            storage::alignment;
+    const auto size = std::bit_ceil(host_bytes);
+    void* host = std::aligned_alloc(storage::alignment, host_bytes);
     if (host == nullptr)
       throw std::bad_alloc();
     std::lock_guard lock(mutex_);
@@ -77,7 +80,7 @@ public:
       address = base_ + next_;
       next_ += size;
     }
-    blocks_.emplace(address, block{static_cast<std::byte*>(host), size});
+    blocks_.emplace(address, block{static_cast<std::byte*>(host), host_bytes, size});
     return reinterpret_cast<void*>(address);
   }
 
@@ -96,7 +99,7 @@ public:
     const auto address = reinterpret_cast<std::uintptr_t>(device_address);
     std::lock_guard lock(mutex_);
     auto it = blocks_.upper_bound(address);
-    if (it == blocks_.begin() || address >= std::prev(it)->first + std::prev(it)->second.size)
+    if (it == blocks_.begin() || address >= std::prev(it)->first + std::prev(it)->second.host_bytes)
       throw usage_error(fmt::format("emulated cuda: {} is not emulated device memory", device_address));
     --it;
     return it->second.host + (address - it->first);
@@ -112,7 +115,8 @@ private:
 
   struct block {
     std::byte* host;
-    std::size_t size;
+    std::size_t host_bytes; ///< what the device address may reach
+    std::size_t size;       ///< the address range, a power of two
   };
 
   emulated_address_space() {

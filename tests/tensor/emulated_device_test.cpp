@@ -49,6 +49,16 @@ TEST_F(EmulatedDevice, AFreedAddressIsHandedOutAgain) {
   EXPECT_EQ(again.raw_data(), first) << "freed blocks are reused, so the reserved range is never used up";
 }
 
+TEST_F(EmulatedDevice, AnAddressPastItsHostBlockIsRefused) {
+  // 1100 bytes: the address range is 2048 bytes, the host block only the
+  // bytes asked for rounded to storage::alignment.
+  auto t = tensor::zeros({275}, dtype::float32, device::cuda(0));
+  auto* first = static_cast<std::byte*>(t.raw_data());
+  const auto held = (std::size_t{1100} + storage::alignment - 1) / storage::alignment * storage::alignment;
+  EXPECT_NO_THROW((void)test::emulated_address_space::instance().host_of(first + held - 1));
+  EXPECT_THROW((void)test::emulated_address_space::instance().host_of(first + held), usage_error);
+}
+
 using EmulatedDeviceDeathTest = EmulatedDevice;
 
 TEST_F(EmulatedDeviceDeathTest, HostCodeReadingDeviceMemoryFaultsAndSaysSo) {
