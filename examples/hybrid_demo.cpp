@@ -9,7 +9,8 @@
 //   build/bin/troupe-trace summary /tmp/hd
 //
 // Flags: --steps, --print-every, --micro-batches, --schedule=1f1b|gpipe,
-// --replicas (at least 2, dividing the processes), --overlap-update=1.
+// --replicas (at least 2, dividing the processes), --overlap-update=1,
+// --device=cuda:0 (every stage on its rank's machine's first GPU).
 #include <fmt/format.h>
 
 #include "license_corpus.hpp"
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   const auto schedule = job.flag("schedule", "1f1b", {"1f1b", "gpipe"});
   const auto replicas = job.flag("replicas", 2, 2, 8);
   const auto overlap = job.flag("overlap-update", 0, 0, 1);
+  const auto where = job.flag("device", device::cpu()); // every stage's
   examples::license_corpus corpus;
   job.host_stages(corpus.recipe());
   job.start();
@@ -44,7 +46,7 @@ int main(int argc, char** argv) {
              model->size(), model->parameter_count(), stages, replicas, schedule == "gpipe" ? "GPipe" : "1F1B", micro);
   fmt::print("{}", parallel::to_string(split));
   auto hybrid = job.must(parallel::hybrid_pipeline::create(
-    job, {.replicas = std::size_t(replicas),
+    job, {.replicas = std::size_t(replicas), .where = where,
           .pipeline = {.split = split, .schedule = parallel::schedule_named(schedule),
                        .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}}));
 

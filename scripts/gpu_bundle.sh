@@ -38,7 +38,7 @@ binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading
           tests/parallel/parallel.checkpoints_test tests/parallel/parallel.parameter_server_test
           tests/parallel/parallel.tensor_parallel_test tests/parallel/parallel.tensor_parallel_pipeline_test
           tests/parallel/parallel.tensor_parallel_equivalence_test
-          examples/data_parallel_demo examples/pipeline_demo examples/tensor_parallel_demo
+          examples/data_parallel_demo examples/pipeline_demo examples/tensor_parallel_demo examples/hybrid_demo
           bin/troupe-launch bin/troupe-trace
           bench/gpt_step bench/pipeline)
 

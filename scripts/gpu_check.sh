@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole CUDA check in one command, for a machine with a GPU: builds with
 # the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA,
-# the data-parallel, pipeline and tensor-parallel demos across two processes on cuda:0, the
+# the data-parallel, pipeline, tensor-parallel and hybrid demos across two processes on cuda:0, the
 # GPU benchmarks and the share of communication hidden behind compute in a
 # traced two-process pipeline, and writes one report file.
 #
@@ -127,6 +127,7 @@ run_demo() {
 run_demo data_parallel_demo
 run_demo pipeline_demo
 run_demo tensor_parallel_demo --tensor=2
+run_demo hybrid_demo --replicas=2 # two processes: one stage, two replicas sharing the GPU
 
 # Runs a benchmark into the report; a failure or a WRONG correctness column fails the check.
 run_bench() {

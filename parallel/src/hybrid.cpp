@@ -14,7 +14,7 @@ expected<hybrid_pipeline> hybrid_pipeline::create(troupe::job& job, hybrid_optio
   if (!options.recipe.model)
     options.recipe = job.stages();
   if (options.places.empty()) {
-    const auto places = job.places();
+    const auto places = job.places(options.where.to_string());
     require(options.replicas >= 1 && places.size() % options.replicas == 0,
             "hybrid_pipeline::create: replicas is {} but must divide the job's {} processes", options.replicas,
             places.size());

@@ -6,7 +6,7 @@
 // From examples/hybrid_demo.cpp:
 //
 //   auto hybrid = job.must(parallel::hybrid_pipeline::create(
-//     job, {.replicas = std::size_t(replicas),
+//     job, {.replicas = std::size_t(replicas), .where = where,
 //           .pipeline = {.split = split, .schedule = parallel::schedule_named(schedule),
 //                        .micro_batches = std::size_t(micro), .overlap_update = overlap == 1}}));
 //
@@ -46,6 +46,10 @@ struct hybrid_options {
   /// [replica][stage] places ("<node>/<device>"); at least two replicas,
   /// every replica with the same number of stages.
   std::vector<std::vector<std::string>> places{};
+  /// With `places` empty: the device of every rank's place (`cuda:0`: each
+  /// stage on its rank's machine's first GPU; replicas of a stage sharing a
+  /// GPU then average through the host, as data_parallel decides).
+  device where = device::cpu();
   /// The pipeline every replica runs: split, schedule, micro-batches,
   /// rematerialization, deferral, overlap_update, timeout. Its model,
   /// optimizer and loss come from `recipe`, its places from `places` (leave
