@@ -25,6 +25,7 @@
 
 #include "gpu_placement.hpp"
 #include "reducer_member.hpp"
+#include "training_state.hpp"
 #include "value_or_throw.hpp"
 
 namespace troupe::parallel {
@@ -106,9 +107,7 @@ tensor allreduced(reducer_group& group, const tensor& x, const char* what) {
     value_or_throw(nccl->allreduce(out), what);
     return out;
   }
-  // to(cpu) of a device tensor is already a fresh copy; a host one is cloned
-  // because the ring reduces in place.
-  auto out = where == device::cpu() ? x.contiguous().clone() : x.to(device::cpu());
+  auto out = host_copy(x, /*snapshot=*/true); // fresh: the ring reduces in place
   value_or_throw(ring_allreduce(group, out), what);
   return out.to(where);
 }

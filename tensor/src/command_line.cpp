@@ -93,12 +93,12 @@ troupe::device command_line::device_here(std::string_view name, troupe::device f
     reject(fmt::format("--{} is '{}' but must be cpu or cuda:N", name, text));
     return fallback;
   }
-  if (parsed->kind == device_kind::cuda && parsed->index >= cuda_device_count()) {
-    reject(cuda_device_count() == 0
-             ? fmt::format("--{} is '{}' but this machine has no CUDA device ({})", name, text,
-                           cuda_unavailable_reason())
-             : fmt::format("--{} is '{}' but this machine has cuda:0 to cuda:{}", name, text,
-                           cuda_device_count() - 1));
+  if (parsed->kind != device_kind::cuda)
+    return *parsed; // asks nothing of CUDA (a CPU run never starts its runtime here)
+  if (const auto count = cuda_device_count(); parsed->index >= count) {
+    reject(count == 0 ? fmt::format("--{} is '{}' but this machine has no CUDA device ({})", name, text,
+                                    cuda_unavailable_reason())
+                      : fmt::format("--{} is '{}' but this machine has cuda:0 to cuda:{}", name, text, count - 1));
     return fallback;
   }
   return *parsed;
