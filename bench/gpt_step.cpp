@@ -31,6 +31,7 @@
 
 #include "interleaved_rounds.hpp"
 #include "models.hpp"
+#include "training_step_options.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/gpt.hpp"
@@ -84,29 +85,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpt_step: --drift-steps: '%d' must be 0 (off) or at least 200\n", drift_steps);
     return 2;
   }
-  const auto models = bench::option(argc, argv, "models", "char_lm,gpt");
-  const auto device_name = bench::option(argc, argv, "device", "cpu");
-  if (device_name != "cpu" && device_name != "cuda:0") {
-    std::fprintf(stderr, "gpt_step: --device: '%s' is not cpu or cuda:0\n", device_name.c_str());
+  const auto options = bench::parse_training_step_options(
+    "gpt_step", argc, argv, "char_lm,gpt", {"char_lm", "gpt", "gpt_wide"},
+    std::string(TROUPE_SOURCE_DIR) + "/bench/peers/gpt_step_torch.py");
+  if (!options)
     return 2;
-  }
-  const auto where = device_name == "cpu" ? device::cpu() : device::cuda(0);
-  const auto python = bench::option(argc, argv, "python", "/usr/bin/python3");
-  // The peer script's path, for a build tree copied to another machine.
-  const auto peer_script =
-    bench::option(argc, argv, "peer", std::string(TROUPE_SOURCE_DIR) + "/bench/peers/gpt_step_torch.py");
-  bool peers = true;
-  for (int i = 1; i < argc; ++i)
-    peers &= std::string_view(argv[i]) != "--no-peers";
-  for (std::size_t begin = 0; begin <= models.size();) {
-    auto end = std::min(models.find(',', begin), models.size());
-    auto name = models.substr(begin, end - begin);
-    if (std::none_of(std::begin(sizes), std::end(sizes), [&](const gpt_size& s) { return name == s.name; })) {
-      std::fprintf(stderr, "gpt_step: --models: '%s' is not one of char_lm, gpt, gpt_wide\n", name.c_str());
-      return 2;
-    }
-    begin = end + 1;
-  }
+  const auto& [device_name, where, models, python, peer_script, peers] = *options;
   if (where.kind == device_kind::cuda && cuda_device_count() == 0) {
     out.note("no CUDA device ({}): nothing measured", cuda_unavailable_reason());
     out.print();
@@ -114,7 +98,7 @@ int main(int argc, char** argv) {
   }
 
   for (const auto& size : sizes) {
-    if (("," + models + ",").find(std::string(",") + size.name + ",") == std::string::npos)
+    if (!options->wants(size.name))
       continue;
     generator data{7};
     // One fixed batch: the loss must fall on it (the correctness column).

@@ -162,4 +162,19 @@ inline std::optional<double> json_number(const std::string& line, const std::str
   }
 }
 
+/// A string field `"key": "text"` of such a line (no escapes inside), or
+/// nullopt.
+inline std::optional<std::string> json_string(const std::string& line, const std::string& key) {
+  auto at = line.find("\"" + key + "\"");
+  if (at == std::string::npos)
+    return std::nullopt;
+  auto open = line.find('"', line.find(':', at));
+  if (open == std::string::npos)
+    return std::nullopt;
+  auto close_at = line.find('"', open + 1);
+  if (close_at == std::string::npos)
+    return std::nullopt;
+  return line.substr(open + 1, close_at - open - 1);
+}
+
 } // namespace troupe::bench

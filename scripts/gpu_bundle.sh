@@ -40,7 +40,7 @@ binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading
           tests/parallel/parallel.tensor_parallel_equivalence_test
           examples/data_parallel_demo examples/pipeline_demo examples/tensor_parallel_demo examples/hybrid_demo
           bin/troupe-launch bin/troupe-trace
-          bench/gpt_step bench/pipeline)
+          bench/gpt_step bench/cnn_step bench/pipeline)
 
 rm -rf "$out"
 final=$out

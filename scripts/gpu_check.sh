@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The whole CUDA check in one command, for a machine with a GPU: builds with
-# the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA,
-# the data-parallel, pipeline, tensor-parallel and hybrid demos across two processes on cuda:0, the
-# GPU benchmarks and the share of communication hidden behind compute in a
-# traced two-process pipeline, and writes one report file.
+# the CUDA backend (scripts/setup.sh), runs every test that exercises CUDA
+# (the convolutions twice: on cuDNN where the machine has it, and on
+# troupe's own kernels), the data-parallel, pipeline, tensor-parallel and
+# hybrid demos across two processes on cuda:0, the GPU benchmarks (GPT and
+# convolutional network training beside PyTorch, pipelines) and the share
+# of communication hidden behind compute in a traced two-process pipeline,
+# and writes one report file.
 #
 #   bash scripts/gpu_check.sh [--no-build] [--no-bench] [--build-dir=build] [--report=FILE] [--python=python3]
 #
@@ -53,16 +56,63 @@ tests=(tensor/tensor.cuda_backend_test tensor/tensor.cuda_loading_test tensor/te
        parallel/parallel.checkpoints_test parallel/parallel.parameter_server_test
        parallel/parallel.tensor_parallel_test parallel/parallel.tensor_parallel_pipeline_test
        parallel/parallel.tensor_parallel_equivalence_test)
+# cuDNN: the machine's own, else the copy PyTorch's wheels carry (the
+# CUDA backend opens libcudnn.so.9 on first use and runs its own kernels
+# without it; the loading test then fails, saying it could not load it).
+on_library_path() {
+  local d dirs
+  IFS=: read -ra dirs <<<"${LD_LIBRARY_PATH:-}"
+  for d in "${dirs[@]}"; do [[ -n $d && -e $d/$1 ]] && return 0; done
+  ldconfig -p 2>/dev/null | grep -q "$1 "
+}
+cudnn_dir=""
+if ! on_library_path libcudnn.so.9; then
+  cudnn_dir=$("$python" -c 'import os, nvidia.cudnn as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)
+  if [[ -n $cudnn_dir && -e $cudnn_dir/libcudnn.so.9 ]]; then
+    export LD_LIBRARY_PATH=$cudnn_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  else
+    cudnn_dir="none found"
+  fi
+fi
+
 status=0
 mkdir -p "$(dirname "$report")"
 {
   echo "# troupe GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "## devices"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi: not available"
+  [[ -n $cudnn_dir ]] && echo "cuDNN (not on the library path) from PyTorch's wheels: $cudnn_dir"
 } >"$report"
 
+# Runs one test binary with a gtest filter, in an environment of NAME=VALUE
+# words (may be empty), into the report.
+run_test() {
+  local t=$1 filter=$2 environment=$3
+  local binary=$build/tests/$t
+  echo "## test $(basename "$t")${environment:+ with $environment}" >>"$report"
+  if [[ ! -x $binary ]]; then
+    echo "MISSING: $binary was not built" | tee -a "$report"
+    status=1
+    return
+  fi
+  local out rc
+  # shellcheck disable=SC2086 # the environment is words on purpose
+  out=$(env $environment timeout 900 "$binary" --gtest_filter="$filter" 2>&1)
+  rc=$?
+  # The summary, every failure and every skip with its reason, what ran the
+  # convolutions and every shape cuDNN declined.
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Skipped|Failure|error|^conv2d on CUDA|cuDNN does not run' \
+    <<<"$out" | awk '!seen[$0]++' >>"$report"
+  echo "exit code $rc" >>"$report"
+  if ((rc != 0)); then
+    status=1
+    echo "FAILED: $(basename "$t") (exit $rc); output follows" >>"$report"
+    tail -n 80 <<<"$out" >>"$report"
+  fi
+  echo "$(basename "$t")${environment:+ with $environment}: exit $rc"
+}
+
 for t in "${tests[@]}"; do
-  binary=$build/tests/$t
   filter='*'
   # Only the CUDA cases of the data-parallel suite (the rest is CPU, run by CI).
   [[ $t == */parallel.data_parallel_test ]] && filter='DataParallelCuda*'
@@ -74,24 +124,12 @@ for t in "${tests[@]}"; do
      $t == */parallel.parameter_server_test ]] && filter='*OnACudaPlace*'
   [[ $t == */parallel.checkpoints_test ]] && filter='*cuda*:*Cuda*'
   [[ $t == */parallel.tensor_parallel* ]] && filter='*OnCuda*'
-  echo "## test $(basename "$t")" >>"$report"
-  if [[ ! -x $binary ]]; then
-    echo "MISSING: $binary was not built" | tee -a "$report"
-    status=1
-    continue
-  fi
-  out=$(timeout 900 "$binary" --gtest_filter="$filter" 2>&1)
-  rc=$?
-  # The summary, every failure and every skip with its reason.
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Skipped|Failure|error' <<<"$out" >>"$report"
-  echo "exit code $rc" >>"$report"
-  if ((rc != 0)); then
-    status=1
-    echo "FAILED: $(basename "$t") (exit $rc); output follows" >>"$report"
-    tail -n 80 <<<"$out" >>"$report"
-  fi
-  echo "$(basename "$t"): exit $rc"
+  run_test "$t" "$filter" ""
 done
+# The convolutions again on troupe's own kernels (the runs above used cuDNN
+# where the machine has it).
+run_test tensor/tensor.cuda_backend_test '*Convolution*' TROUPE_CUDNN=off
+run_test autograd/autograd.cuda_training_test '*Convolutional*' TROUPE_CUDNN=off
 
 # The demos across two processes on cuda:0, beside the same runs on the CPU:
 # each must exit 0, and its last loss must be the CPU run's within 0.01
@@ -151,6 +189,12 @@ if ((!do_bench)); then
 fi
 run_bench 1200 "$build/bench/gpt_step" --device=cuda:0 --models=char_lm,gpt,gpt_wide --rounds=3 --steps=5 \
   --python="$python" --peer="$here/bench/peers/gpt_step_torch.py"
+# A convolutional network beside PyTorch's (cuDNN on both sides where the
+# machine has it), then troupe's side again on its own kernels.
+run_bench 600 "$build/bench/cnn_step" --device=cuda:0 --models=convnet,convnet_wide --rounds=3 --steps=5 \
+  --python="$python" --peer="$here/bench/peers/cnn_step_torch.py"
+run_bench 600 env TROUPE_CUDNN=off "$build/bench/cnn_step" --device=cuda:0 --models=convnet,convnet_wide \
+  --rounds=3 --steps=5 --no-peers
 # Two pipeline stages on the GPU, in one process and in two, beside the
 # whole model trained on the same GPU in one process.
 run_bench 900 "$build/bench/pipeline" --model=gpt --device=cuda:0 --processes=2 --micro-batches=1,2,4,8 --steps=5

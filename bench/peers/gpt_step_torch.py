@@ -12,7 +12,6 @@ its own: step_server.py's protocol.
 rpc_pipeline.py and ddp_torch.py import the model from here (Gpt, GptSlice,
 GPT: bench/gpt_step's "gpt" size); an importer sets the thread count itself.
 """
-import json
 import math
 import os
 import sys
@@ -125,16 +124,12 @@ def gpt_loss(logits, targets):
 
 
 def main():
-    from step_server import serve_steps
+    from step_server import serve_steps, training_device
 
     vocabulary, width, heads, blocks, sequence, batch = (int(a) for a in sys.argv[1:7])
-    device = torch.device(sys.argv[7] if len(sys.argv) > 7 else "cpu")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print(json.dumps({"error": "torch sees no CUDA device"}), flush=True)
-            return
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    device = training_device(sys.argv[7] if len(sys.argv) > 7 else "cpu")
+    if device is None:
+        return
     lr = float(sys.argv[8]) if len(sys.argv) > 8 else 3e-3
     torch.set_num_threads(THREADS)
     torch.manual_seed(1)

@@ -1,5 +1,5 @@
 """The command loop the training peers share (mlp_step_torch.py,
-gpt_step_torch.py): once the model is built, print one "ready" line, then
+gpt_step_torch.py, cnn_step_torch.py), and their device set-up: once the model is built, print one "ready" line, then
 answer each "steps N" on stdin with one JSON line
 {"step_seconds": [...], "loss": L, "first_loss": F} after N timed training
 steps; "quit" or EOF ends it. `step()` runs one step and returns its loss as
@@ -28,3 +28,19 @@ def serve_steps(step, ready):
             if first is None:
                 first = loss
         print(json.dumps({"step_seconds": times, "loss": loss, "first_loss": first}), flush=True)
+
+
+def training_device(name):
+    """torch.device(name), with TF32 off on a GPU (troupe's side computes in
+    full float32); None, having told the benchmark, when torch sees no CUDA
+    device."""
+    import torch
+
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(json.dumps({"error": "torch sees no CUDA device"}), flush=True)
+            return None
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return device

@@ -22,6 +22,41 @@ void backend::bmm(const tensor& a, const tensor& b, tensor& out) {
   }
 }
 
+void backend::conv2d(const tensor& input, const tensor& weight, const conv_geometry& g, tensor& out) {
+  const auto outputs = weight.size(0);
+  const auto plane = g.out_h * g.out_w;
+  auto w2 = weight.view({outputs, g.channels * g.kernel_h * g.kernel_w});
+  auto cols = tensor::empty({w2.size(1), plane}, input.type(), input.where());
+  for (std::int64_t i = 0; i < input.size(0); ++i) {
+    im2col(input.select(0, i), g, cols);
+    auto out_i = out.select(0, i).view({outputs, plane});
+    gemm(w2, cols, out_i, 1.0, 0.0);
+  }
+}
+
+void backend::conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight, const conv_geometry& g,
+                              tensor& grad_input, tensor& grad_weight) {
+  const auto outputs = weight.size(0);
+  const auto plane = g.out_h * g.out_w;
+  const auto patch = g.channels * g.kernel_h * g.kernel_w;
+  auto w2 = weight.view({outputs, patch});
+  auto grad_w2 = grad_weight.view({outputs, patch});
+  grad_weight.fill(0.0);
+  grad_input.fill(0.0);
+  auto cols = tensor::empty({patch, plane}, input.type(), input.where());
+  auto grad_cols = tensor::empty({patch, plane}, input.type(), input.where());
+  for (std::int64_t i = 0; i < input.size(0); ++i) {
+    auto grad_i = grad.select(0, i).view({outputs, plane});
+    // dW += dY_i x cols_i^T (the transposed view goes to GEMM as Trans).
+    im2col(input.select(0, i), g, cols);
+    gemm(grad_i, cols.t(), grad_w2, 1.0, 1.0);
+    // dX_i = col2im(W^T x dY_i).
+    gemm(w2.t(), grad_i, grad_cols, 1.0, 0.0);
+    auto grad_input_i = grad_input.select(0, i);
+    col2im(grad_cols, g, grad_input_i);
+  }
+}
+
 namespace {
 
 /// [queries, cols] of a's dtype on a's device: 1 where row i keeps column

@@ -1,5 +1,6 @@
-// Convolution (im2col + GEMM per image), max pooling, layer norm and
-// dropout masks.
+// Convolution (operand checks, then the backend's conv2d: cuDNN on CUDA,
+// im2col + GEMM per image otherwise), max pooling, layer norm and dropout
+// masks.
 #include "ops_common.hpp"
 
 namespace troupe {
@@ -54,17 +55,8 @@ tensor conv2d(const tensor& input, const tensor& weight, const tensor& bias,
             bias.shape(), outputs, weight.shape());
   }
   auto& kernels = backend_for(input.where(), "conv2d");
-  const auto n = input.shape()[0];
-  const auto patch = g.channels * g.kernel_h * g.kernel_w;
-  const auto plane = g.out_h * g.out_w;
-  auto out = tensor::empty({n, outputs, g.out_h, g.out_w}, input.type(), input.where());
-  auto w2 = weight.reshape({outputs, patch});
-  auto cols = tensor::empty({patch, plane}, input.type(), input.where());
-  for (std::int64_t i = 0; i < n; ++i) {
-    kernels.im2col(input.select(0, i), g, cols);
-    auto out_i = out.select(0, i).view({outputs, plane});
-    kernels.gemm(w2, cols, out_i, 1.0, 0.0);
-  }
+  auto out = tensor::empty({input.shape()[0], outputs, g.out_h, g.out_w}, input.type(), input.where());
+  kernels.conv2d(input.contiguous(), weight.contiguous(), g, out);
   if (bias.defined())
     kernels.axpy(out, bias.reshape({1, outputs, 1, 1}).expand(out.shape()), 1.0);
   return out;
@@ -82,27 +74,12 @@ conv2d_grads conv2d_backward(const tensor& grad, const tensor& input, const tens
   require(grad.shape() == expected, "conv2d_backward: grad shape {} should be {}", grad.shape(),
           expected);
   auto& kernels = backend_for(input.where(), "conv2d_backward");
-  const auto patch = g.channels * g.kernel_h * g.kernel_w;
-  const auto plane = g.out_h * g.out_w;
-  auto w2 = weight.reshape({outputs, patch});
-  auto grad_c = grad.contiguous();
-  auto grad_weight = tensor::zeros({outputs, patch}, input.type(), input.where());
-  auto grad_input = tensor::zeros(input.shape(), input.type(), input.where());
-  auto cols = tensor::empty({patch, plane}, input.type(), input.where());
-  auto grad_cols = tensor::empty({patch, plane}, input.type(), input.where());
-  for (std::int64_t i = 0; i < n; ++i) {
-    auto grad_i = grad_c.select(0, i).view({outputs, plane});
-    // dW += dY_i x cols_i^T (the transposed view goes to GEMM as Trans).
-    kernels.im2col(input.select(0, i), g, cols);
-    kernels.gemm(grad_i, cols.t(), grad_weight, 1.0, 1.0);
-    // dX_i = col2im(W^T x dY_i).
-    kernels.gemm(w2.t(), grad_i, grad_cols, 1.0, 0.0);
-    auto grad_input_i = grad_input.select(0, i);
-    kernels.col2im(grad_cols, g, grad_input_i);
-  }
+  auto grad_input = tensor::empty(input.shape(), input.type(), input.where());
+  auto grad_weight = tensor::empty(weight.shape(), input.type(), input.where());
+  kernels.conv2d_backward(grad.contiguous(), input.contiguous(), weight.contiguous(), g, grad_input, grad_weight);
   conv2d_grads grads;
   grads.input = grad_input;
-  grads.weight = grad_weight.view(weight.shape());
+  grads.weight = grad_weight;
   if (bias_defined)
     grads.bias = sum(grad, {0, 2, 3});
   return grads;

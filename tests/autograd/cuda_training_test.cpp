@@ -5,6 +5,10 @@
 // kernels; tests/support/emulated_device.hpp), saying so: that checks that
 // every tensor of the model, its gradients, the optimizer's state and the
 // random draws is made on the model's device, not CUDA.
+#include <cstdio>
+#include <tuple>
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "emulated_device.hpp"
@@ -61,9 +65,8 @@ protected:
   test::cuda_or_emulated devices_{1};
 };
 
-void expect_same_training(dtype type, double loss_tolerance, double parameter_tolerance) {
-  auto on_cpu = train_gpt(device::cpu(), type, 6);
-  auto on_gpu = train_gpt(gpu, type, 6);
+void expect_same_results(const run_result& on_gpu, const run_result& on_cpu, double loss_tolerance,
+                         double parameter_tolerance) {
   ASSERT_EQ(on_gpu.losses.size(), on_cpu.losses.size());
   for (std::size_t i = 0; i < on_cpu.losses.size(); ++i)
     EXPECT_NEAR(on_gpu.losses[i], on_cpu.losses[i], loss_tolerance) << "step " << i;
@@ -77,12 +80,66 @@ void expect_same_training(dtype type, double loss_tolerance, double parameter_to
   EXPECT_NE(on_cpu.losses.front(), on_cpu.losses.back());
 }
 
+void expect_same_training(dtype type, double loss_tolerance, double parameter_tolerance) {
+  expect_same_results(train_gpt(gpu, type, 6), train_gpt(device::cpu(), type, 6), loss_tolerance,
+                      parameter_tolerance);
+}
+
 TEST_F(CudaTraining, GptWithDropoutTrainsAsOnTheCpuInFloat64) {
   expect_same_training(dtype::float64, 1e-9, 1e-8);
 }
 
 TEST_F(CudaTraining, GptWithDropoutTrainsAsOnTheCpuInFloat32) {
   expect_same_training(dtype::float32, 1e-4, 1e-3);
+}
+
+/// Trains a small convolutional network (two convolutions, one strided, a
+/// max pool between them, a linear classifier) `steps` SGD steps with
+/// momentum on `where`: on a GPU its convolutions run in cuDNN where this
+/// build and machine have it (troupe::cuda_convolution() says).
+run_result train_convnet(device where, dtype type, int steps) {
+  auto features = std::make_shared<sequential>(std::initializer_list<module_ptr>{
+    std::make_shared<conv2d>(conv2d_options{.in_channels = 3, .out_channels = 8, .kernel_size = 3, .padding = 1,
+                                            .type = type, .seed = 11}),
+    std::make_shared<relu>(), std::make_shared<max_pool2d>(pool2d_options{2, 2}),
+    std::make_shared<conv2d>(conv2d_options{.in_channels = 8, .out_channels = 16, .kernel_size = 3, .stride = 2,
+                                            .type = type, .seed = 12}),
+    std::make_shared<relu>()});
+  linear classifier(linear_options{.in_features = 16 * 3 * 3, .out_features = 5, .type = type, .seed = 13});
+  features->to(where);
+  classifier.to(where);
+  auto parameters = features->named_parameters();
+  for (auto& named : classifier.named_parameters())
+    parameters.push_back(named);
+  optim::sgd opt(parameters, optim::sgd_options{.lr = 0.05, .momentum = 0.9});
+  generator data{31};
+  run_result result;
+  for (int step = 0; step < steps; ++step) {
+    auto images = randn({6, 3, 14, 14}, data, 0.0, 1.0, type, where);
+    auto labels = randint({6}, data, 0, 5, where);
+    opt.zero_grad();
+    auto maps = (*features)(variable(images));
+    auto loss = autograd::cross_entropy(classifier(autograd::reshape(maps, {6, 16 * 3 * 3})), labels);
+    autograd::backward(loss);
+    opt.step();
+    result.losses.push_back(loss.item());
+  }
+  for (auto& [name, value] : features->state_dict())
+    result.state.emplace_back(name, value.to(device::cpu()));
+  for (auto& [name, value] : classifier.state_dict())
+    result.state.emplace_back("classifier." + name, value.to(device::cpu()));
+  return result;
+}
+
+TEST_F(CudaTraining, ConvolutionalNetworkTrainsAsOnTheCpu) {
+  if (cuda_device_count() > 0)
+    std::printf("conv2d on CUDA: %s\n", cuda_convolution().c_str());
+  for (auto [type, loss_tolerance, parameter_tolerance] :
+       {std::tuple{dtype::float64, 1e-10, 1e-10}, std::tuple{dtype::float32, 1e-4, 1e-4}}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    expect_same_results(train_convnet(gpu, type, 4), train_convnet(device::cpu(), type, 4), loss_tolerance,
+                        parameter_tolerance);
+  }
 }
 
 // The fused optimizer steps (cuda_optim.cu) against the CPU's element loops:

@@ -301,6 +301,16 @@ public:
     auto i = on_host(image);
     cpu().col2im(on_host(cols), geometry, i);
   }
+  void conv2d(const tensor& input, const tensor& weight, const conv_geometry& geometry, tensor& out) override {
+    auto o = on_host(out);
+    cpu().conv2d(on_host(input), on_host(weight), geometry, o);
+  }
+  void conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight, const conv_geometry& geometry,
+                       tensor& grad_input, tensor& grad_weight) override {
+    auto gi = on_host(grad_input);
+    auto gw = on_host(grad_weight);
+    cpu().conv2d_backward(on_host(grad), on_host(input), on_host(weight), geometry, gi, gw);
+  }
   void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride, tensor& output,
                   tensor& indices) override {
     auto o = on_host(output);

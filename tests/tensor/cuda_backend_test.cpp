@@ -6,6 +6,7 @@
 // The tests named *WithoutDevice* / *Table* run everywhere: asking for a
 // cuda tensor where there is none is a usage_error that names the device —
 // never a crash or a silently wrong result.
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <thread>
@@ -351,6 +352,45 @@ TEST_F(CudaBackend, EmbeddingBagsMatchTheCpu) {
     auto grad = sample({4, 5}, 41, dtype::float32);
     expect_close(embedding_bag_backward(grad.to(gpu), indices.to(gpu), offsets.to(gpu), mode, 6),
                  embedding_bag_backward(grad, indices, offsets, mode, 6), 1e-6);
+  }
+}
+
+// Shapes among which cuDNN picks different algorithms: channels 16 -> 32
+// at 14 x 14, a 1 x 1 convolution, a non-square kernel with stride and
+// padding, a 5 x 5 kernel over a batch of 5, 64 -> 64 channels at 7 x 7, and
+// input that is a non-contiguous view. gpu_check.sh runs this once as the
+// machine has it (cuDNN where loaded) and once with TROUPE_CUDNN=off
+// (troupe's im2col kernels).
+TEST_F(CudaBackend, ConvolutionsOfManyShapesMatchTheCpu) {
+  std::printf("conv2d on CUDA: %s\n", cuda_convolution().c_str());
+  struct conv_case {
+    dims input, weight;
+    conv2d_options options;
+  };
+  const conv_case cases[] = {
+    {{4, 16, 14, 14}, {32, 16, 3, 3}, {1, 1}}, {{3, 8, 10, 10}, {12, 8, 1, 1}, {1, 0}},
+    {{2, 5, 11, 9}, {7, 5, 2, 3}, {2, 1}},     {{5, 3, 16, 16}, {6, 3, 5, 5}, {1, 2}},
+    {{1, 64, 7, 7}, {64, 64, 3, 3}, {1, 1}},
+  };
+  for (auto type : {dtype::float32, dtype::float64}) {
+    const double tol = type == dtype::float32 ? 1e-4 : 1e-11;
+    for (std::size_t i = 0; i < std::size(cases); ++i) {
+      const auto& c = cases[i];
+      SCOPED_TRACE(fmt::format("{} case {}: input {} weight {}", type, i, c.input, c.weight));
+      auto input = sample(c.input, 50 + i, type);
+      if (i == 2) // [n, h, c, w] read as [n, c, h, w]: not contiguous
+        input = sample({c.input[0], c.input[2], c.input[1], c.input[3]}, 50 + i, type).transpose(1, 2);
+      auto weight = sample(c.weight, 60 + i, type);
+      auto bias = sample({c.weight[0]}, 70 + i, type);
+      auto out = conv2d(input, weight, bias, c.options);
+      expect_close(conv2d(input.to(gpu), weight.to(gpu), bias.to(gpu), c.options), out, tol);
+      auto grad = sample(out.shape(), 80 + i, type);
+      auto want = conv2d_backward(grad, input, weight, true, c.options);
+      auto got = conv2d_backward(grad.to(gpu), input.to(gpu), weight.to(gpu), true, c.options);
+      expect_close(got.input, want.input, tol);
+      expect_close(got.weight, want.weight, tol);
+      expect_close(got.bias, want.bias, tol);
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "library_loading.hpp"
 #include "troupe/tensor/cuda.hpp"
 
 #define TROUPE_CUBLAS_TEXT(x) #x
@@ -17,15 +18,8 @@ namespace {
 const char* const candidates[] = {"libcublas.so." TROUPE_CUBLAS_MAJOR_TEXT(CUBLAS_VER_MAJOR), TROUPE_CUBLAS_LIBRARY_PATH};
 
 cublas_library open_cublas() {
-  void* handle = nullptr;
   std::string why;
-  for (const char* name : candidates) {
-    // RTLD_LOCAL: troupe resolves what it calls; nothing else sees it.
-    handle = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (handle != nullptr)
-      break;
-    why += fmt::format("{}{}", why.empty() ? "" : "; ", ::dlerror());
-  }
+  void* handle = open_first_library({candidates[0], candidates[1]}, why);
   if (handle == nullptr)
     throw cuda_error(fmt::format("cannot load cuBLAS: {}", why));
   auto symbol = [&](const char* name) {
@@ -52,11 +46,7 @@ const cublas_library& cublas_library::get() {
 }
 
 bool cublas_library::loaded() {
-  void* handle = ::dlopen(candidates[0], RTLD_LAZY | RTLD_NOLOAD);
-  if (handle == nullptr)
-    return false;
-  ::dlclose(handle); // NOLOAD counted a reference
-  return true;
+  return library_loaded(candidates[0]);
 }
 
 } // namespace troupe::detail::cuda

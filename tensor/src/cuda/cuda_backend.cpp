@@ -14,6 +14,9 @@
 #include "cublas_library.hpp"
 #include "cuda_context.hpp"
 #include "cuda_kernels.hpp"
+#ifdef TROUPE_HAVE_CUDNN
+#include "cudnn_convolution.hpp"
+#endif
 #include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/error.hpp"
 #include "troupe/tensor/storage.hpp"
@@ -457,6 +460,31 @@ public:
   void col2im(const tensor& cols, const conv_geometry& g, tensor& image) override {
     on_device d("col2im (conv2d)", image, cols);
     launch_col2im(element_of(cols), cols.raw_data(), shape_of(g), image.raw_data(), d.stream());
+  }
+
+  // cuDNN where it runs the convolution (cudnn_convolution.hpp), else the
+  // im2col, GEMM and col2im above, image by image.
+  void conv2d(const tensor& input, const tensor& weight, const conv_geometry& g, tensor& out) override {
+#ifdef TROUPE_HAVE_CUDNN
+    {
+      on_device d("conv2d", out, input, weight);
+      if (cudnn_conv2d(d.queue(), input, weight, g, out))
+        return;
+    }
+#endif
+    backend::conv2d(input, weight, g, out);
+  }
+
+  void conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight, const conv_geometry& g,
+                       tensor& grad_input, tensor& grad_weight) override {
+#ifdef TROUPE_HAVE_CUDNN
+    {
+      on_device d("conv2d_backward", grad_input, grad, input, weight, grad_weight);
+      if (cudnn_conv2d_backward(d.queue(), grad, input, weight, g, grad_input, grad_weight))
+        return;
+    }
+#endif
+    backend::conv2d_backward(grad, input, weight, g, grad_input, grad_weight);
   }
 
   void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride, tensor& output,

@@ -3,6 +3,9 @@
 #include "cuda_context.hpp"
 
 #include "cublas_library.hpp"
+#ifdef TROUPE_HAVE_CUDNN
+#include "cudnn_convolution.hpp"
+#endif
 
 #include <cstring>
 #include <limits>
@@ -326,6 +329,18 @@ int cuda_device_count() noexcept {
 
 std::string cuda_unavailable_reason() {
   return detail::cuda::probe().reason;
+}
+
+std::string cuda_convolution() {
+#ifdef TROUPE_HAVE_CUDNN
+  try {
+    return detail::cuda::cudnn_convolution_summary();
+  } catch (...) {
+    return "troupe's kernels (im2col, cuBLAS GEMM, col2im): asking cuDNN failed";
+  }
+#else
+  return "troupe's kernels (im2col, cuBLAS GEMM, col2im): this build has no cuDNN (cudnn.h or libcudnn was not found)";
+#endif
 }
 
 void cuda_synchronize(device where) {

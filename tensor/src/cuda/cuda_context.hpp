@@ -115,6 +115,10 @@ struct execution_stream {
   cuda_stream stream;
   cublas_handle blas{stream.get()};
   host_staging staging;
+  /// The cuDNN handle issuing to `stream`, made by the stream's first
+  /// convolution (cudnn_convolution.cpp); held without its type so that
+  /// this header needs no cuDNN.
+  std::shared_ptr<void> dnn;
 };
 
 /// Everything the backend keeps per device. Created on first use of the

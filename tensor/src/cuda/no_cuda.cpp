@@ -20,6 +20,10 @@ std::string cuda_unavailable_reason() {
   return "this build has no CUDA backend (configured without the CUDA toolkit or with TROUPE_CUDA=OFF)";
 }
 
+std::string cuda_convolution() {
+  return "none: this build has no CUDA backend";
+}
+
 void cuda_synchronize(device where) {
   throw usage_error(fmt::format("cuda_synchronize: no backend for device {} in this build", where));
 }

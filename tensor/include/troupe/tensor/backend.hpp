@@ -220,6 +220,15 @@ public:
   virtual void im2col(const tensor& image, const conv_geometry& geometry, tensor& cols) = 0;
   /// The adjoint of im2col: adds cols into the contiguous image [c, h, w].
   virtual void col2im(const tensor& cols, const conv_geometry& geometry, tensor& image) = 0;
+  /// out [n, o, oh, ow] = the convolution of contiguous input [n, c, h, w]
+  /// with contiguous weight [o, c, kh, kw], without bias; out is
+  /// overwritten. The default runs im2col and gemm image by image.
+  virtual void conv2d(const tensor& input, const tensor& weight, const conv_geometry& geometry, tensor& out);
+  /// Overwrites grad_input [n, c, h, w] and grad_weight [o, c, kh, kw] with
+  /// the gradients of conv2d from contiguous grad [n, o, oh, ow], input and
+  /// weight. The default runs im2col, gemm and col2im image by image.
+  virtual void conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight,
+                               const conv_geometry& geometry, tensor& grad_input, tensor& grad_weight);
   /// Max pooling of contiguous [n, c, h, w]; indices are flat in h * w.
   virtual void max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride,
                           tensor& output, tensor& indices) = 0;

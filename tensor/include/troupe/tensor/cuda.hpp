@@ -36,6 +36,13 @@ int cuda_device_count() noexcept;
 /// runtime version").
 std::string cuda_unavailable_reason();
 
+/// What runs conv2d and its gradients on CUDA devices, for benchmark
+/// reports and bug reports: "cuDNN 9.19.0 (deterministic algorithms, no
+/// TF32; ...)", or troupe's own kernels and why not cuDNN (none in this
+/// build, it cannot be loaded, or TROUPE_CUDNN=off in the environment).
+/// Loads cuDNN when this build has it. Never throws.
+std::string cuda_convolution();
+
 /// Blocks until every kernel and copy the calling thread queued on `where`
 /// has finished (each thread queues its work on a device onto a stream of
 /// its own). Throws cuda_error when that work failed, usage_error when

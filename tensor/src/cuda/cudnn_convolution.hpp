@@ -1,0 +1,29 @@
+#pragma once
+// Private: conv2d and its gradients through cuDNN, for the CUDA backend
+// (cuda_backend.cpp), which runs troupe's own kernels (im2col, cuBLAS,
+// col2im) wherever these decline.
+#include <string>
+
+#include "troupe/tensor/backend.hpp"
+
+namespace troupe::detail::cuda {
+
+struct execution_stream;
+
+/// Queues out = conv2d(input, weight) (contiguous NCHW, see backend.hpp) on
+/// `queue`, whose device is current. False, having queued nothing, when
+/// cuDNN does not run this convolution: it cannot be loaded, TROUPE_CUDNN
+/// is "off", the dtype is neither float32 nor float64, a size exceeds
+/// cuDNN's int, or cuDNN has no deterministic algorithm without TF32 for
+/// it (said once on stderr).
+bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& weight, const conv_geometry& geometry,
+                  tensor& out);
+
+/// As cudnn_conv2d, for both gradients of conv2d (backend::conv2d_backward).
+bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const tensor& input, const tensor& weight,
+                           const conv_geometry& geometry, tensor& grad_input, tensor& grad_weight);
+
+/// What runs conv2d on CUDA devices (troupe::cuda_convolution()).
+std::string cudnn_convolution_summary();
+
+} // namespace troupe::detail::cuda
