@@ -169,6 +169,14 @@ private:
   std::optional<int> status_;
 };
 
+/// Node flags for rank `rank` of a 2-process job on loopback, named `name`,
+/// whose coordinator (rank 0) listens on `port`.
+inline std::vector<std::string> rank_flags(std::uint32_t rank, const std::string& name, std::uint16_t port) {
+  return {"--troupe.name=" + name, "--troupe.rank=" + std::to_string(rank), "--troupe.world-size=2",
+          "--troupe.join-timeout=20s", "--troupe.listen-address=127.0.0.1",
+          "--troupe.coordinator=127.0.0.1:" + std::to_string(port)};
+}
+
 /// A TCP port on 127.0.0.1 that nobody listened on a moment ago.
 inline std::uint16_t unused_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

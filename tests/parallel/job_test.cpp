@@ -34,6 +34,7 @@ using namespace std::chrono_literals;
 using namespace troupe;
 using ::testing::HasSubstr;
 using troupe::test::child_process;
+using troupe::test::rank_flags;
 
 namespace {
 
@@ -49,15 +50,6 @@ struct command_line {
   std::vector<std::string> strings;
   std::vector<char*> pointers;
 };
-
-/// Node flags for rank `rank` of 2, named `name`, coordinator on `port`.
-std::vector<std::string> rank_flags(std::uint32_t rank, const std::string& name, std::uint16_t port) {
-  std::vector<std::string> flags{"--troupe.name=" + name, "--troupe.rank=" + std::to_string(rank),
-                                 "--troupe.world-size=2", "--troupe.join-timeout=20s",
-                                 "--troupe.listen-address=127.0.0.1"};
-  flags.push_back("--troupe.coordinator=127.0.0.1:" + std::to_string(port)); // rank 0 listens there
-  return flags;
-}
 
 std::shared_ptr<nn::sequential> make_mlp() {
   auto model = std::make_shared<nn::sequential>();

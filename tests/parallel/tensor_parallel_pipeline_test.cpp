@@ -225,13 +225,6 @@ TEST(TensorTimesPipelineLayout, OneProcessJobRunsTheAcrossProcessesPath) {
 
 // -- across processes, on CUDA places ---------------------------------------------------------
 
-/// Rank `rank` of a 2-process job whose coordinator (rank 0) listens on `port`.
-std::vector<std::string> job_flags(std::uint32_t rank, std::uint16_t port) {
-  return {"tensor_parallel_pipeline_test", "--troupe.name=" + std::string(rank == 0 ? "alpha" : "beta"),
-          "--troupe.rank=" + std::to_string(rank), "--troupe.world-size=2", "--troupe.join-timeout=20s",
-          "--troupe.listen-address=127.0.0.1", "--troupe.coordinator=127.0.0.1:" + std::to_string(port)};
-}
-
 /// Both ranks' tensor x pipeline: 2 tensor ranks of one stage, rank k on
 /// its node's cuda:0.
 expected<tensor_parallel_pipeline> two_tensor_ranks_on_cuda(troupe::job& job) {
@@ -250,13 +243,13 @@ TEST(TensorTimesPipelineAcrossProcesses, TwoTensorRanksOnCudaPlacesTrainLikeOneP
   test::cuda_or_emulated devices(1);
   const auto one_process = test::train_gpt(config, steps, token_ids);
   const auto port = test::unused_port();
-  auto flags = job_flags(1, port);
-  flags.erase(flags.begin());
+  auto flags = test::rank_flags(1, "beta", port);
   flags.insert(flags.begin(), "--tensor-rank-child");
   auto child = test::child_process::start(test::child_process::self_path(), flags,
                                           {"TROUPE_COORDINATOR=", "TROUPE_RANK=", "TROUPE_WORLD_SIZE=",
                                            "TROUPE_NODE_NAME=", "TROUPE_TRACE_DIR="});
-  auto args = job_flags(0, port);
+  auto args = test::rank_flags(0, "alpha", port);
+  args.insert(args.begin(), "tensor_parallel_pipeline_test");
   std::vector<char*> argv;
   for (auto& a : args)
     argv.push_back(a.data());
