@@ -1,9 +1,11 @@
-// CPU kernels for convolution (im2col/col2im; the GEMM is ops.cpp's), max
-// pooling and layer normalisation. Layer norm goes to the AVX2 row kernels
-// of cpu_vector_math.hpp where the CPU has them; its loops here are the
-// scalar path (TROUPE_VECTOR_MATH=off).
+// CPU kernels for convolution (im2col/col2im; backend.cpp's conv2d runs
+// the GEMM between them), max pooling and layer normalisation. Layer norm
+// goes to the AVX2 row kernels of cpu_vector_math.hpp where the CPU has
+// them; its loops here are the scalar path (TROUPE_VECTOR_MATH=off).
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "cpu_backend.hpp"
 #include "cpu_vector_math.hpp"
@@ -12,6 +14,26 @@
 
 namespace troupe::detail {
 
+namespace {
+
+/// The output columns [first, last) of kernel column kj whose input column
+/// ox * stride - padding + kj lies inside the image; the others read padding.
+struct inside_columns {
+  std::int64_t first = 0, last = 0;
+  inside_columns(const conv_geometry& g, std::int64_t kj) {
+    const auto offset = kj - g.padding; // input column of ox = 0
+    first = offset >= 0 ? 0 : (-offset + g.stride - 1) / g.stride;
+    last = g.width - offset <= 0 ? 0 : (g.width - offset - 1) / g.stride + 1;
+    first = std::min(first, g.out_w);
+    last = std::clamp(last, first, g.out_w);
+  }
+};
+
+} // namespace
+
+// Row by row: each output row of a kernel offset reads one input row, in a
+// run of columns computed once (a copy where stride and layout allow)
+// instead of a bounds test per element.
 void cpu_backend::im2col(const tensor& image, const conv_geometry& g, tensor& cols) {
   const auto s0 = image.strides()[0];
   const auto s1 = image.strides()[1];
@@ -24,6 +46,8 @@ void cpu_backend::im2col(const tensor& image, const conv_geometry& g, tensor& co
     for (std::int64_t c = 0; c < g.channels; ++c)
       for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
         for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
+          const inside_columns inside(g, kj);
+          const auto step = g.stride * s2;
           T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
           for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
             const auto iy = oy * g.stride - g.padding + ki;
@@ -32,10 +56,14 @@ void cpu_backend::im2col(const tensor& image, const conv_geometry& g, tensor& co
               std::fill(out, out + g.out_w, T(0));
               continue;
             }
-            for (std::int64_t ox = 0; ox < g.out_w; ++ox) {
-              const auto ix = ox * g.stride - g.padding + kj;
-              out[ox] = (ix >= 0 && ix < g.width) ? x[c * s0 + iy * s1 + ix * s2] : T(0);
-            }
+            std::fill(out, out + inside.first, T(0));
+            const T* in = x + c * s0 + iy * s1 + (inside.first * g.stride - g.padding + kj) * s2;
+            if (step == 1)
+              std::copy(in, in + (inside.last - inside.first), out + inside.first);
+            else
+              for (std::int64_t ox = inside.first; ox < inside.last; ++ox)
+                out[ox] = in[(ox - inside.first) * step];
+            std::fill(out + inside.last, out + g.out_w, T(0));
           }
         }
   });
@@ -50,21 +78,62 @@ void cpu_backend::col2im(const tensor& cols, const conv_geometry& g, tensor& ima
     for (std::int64_t c = 0; c < g.channels; ++c)
       for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
         for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
+          const inside_columns inside(g, kj);
           const T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
           for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
             const auto iy = oy * g.stride - g.padding + ki;
             if (iy < 0 || iy >= g.height)
               continue;
-            T* dst = x + (c * g.height + iy) * g.width;
-            for (std::int64_t ox = 0; ox < g.out_w; ++ox) {
-              const auto ix = ox * g.stride - g.padding + kj;
-              if (ix >= 0 && ix < g.width)
-                dst[ix] += row[oy * g.out_w + ox];
-            }
+            T* dst = x + (c * g.height + iy) * g.width + inside.first * g.stride - g.padding + kj;
+            const T* src = row + oy * g.out_w + inside.first;
+            const auto n = inside.last - inside.first;
+            if (g.stride == 1)
+              for (std::int64_t i = 0; i < n; ++i)
+                dst[i] += src[i];
+            else
+              for (std::int64_t i = 0; i < n; ++i)
+                dst[i * g.stride] += src[i];
           }
         }
   });
 }
+
+namespace {
+
+/// The maximum of a kernel x kernel window whose first element is `window`
+/// (rows `w` apart) and its position in the window (row-major). The first
+/// maximum in window order wins; NaN is a maximum, so the first NaN wins.
+/// The loop selects rather than branches (whether the next element is
+/// larger is a coin toss the branch predictor loses), and ignores NaN;
+/// a window that holds one is done again the exact way.
+template <class T> std::pair<T, std::int64_t> window_maximum(const T* window, std::int64_t kernel, std::int64_t w) {
+  T best = window[0];
+  std::int64_t best_at = 0;
+  bool nan = false;
+  for (std::int64_t ki = 0; ki < kernel; ++ki)
+    for (std::int64_t kj = 0; kj < kernel; ++kj) {
+      const T v = window[ki * w + kj];
+      nan |= v != v;
+      const bool take = v > best;
+      best = take ? v : best;
+      best_at = take ? ki * w + kj : best_at;
+    }
+  if (!nan)
+    return {best, best_at};
+  best = window[0];
+  best_at = 0;
+  for (std::int64_t ki = 0; ki < kernel; ++ki)
+    for (std::int64_t kj = 0; kj < kernel; ++kj) {
+      const T v = window[ki * w + kj];
+      if (!std::isnan(best) && (v > best || std::isnan(v))) {
+        best = v;
+        best_at = ki * w + kj;
+      }
+    }
+  return {best, best_at};
+}
+
+} // namespace
 
 void cpu_backend::max_pool2d(const tensor& input, std::int64_t kernel, std::int64_t stride,
                              tensor& output, tensor& indices) {
@@ -82,21 +151,11 @@ void cpu_backend::max_pool2d(const tensor& input, std::int64_t kernel, std::int6
       const T* in = x + p * h * w;
       for (std::int64_t oy = 0; oy < oh; ++oy)
         for (std::int64_t ox = 0; ox < ow; ++ox) {
-          // The first maximum in row-major window order wins; NaN is a maximum.
-          std::int64_t best_at = (oy * stride) * w + ox * stride;
-          T best = in[best_at];
-          for (std::int64_t ki = 0; ki < kernel; ++ki)
-            for (std::int64_t kj = 0; kj < kernel; ++kj) {
-              const auto pos = (oy * stride + ki) * w + ox * stride + kj;
-              const T v = in[pos];
-              if (!std::isnan(best) && (v > best || std::isnan(v))) {
-                best = v;
-                best_at = pos;
-              }
-            }
+          const auto first = (oy * stride) * w + ox * stride;
+          const auto [best, best_at] = window_maximum(in + first, kernel, w);
           const auto o = (p * oh + oy) * ow + ox;
           y[o] = best;
-          at[o] = best_at;
+          at[o] = first + best_at;
         }
     }
   });

@@ -78,6 +78,40 @@ TEST(Conv2d, BackwardMatchesFiniteDifferences) {
   EXPECT_FALSE(conv2d_backward(g, x, w, false, options).bias.defined());
 }
 
+// im2col and col2im work a row of columns at a time, from the range of
+// output columns that reads inside the image: strides 1 to 3 and padding
+// up to wider than the kernel (whole rows and columns of padding), on
+// contiguous input and on a transposed view, in float64 and float32.
+TEST(Conv2d, ForwardAndGradientsHoldForEveryStrideAndPadding) {
+  auto contiguous = sample({2, 2, 6, 5}, 20);
+  auto transposed = sample({2, 2, 5, 6}, 21).transpose(2, 3); // [2, 2, 6, 5], not contiguous
+  auto w = sample({3, 2, 3, 2}, 22);
+  for (const auto& x : {contiguous, transposed})
+    for (std::int64_t stride : {1, 2, 3})
+      for (std::int64_t pad : {0, 1, 3}) {
+        SCOPED_TRACE(::testing::Message() << "stride " << stride << " padding " << pad
+                                          << (x.is_contiguous() ? "" : ", transposed input"));
+        const conv2d_options options{stride, pad};
+        auto y = conv2d(x, w, tensor{}, options);
+        expect_close(y, direct_conv(x, w, tensor{}, stride, pad), 1e-13);
+        expect_close(conv2d(x.to(dtype::float32), w.to(dtype::float32), tensor{}, options),
+                     direct_conv(x, w, tensor{}, stride, pad), 1e-5);
+        auto g = sample(y.shape(), 23);
+        auto grads = conv2d_backward(g, x, w, false, options);
+        // The convolution is linear in each operand: central differences
+        // are exact up to rounding.
+        expect_close(grads.input,
+                     test::numeric_gradient(
+                       [&](const tensor& v) { return test::weighted_sum(conv2d(v, w, tensor{}, options), g); },
+                       x.contiguous()),
+                     1e-7);
+        expect_close(grads.weight,
+                     test::numeric_gradient(
+                       [&](const tensor& v) { return test::weighted_sum(conv2d(x, v, tensor{}, options), g); }, w),
+                     1e-7);
+      }
+}
+
 TEST(Conv2d, ChannelMismatchNamesTheOpAndShapes) {
   auto message = test::usage_error_of(
       [] { (void)conv2d(tensor::zeros({1, 3, 5, 5}), tensor::zeros({2, 4, 3, 3}), tensor{}); });
@@ -106,6 +140,31 @@ TEST(MaxPool2d, OutputsWindowMaximaAndFlatPlaneIndices) {
   expected[8] = 3;
   expected[15] = 4;
   expect_close(gi, expected, 0);
+}
+
+// The first maximum in window order wins, and NaN counts as a maximum:
+// the first NaN of a window wins over every number and every later NaN.
+TEST(MaxPool2d, TheFirstMaximumOrNanOfAWindowWins) {
+  const double nan = std::nan("");
+  for (auto type : {dtype::float64, dtype::float32}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    auto x = make({3, 3, 1, 9,     //
+                   3, 2, nan, 5,   //
+                   7, nan, 4, 4,   //
+                   nan, 8, 4, 1},  //
+                  {1, 1, 4, 4})
+               .to(type);
+    auto [out, indices] = max_pool2d(x);
+    auto got = values(out);
+    EXPECT_EQ(got[0], 3);
+    EXPECT_TRUE(std::isnan(got[1]));
+    EXPECT_TRUE(std::isnan(got[2]));
+    EXPECT_EQ(got[3], 4);
+    // Window 0 ties at 3 (positions 0, 1, 4): the first. Window 1's NaN
+    // beats the 9 before it. Window 2 has NaNs at 9 and 12: the first.
+    // Window 3 ties at 4 (10, 11, 14): the first.
+    EXPECT_EQ(indices.to_vector<std::int64_t>(), (std::vector<std::int64_t>{0, 6, 9, 10}));
+  }
 }
 
 TEST(MaxPool2d, BackwardMatchesFiniteDifferencesOnEachPlane) {
