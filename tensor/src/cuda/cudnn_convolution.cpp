@@ -13,6 +13,7 @@
 #include "cudnn_convolution.hpp"
 
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -126,14 +127,32 @@ private:
   const cudnn_library& lib_;
 };
 
-/// The cuDNN handle of `queue`'s stream, made on its first use.
+/// Set when cuDNN could not make a handle on a device (a library built
+/// for another CUDA, a device it does not support): convolutions run on
+/// troupe's kernels from then on, everywhere in the process.
+std::atomic<bool> handles_failed{false};
+
+/// The cuDNN handle of `queue`'s stream, made on its first use; nullptr
+/// (said once on stderr) when cuDNN cannot make one.
 cudnnHandle_t handle_of(execution_stream& queue, const cudnn_library& lib) {
   if (!queue.dnn) {
+    if (handles_failed.load(std::memory_order_relaxed))
+      return nullptr;
     cudnnHandle_t handle = nullptr;
-    TROUPE_CUDNN_CHECK(lib.create(&handle));
-    // Owned before anything else can throw.
-    queue.dnn = std::shared_ptr<void>(handle, [&lib](void* h) { lib.destroy(static_cast<cudnnHandle_t>(h)); });
-    TROUPE_CUDNN_CHECK(lib.set_stream(handle, queue.stream.get()));
+    auto status = lib.create(&handle);
+    if (status == CUDNN_STATUS_SUCCESS) {
+      // Owned before anything else can fail.
+      queue.dnn = std::shared_ptr<void>(handle, [&lib](void* h) { lib.destroy(static_cast<cudnnHandle_t>(h)); });
+      status = lib.set_stream(handle, queue.stream.get());
+      if (status != CUDNN_STATUS_SUCCESS)
+        queue.dnn.reset();
+    }
+    if (status != CUDNN_STATUS_SUCCESS) {
+      if (!handles_failed.exchange(true))
+        std::fprintf(stderr, "troupe: cuDNN cannot run here (%s); troupe's own kernels run every convolution\n",
+                     lib.error_string(status));
+      return nullptr;
+    }
   }
   return static_cast<cudnnHandle_t>(queue.dnn.get());
 }
@@ -286,7 +305,10 @@ bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& we
   cudnnDataType_t type{};
   if (lib == nullptr || !data_type_of(input.type(), type) || !sizes_of(input, weight, g, sizes))
     return false;
-  call c{*lib, handle_of(queue, *lib), descriptors(*lib, type, sizes, g), {out.where().index, type, sizes, pass::forward}};
+  const auto handle = handle_of(queue, *lib);
+  if (handle == nullptr)
+    return false;
+  call c{*lib, handle, descriptors(*lib, type, sizes, g), {out.where().index, type, sizes, pass::forward}};
   return run_pass(
     c, out,
     [&](int algorithm, std::size_t& bytes) {
@@ -308,6 +330,8 @@ bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const te
   if (lib == nullptr || !data_type_of(input.type(), type) || !sizes_of(input, weight, g, sizes))
     return false;
   const auto handle = handle_of(queue, *lib);
+  if (handle == nullptr)
+    return false;
   // Both passes are chosen before either runs, so that a decline leaves
   // both gradients to troupe's kernels, not one of each.
   call data{*lib, handle, descriptors(*lib, type, sizes, g), {grad.where().index, type, sizes, pass::backward_data}};
@@ -353,6 +377,8 @@ std::string cudnn_convolution_summary() {
   const auto* lib = cudnn_library::get();
   if (lib == nullptr)
     return fmt::format("troupe's kernels (im2col, cuBLAS GEMM, col2im): {}", cudnn_library::unavailable_reason());
+  if (handles_failed.load(std::memory_order_relaxed))
+    return "troupe's kernels (im2col, cuBLAS GEMM, col2im): cuDNN could not make a handle on a device";
   const auto version = lib->get_version();
   return fmt::format("cuDNN {}.{}.{} (deterministic algorithms, no TF32; troupe's kernels where it has none)",
                      version / 10000, version / 100 % 100, version % 100);

@@ -14,8 +14,9 @@ struct execution_stream;
 /// `queue`, whose device is current. False, having queued nothing, when
 /// cuDNN does not run this convolution: it cannot be loaded, TROUPE_CUDNN
 /// is "off", the dtype is neither float32 nor float64, a size exceeds
-/// cuDNN's int, or cuDNN has no deterministic algorithm without TF32 for
-/// it (said once on stderr).
+/// cuDNN's int, cuDNN cannot make a handle on the device, or it has no
+/// deterministic algorithm without TF32 for it (these two said once on
+/// stderr).
 bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& weight, const conv_geometry& geometry,
                   tensor& out);
 
