@@ -93,6 +93,25 @@ class descriptors {
 public:
   descriptors(const cudnn_library& lib, cudnnDataType_t type, const conv_sizes& s, const conv_geometry& g)
       : lib_(lib) {
+    try {
+      describe(type, s, g);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~descriptors() { release(); }
+  descriptors(const descriptors&) = delete;
+  descriptors& operator=(const descriptors&) = delete;
+
+  cudnnTensorDescriptor_t input = nullptr;
+  cudnnTensorDescriptor_t output = nullptr;
+  cudnnFilterDescriptor_t weight = nullptr;
+  cudnnConvolutionDescriptor_t convolution = nullptr;
+
+private:
+  void describe(cudnnDataType_t type, const conv_sizes& s, const conv_geometry& g) {
+    const auto& lib = lib_;
     const auto [n, c, h, w, outputs, kh, kw, stride, padding] = s;
     TROUPE_CUDNN_CHECK(lib.create_tensor(&input));
     TROUPE_CUDNN_CHECK(lib.create_tensor(&output));
@@ -108,22 +127,20 @@ public:
                                            CUDNN_CROSS_CORRELATION, type));
     TROUPE_CUDNN_CHECK(lib.set_math_type(convolution, CUDNN_FMA_MATH));
   }
-  ~descriptors() {
-    // Destroying a descriptor only frees host memory; a failure is ignored.
-    lib_.destroy_convolution(convolution);
-    lib_.destroy_filter(weight);
-    lib_.destroy_tensor(output);
-    lib_.destroy_tensor(input);
+
+  /// Destroys what was made: destroying a descriptor only frees host
+  /// memory, and a failure is ignored.
+  void release() {
+    if (convolution != nullptr)
+      lib_.destroy_convolution(convolution);
+    if (weight != nullptr)
+      lib_.destroy_filter(weight);
+    if (output != nullptr)
+      lib_.destroy_tensor(output);
+    if (input != nullptr)
+      lib_.destroy_tensor(input);
   }
-  descriptors(const descriptors&) = delete;
-  descriptors& operator=(const descriptors&) = delete;
 
-  cudnnTensorDescriptor_t input = nullptr;
-  cudnnTensorDescriptor_t output = nullptr;
-  cudnnFilterDescriptor_t weight = nullptr;
-  cudnnConvolutionDescriptor_t convolution = nullptr;
-
-private:
   const cudnn_library& lib_;
 };
 
@@ -254,7 +271,7 @@ bool not_supported(cudnnStatus_t status) {
 struct call {
   const cudnn_library& lib;
   cudnnHandle_t handle;
-  descriptors d;
+  const descriptors& d;
   algorithm_key key;
   double alpha64 = 1.0, beta64 = 0.0;
   float alpha32 = 1.0f, beta32 = 0.0f;
@@ -276,7 +293,7 @@ int algorithm_for(const call& c) {
 /// Runs one pass with its chosen algorithm; false when troupe's kernels
 /// are to run it instead.
 template <class Run, class WorkspaceSize>
-bool run_pass(call& c, const tensor& like, WorkspaceSize workspace_size, Run run) {
+bool run_pass(const call& c, const tensor& like, WorkspaceSize workspace_size, Run run) {
   const int algorithm = algorithm_for(c);
   if (algorithm < 0)
     return false;
@@ -308,7 +325,8 @@ bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& we
   const auto handle = handle_of(queue, *lib);
   if (handle == nullptr)
     return false;
-  call c{*lib, handle, descriptors(*lib, type, sizes, g), {out.where().index, type, sizes, pass::forward}};
+  const descriptors d(*lib, type, sizes, g);
+  call c{*lib, handle, d, {out.where().index, type, sizes, pass::forward}};
   return run_pass(
     c, out,
     [&](int algorithm, std::size_t& bytes) {
@@ -334,9 +352,9 @@ bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const te
     return false;
   // Both passes are chosen before either runs, so that a decline leaves
   // both gradients to troupe's kernels, not one of each.
-  call data{*lib, handle, descriptors(*lib, type, sizes, g), {grad.where().index, type, sizes, pass::backward_data}};
-  call filter{*lib, handle, descriptors(*lib, type, sizes, g),
-              {grad.where().index, type, sizes, pass::backward_filter}};
+  const descriptors d(*lib, type, sizes, g);
+  call data{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_data}};
+  call filter{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_filter}};
   if (algorithm_for(data) < 0 || algorithm_for(filter) < 0)
     return false;
   const bool input_done = run_pass(
