@@ -599,7 +599,7 @@ variable conv2d(const variable& input, const variable& weight, const variable& b
   auto out = troupe::conv2d(x, w, bias.defined() ? bias.data() : tensor(), options);
   return record("conv2d", out, {input, weight, bias},
                 [x, w, has_bias = bias.defined(), options](const tensor& g, const needs_mask& n) {
-                  auto r = conv2d_backward(g, x, w, has_bias, options);
+                  auto r = conv2d_backward(g, x, w, has_bias && n[2], options, n[0]);
                   return std::vector<tensor>{n[0] ? r.input : tensor(), n[1] ? r.weight : tensor(),
                                              n[2] ? r.bias : tensor()};
                 });

@@ -42,14 +42,18 @@ void backend::conv2d_backward(const tensor& grad, const tensor& input, const ten
   auto w2 = weight.view({outputs, patch});
   auto grad_w2 = grad_weight.view({outputs, patch});
   grad_weight.fill(0.0);
-  grad_input.fill(0.0);
+  const bool input_grad = grad_input.defined();
+  if (input_grad)
+    grad_input.fill(0.0);
   auto cols = tensor::empty({patch, plane}, input.type(), input.where());
-  auto grad_cols = tensor::empty({patch, plane}, input.type(), input.where());
+  auto grad_cols = input_grad ? tensor::empty({patch, plane}, input.type(), input.where()) : tensor();
   for (std::int64_t i = 0; i < input.size(0); ++i) {
     auto grad_i = grad.select(0, i).view({outputs, plane});
     // dW += dY_i x cols_i^T (the transposed view goes to GEMM as Trans).
     im2col(input.select(0, i), g, cols);
     gemm(grad_i, cols.t(), grad_w2, 1.0, 1.0);
+    if (!input_grad)
+      continue;
     // dX_i = col2im(W^T x dY_i).
     gemm(w2.t(), grad_i, grad_cols, 1.0, 0.0);
     auto grad_input_i = grad_input.select(0, i);

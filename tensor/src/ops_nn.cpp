@@ -63,7 +63,7 @@ tensor conv2d(const tensor& input, const tensor& weight, const tensor& bias,
 }
 
 conv2d_grads conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight,
-                             bool bias_defined, conv2d_options options) {
+                             bool bias_defined, conv2d_options options, bool input_grad) {
   auto g = conv_check("conv2d_backward", input, weight, options);
   require_defined("conv2d_backward", grad, "grad");
   require_same_device("conv2d_backward", grad, input);
@@ -74,7 +74,7 @@ conv2d_grads conv2d_backward(const tensor& grad, const tensor& input, const tens
   require(grad.shape() == expected, "conv2d_backward: grad shape {} should be {}", grad.shape(),
           expected);
   auto& kernels = backend_for(input.where(), "conv2d_backward");
-  auto grad_input = tensor::empty(input.shape(), input.type(), input.where());
+  auto grad_input = input_grad ? tensor::empty(input.shape(), input.type(), input.where()) : tensor();
   auto grad_weight = tensor::empty(weight.shape(), input.type(), input.where());
   kernels.conv2d_backward(grad.contiguous(), input.contiguous(), weight.contiguous(), g, grad_input, grad_weight);
   conv2d_grads grads;

@@ -307,7 +307,7 @@ public:
   }
   void conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight, const conv_geometry& geometry,
                        tensor& grad_input, tensor& grad_weight) override {
-    auto gi = on_host(grad_input);
+    auto gi = grad_input.defined() ? on_host(grad_input) : tensor();
     auto gw = on_host(grad_weight);
     cpu().conv2d_backward(on_host(grad), on_host(input), on_host(weight), geometry, gi, gw);
   }

@@ -390,6 +390,9 @@ TEST_F(CudaBackend, ConvolutionsOfManyShapesMatchTheCpu) {
       expect_close(got.input, want.input, tol);
       expect_close(got.weight, want.weight, tol);
       expect_close(got.bias, want.bias, tol);
+      auto weight_only = conv2d_backward(grad.to(gpu), input.to(gpu), weight.to(gpu), false, c.options, false);
+      EXPECT_FALSE(weight_only.input.defined());
+      expect_close(weight_only.weight, want.weight, tol);
     }
   }
 }

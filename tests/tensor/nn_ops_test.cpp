@@ -112,6 +112,17 @@ TEST(Conv2d, ForwardAndGradientsHoldForEveryStrideAndPadding) {
       }
 }
 
+TEST(Conv2d, WithoutTheInputsGradientOnlyTheWeightsIsComputed) {
+  auto x = sample({2, 3, 6, 5}, 30);
+  auto w = sample({4, 3, 3, 3}, 31);
+  auto g = sample(conv2d(x, w, tensor{}, {2, 1}).shape(), 32);
+  auto both = conv2d_backward(g, x, w, true, {2, 1});
+  auto weight_only = conv2d_backward(g, x, w, true, {2, 1}, /*input_grad=*/false);
+  EXPECT_FALSE(weight_only.input.defined());
+  expect_close(weight_only.weight, both.weight, 0.0);
+  expect_close(weight_only.bias, both.bias, 0.0);
+}
+
 TEST(Conv2d, ChannelMismatchNamesTheOpAndShapes) {
   auto message = test::usage_error_of(
       [] { (void)conv2d(tensor::zeros({1, 3, 5, 5}), tensor::zeros({2, 4, 3, 3}), tensor{}); });

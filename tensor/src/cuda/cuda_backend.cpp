@@ -479,7 +479,7 @@ public:
                        tensor& grad_input, tensor& grad_weight) override {
 #ifdef TROUPE_HAVE_CUDNN
     {
-      on_device d("conv2d_backward", grad_input, grad, input, weight, grad_weight);
+      on_device d("conv2d_backward", grad_weight, grad, input, weight, grad_input); // grad_input may be undefined
       if (cudnn_conv2d_backward(d.queue(), grad, input, weight, g, grad_input, grad_weight))
         return;
     }

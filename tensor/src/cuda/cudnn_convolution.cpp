@@ -355,9 +355,10 @@ bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const te
   const descriptors d(*lib, type, sizes, g);
   call data{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_data}};
   call filter{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_filter}};
-  if (algorithm_for(data) < 0 || algorithm_for(filter) < 0)
+  const bool input_grad = grad_input.defined();
+  if ((input_grad && algorithm_for(data) < 0) || algorithm_for(filter) < 0)
     return false;
-  const bool input_done = run_pass(
+  const bool input_done = !input_grad || run_pass(
     data, grad_input,
     [&](int algorithm, std::size_t& bytes) {
       return lib->backward_data_workspace(handle, data.d.weight, data.d.output, data.d.convolution, data.d.input,

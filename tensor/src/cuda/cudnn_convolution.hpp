@@ -20,7 +20,8 @@ struct execution_stream;
 bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& weight, const conv_geometry& geometry,
                   tensor& out);
 
-/// As cudnn_conv2d, for both gradients of conv2d (backend::conv2d_backward).
+/// As cudnn_conv2d, for the gradients of conv2d (backend::conv2d_backward:
+/// the input's only where grad_input is defined).
 bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const tensor& input, const tensor& weight,
                            const conv_geometry& geometry, tensor& grad_input, tensor& grad_weight);
 

@@ -224,8 +224,9 @@ public:
   /// with contiguous weight [o, c, kh, kw], without bias; out is
   /// overwritten. The default runs im2col and gemm image by image.
   virtual void conv2d(const tensor& input, const tensor& weight, const conv_geometry& geometry, tensor& out);
-  /// Overwrites grad_input [n, c, h, w] and grad_weight [o, c, kh, kw] with
-  /// the gradients of conv2d from contiguous grad [n, o, oh, ow], input and
+  /// Overwrites grad_input [n, c, h, w] (unless it is undefined: then only
+  /// the weight's is computed) and grad_weight [o, c, kh, kw] with the
+  /// gradients of conv2d from contiguous grad [n, o, oh, ow], input and
   /// weight. The default runs im2col, gemm and col2im image by image.
   virtual void conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight,
                                const conv_geometry& geometry, tensor& grad_input, tensor& grad_weight);

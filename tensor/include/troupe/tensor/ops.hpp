@@ -175,8 +175,11 @@ tensor conv2d(const tensor& input, const tensor& weight, const tensor& bias,
 struct conv2d_grads {
   tensor input, weight, bias;
 };
+/// The gradients of conv2d from grad [n, o, oh, ow]; the bias's when
+/// bias_defined, the input's unless input_grad is false (a network's first
+/// layer needs none, and it costs as much as the weight's).
 conv2d_grads conv2d_backward(const tensor& grad, const tensor& input, const tensor& weight,
-                             bool bias_defined, conv2d_options options = {});
+                             bool bias_defined, conv2d_options options = {}, bool input_grad = true);
 
 struct pool2d_options {
   std::int64_t kernel = 2;
