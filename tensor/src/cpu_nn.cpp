@@ -29,6 +29,11 @@ struct inside_columns {
   }
 };
 
+/// Channels per thread worth waking it for: about 32K elements of cols.
+std::int64_t channels_grain(const conv_geometry& g) {
+  return std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(g.kernel_h * g.kernel_w * g.out_h * g.out_w, 1));
+}
+
 } // namespace
 
 // Row by row: each output row of a kernel offset reads one input row, in a
@@ -43,29 +48,32 @@ void cpu_backend::im2col(const tensor& image, const conv_geometry& g, tensor& co
     using T = typename decltype(tag)::type;
     const T* x = base_of<T>(image) + image.offset();
     T* y = cols.data<T>();
-    for (std::int64_t c = 0; c < g.channels; ++c)
-      for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
-        for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
-          const inside_columns inside(g, kj);
-          const auto step = g.stride * s2;
-          T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
-          for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
-            const auto iy = oy * g.stride - g.padding + ki;
-            T* out = row + oy * g.out_w;
-            if (iy < 0 || iy >= g.height) {
-              std::fill(out, out + g.out_w, T(0));
-              continue;
+    // Channels apart: each writes its own rows of cols.
+    parallel_for(g.channels, channels_grain(g), [&](std::int64_t first_channel, std::int64_t last_channel) {
+      for (std::int64_t c = first_channel; c < last_channel; ++c)
+        for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
+          for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const inside_columns inside(g, kj);
+            const auto step = g.stride * s2;
+            T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+            for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
+              const auto iy = oy * g.stride - g.padding + ki;
+              T* out = row + oy * g.out_w;
+              if (iy < 0 || iy >= g.height) {
+                std::fill(out, out + g.out_w, T(0));
+                continue;
+              }
+              std::fill(out, out + inside.first, T(0));
+              const T* in = x + c * s0 + iy * s1 + (inside.first * g.stride - g.padding + kj) * s2;
+              if (step == 1)
+                std::copy(in, in + (inside.last - inside.first), out + inside.first);
+              else
+                for (std::int64_t ox = inside.first; ox < inside.last; ++ox)
+                  out[ox] = in[(ox - inside.first) * step];
+              std::fill(out + inside.last, out + g.out_w, T(0));
             }
-            std::fill(out, out + inside.first, T(0));
-            const T* in = x + c * s0 + iy * s1 + (inside.first * g.stride - g.padding + kj) * s2;
-            if (step == 1)
-              std::copy(in, in + (inside.last - inside.first), out + inside.first);
-            else
-              for (std::int64_t ox = inside.first; ox < inside.last; ++ox)
-                out[ox] = in[(ox - inside.first) * step];
-            std::fill(out + inside.last, out + g.out_w, T(0));
           }
-        }
+    });
   });
 }
 
@@ -75,26 +83,29 @@ void cpu_backend::col2im(const tensor& cols, const conv_geometry& g, tensor& ima
     using T = typename decltype(tag)::type;
     const T* y = cols.data<T>();
     T* x = image.data<T>();
-    for (std::int64_t c = 0; c < g.channels; ++c)
-      for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
-        for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
-          const inside_columns inside(g, kj);
-          const T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
-          for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
-            const auto iy = oy * g.stride - g.padding + ki;
-            if (iy < 0 || iy >= g.height)
-              continue;
-            T* dst = x + (c * g.height + iy) * g.width + inside.first * g.stride - g.padding + kj;
-            const T* src = row + oy * g.out_w + inside.first;
-            const auto n = inside.last - inside.first;
-            if (g.stride == 1)
-              for (std::int64_t i = 0; i < n; ++i)
-                dst[i] += src[i];
-            else
-              for (std::int64_t i = 0; i < n; ++i)
-                dst[i * g.stride] += src[i];
+    // Channels apart: each adds into its own plane of the image.
+    parallel_for(g.channels, channels_grain(g), [&](std::int64_t first_channel, std::int64_t last_channel) {
+      for (std::int64_t c = first_channel; c < last_channel; ++c)
+        for (std::int64_t ki = 0; ki < g.kernel_h; ++ki)
+          for (std::int64_t kj = 0; kj < g.kernel_w; ++kj) {
+            const inside_columns inside(g, kj);
+            const T* row = y + ((c * g.kernel_h + ki) * g.kernel_w + kj) * plane;
+            for (std::int64_t oy = 0; oy < g.out_h; ++oy) {
+              const auto iy = oy * g.stride - g.padding + ki;
+              if (iy < 0 || iy >= g.height)
+                continue;
+              T* dst = x + (c * g.height + iy) * g.width + inside.first * g.stride - g.padding + kj;
+              const T* src = row + oy * g.out_w + inside.first;
+              const auto n = inside.last - inside.first;
+              if (g.stride == 1)
+                for (std::int64_t i = 0; i < n; ++i)
+                  dst[i] += src[i];
+              else
+                for (std::int64_t i = 0; i < n; ++i)
+                  dst[i * g.stride] += src[i];
+            }
           }
-        }
+    });
   });
 }
 
@@ -147,17 +158,21 @@ void cpu_backend::max_pool2d(const tensor& input, std::int64_t kernel, std::int6
     const T* x = input.data<T>();
     T* y = output.data<T>();
     auto* at = indices.data<std::int64_t>();
-    for (std::int64_t p = 0; p < planes; ++p) {
-      const T* in = x + p * h * w;
-      for (std::int64_t oy = 0; oy < oh; ++oy)
-        for (std::int64_t ox = 0; ox < ow; ++ox) {
-          const auto first = (oy * stride) * w + ox * stride;
-          const auto [best, best_at] = window_maximum(in + first, kernel, w);
-          const auto o = (p * oh + oy) * ow + ox;
-          y[o] = best;
-          at[o] = first + best_at;
-        }
-    }
+    // Planes apart; about 32K window elements a thread.
+    const auto grain = std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(oh * ow * kernel * kernel, 1));
+    parallel_for(planes, grain, [&](std::int64_t first_plane, std::int64_t last_plane) {
+      for (std::int64_t p = first_plane; p < last_plane; ++p) {
+        const T* in = x + p * h * w;
+        for (std::int64_t oy = 0; oy < oh; ++oy)
+          for (std::int64_t ox = 0; ox < ow; ++ox) {
+            const auto first = (oy * stride) * w + ox * stride;
+            const auto [best, best_at] = window_maximum(in + first, kernel, w);
+            const auto o = (p * oh + oy) * ow + ox;
+            y[o] = best;
+            at[o] = first + best_at;
+          }
+      }
+    });
   });
 }
 
@@ -171,9 +186,13 @@ void cpu_backend::max_pool2d_backward(const tensor& grad, const tensor& indices,
     const T* g = grad.data<T>();
     const auto* at = indices.data<std::int64_t>();
     T* gi = grad_input.data<T>();
-    for (std::int64_t p = 0; p < planes; ++p)
-      for (std::int64_t o = 0; o < out_plane; ++o)
-        gi[p * in_plane + at[p * out_plane + o]] += g[p * out_plane + o];
+    // Planes apart: each adds into its own plane.
+    parallel_for(planes, std::max<std::int64_t>(1, 32768 / std::max<std::int64_t>(out_plane, 1)),
+                 [&](std::int64_t first_plane, std::int64_t last_plane) {
+                   for (std::int64_t p = first_plane; p < last_plane; ++p)
+                     for (std::int64_t o = 0; o < out_plane; ++o)
+                       gi[p * in_plane + at[p * out_plane + o]] += g[p * out_plane + o];
+                 });
   });
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "test_util.hpp"
+#include "troupe/tensor/backend.hpp"
 #include "troupe/tensor/intra_op_threads.hpp"
 #include "troupe/tensor/parallel_for.hpp"
 
@@ -153,6 +154,32 @@ TEST(IntraOpThreads, RowKernelsGiveTheSameBitsOnTwoThreads) {
                                                             ce.log_sum_exp)};
         },
         type == dtype::float32 ? "float32 rows" : "float64 rows");
+  }
+}
+
+// im2col and col2im split channels, pooling and its gradient split planes:
+// the same bits on two threads. (A convolution's GEMMs may sum in another
+// order on two threads; MatmulOnTwoThreadsAgreesWithinRounding covers them.)
+TEST(IntraOpThreads, ConvolutionAndPoolingKernelsGiveTheSameBitsOnTwoThreads) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    const auto image = test::sample({16, 40, 30}, 11, type);
+    const conv_geometry g{.channels = 16, .height = 40, .width = 30, .kernel_h = 3, .kernel_w = 3,
+                          .stride = 1, .padding = 1, .out_h = 40, .out_w = 30};
+    const auto maps = test::sample({16, 16, 40, 30}, 12, type); // 256 planes: enough to split
+    expect_same_with_two_threads(
+        [&] {
+          auto& cpu = backend_for(device::cpu(), "test");
+          auto cols = tensor::empty({16 * 9, 40 * 30}, type);
+          cpu.im2col(image, g, cols);
+          auto back = tensor::zeros({16, 40, 30}, type);
+          cpu.col2im(cols, g, back);
+          auto pooled = max_pool2d(maps, {2, 2});
+          auto overlapping = max_pool2d(maps, {3, 1});
+          auto grad_maps = max_pool2d_backward(pooled.output, pooled.indices, maps.shape());
+          return std::vector<tensor>{cols, back, pooled.output, pooled.indices, overlapping.output,
+                                     overlapping.indices, grad_maps};
+        },
+        type == dtype::float32 ? "float32 convolution and pooling" : "float64 convolution and pooling");
   }
 }
 
