@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export OPENBLAS_NUM_THREADS=1
 export UCX_LOG_LEVEL=error UCX_WARN_UNUSED_ENV_VARS=n
-for b in gemm codec elementwise ops mlp_step gpt_step transport pipeline allreduce data_parallel parameter_server; do
+for b in gemm codec elementwise ops mlp_step gpt_step cnn_step transport pipeline allreduce data_parallel parameter_server; do
   build/bench/$b "$@"
   echo
 done
