@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <tuple>
 
@@ -313,18 +314,36 @@ bool run_pass(const call& c, const tensor& like, WorkspaceSize workspace_size, R
   return true;
 }
 
+/// What cuDNN needs to run a convolution: the library, the stream's handle,
+/// the sizes and the data type.
+struct taken_convolution {
+  const cudnn_library* lib;
+  cudnnHandle_t handle;
+  conv_sizes sizes;
+  cudnnDataType_t type;
+};
+
+/// The convolution as cuDNN takes it; nullopt when cuDNN is not to run it
+/// (cudnn_convolution.hpp lists why).
+std::optional<taken_convolution> take(execution_stream& queue, const tensor& input, const tensor& weight,
+                                      const conv_geometry& g) {
+  taken_convolution taken{wanted(), nullptr, {}, {}};
+  if (taken.lib == nullptr || !data_type_of(input.type(), taken.type) || !sizes_of(input, weight, g, taken.sizes))
+    return std::nullopt;
+  taken.handle = handle_of(queue, *taken.lib);
+  if (taken.handle == nullptr)
+    return std::nullopt;
+  return taken;
+}
+
 } // namespace
 
 bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& weight, const conv_geometry& g,
                   tensor& out) {
-  const auto* lib = wanted();
-  conv_sizes sizes{};
-  cudnnDataType_t type{};
-  if (lib == nullptr || !data_type_of(input.type(), type) || !sizes_of(input, weight, g, sizes))
+  const auto taken = take(queue, input, weight, g);
+  if (!taken)
     return false;
-  const auto handle = handle_of(queue, *lib);
-  if (handle == nullptr)
-    return false;
+  const auto& [lib, handle, sizes, type] = *taken;
   const descriptors d(*lib, type, sizes, g);
   call c{*lib, handle, d, {out.where().index, type, sizes, pass::forward}};
   return run_pass(
@@ -342,14 +361,10 @@ bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& we
 
 bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const tensor& input, const tensor& weight,
                            const conv_geometry& g, tensor& grad_input, tensor& grad_weight) {
-  const auto* lib = wanted();
-  conv_sizes sizes{};
-  cudnnDataType_t type{};
-  if (lib == nullptr || !data_type_of(input.type(), type) || !sizes_of(input, weight, g, sizes))
+  const auto taken = take(queue, input, weight, g);
+  if (!taken)
     return false;
-  const auto handle = handle_of(queue, *lib);
-  if (handle == nullptr)
-    return false;
+  const auto& [lib, handle, sizes, type] = *taken;
   // Both passes are chosen before either runs, so that a decline leaves
   // both gradients to troupe's kernels, not one of each.
   const descriptors d(*lib, type, sizes, g);
