@@ -95,11 +95,8 @@ int main(int argc, char** argv) {
   if (!options)
     return 2;
   const auto& [device_name, where, models, python, peer_script, peers] = *options;
-  if (where.kind == device_kind::cuda && cuda_device_count() == 0) {
-    out.note("no CUDA device ({}): nothing measured", cuda_unavailable_reason());
-    out.print();
+  if (bench::said_no_device(*options, out))
     return 0;
-  }
   if (where.kind == device_kind::cuda)
     out.note("troupe's conv2d on CUDA: {}", cuda_convolution());
   else

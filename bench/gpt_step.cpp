@@ -91,11 +91,8 @@ int main(int argc, char** argv) {
   if (!options)
     return 2;
   const auto& [device_name, where, models, python, peer_script, peers] = *options;
-  if (where.kind == device_kind::cuda && cuda_device_count() == 0) {
-    out.note("no CUDA device ({}): nothing measured", cuda_unavailable_reason());
-    out.print();
+  if (bench::said_no_device(*options, out))
     return 0;
-  }
 
   for (const auto& size : sizes) {
     if (!options->wants(size.name))

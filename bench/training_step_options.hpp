@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "report.hpp"
+#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/device.hpp"
 
 namespace troupe::bench {
@@ -62,6 +63,17 @@ inline std::optional<training_step_options> parse_training_step_options(std::str
   for (int i = 1; i < argc; ++i)
     o.peers &= std::string_view(argv[i]) != "--no-peers";
   return o;
+}
+
+/// True, having printed a report that says so, when the options ask for a
+/// CUDA device this machine lacks: nothing to measure, and the benchmark
+/// exits 0.
+inline bool said_no_device(const training_step_options& o, const report& out) {
+  if (o.where.kind != device_kind::cuda || cuda_device_count() > 0)
+    return false;
+  out.note("no CUDA device ({}): nothing measured", cuda_unavailable_reason());
+  out.print();
+  return true;
 }
 
 } // namespace troupe::bench
