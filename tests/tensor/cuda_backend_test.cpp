@@ -296,20 +296,62 @@ TEST_F(CudaBackend, SoftmaxAndItsGradientMatchTheCpu) {
 }
 
 TEST_F(CudaBackend, CrossEntropyAndItsGradientMatchTheCpu) {
-  // The CUDA backend has no fused kernel: backend::cross_entropy's default
-  // composes log_softmax, gather and scatter_add on the device.
   for (auto type : {dtype::float32, dtype::float64}) {
     SCOPED_TRACE(fmt::format("{}", type));
-    auto x = mul(sample({9, 86}, 34, type), 5.0);
-    generator gen{35, 0};
-    auto targets = randint({9}, gen, 0, 86);
-    auto upstream = tensor::full({}, 0.5, type);
-    auto cpu = cross_entropy(x, targets);
-    auto cuda = cross_entropy(x.to(gpu), targets.to(gpu));
-    expect_close(cuda.loss, cpu.loss, 10 * tolerance(type));
-    expect_close(cuda.log_sum_exp, cpu.log_sum_exp, 10 * tolerance(type));
-    expect_close(cross_entropy_backward(upstream.to(gpu), x.to(gpu), targets.to(gpu), cuda.log_sum_exp),
-                 cross_entropy_backward(upstream, x, targets, cpu.log_sum_exp), tolerance(type));
+    // 300 rows: more than one block's threads sum the rows' losses.
+    for (auto shape : {dims{9, 86}, dims{300, 1000}, dims{5, 1}}) {
+      SCOPED_TRACE(fmt::format("logits {}", shape));
+      auto x = mul(sample(shape, 34, type), 5.0);
+      generator gen{35, 0};
+      auto targets = randint({shape[0]}, gen, 0, shape[1]);
+      auto upstream = tensor::full({}, 0.5, type);
+      auto cpu = cross_entropy(x, targets);
+      auto cuda = cross_entropy(x.to(gpu), targets.to(gpu));
+      expect_close(cuda.loss, cpu.loss, 10 * tolerance(type));
+      expect_close(cuda.log_sum_exp, cpu.log_sum_exp, 10 * tolerance(type));
+      expect_close(cross_entropy_backward(upstream.to(gpu), x.to(gpu), targets.to(gpu), cuda.log_sum_exp),
+                   cross_entropy_backward(upstream, x, targets, cpu.log_sum_exp), tolerance(type));
+    }
+    // Targets and log Σ exp read through strides (every other element).
+    auto x = mul(sample({7, 20}, 36, type), 3.0);
+    generator gen{37, 0};
+    auto targets = randint({7, 2}, gen, 0, 20).select(1, 1);
+    auto lse = cross_entropy(x, targets).log_sum_exp;
+    auto strided_lse = stack({lse, lse}, 1).select(1, 0);
+    auto upstream = tensor::full({}, -2.0, type);
+    expect_close(cross_entropy(x.to(gpu), targets.to(gpu)).loss, cross_entropy(x, targets).loss, 10 * tolerance(type));
+    expect_close(cross_entropy_backward(upstream.to(gpu), x.to(gpu), targets.to(gpu), strided_lse.to(gpu)),
+                 cross_entropy_backward(upstream, x, targets, lse), tolerance(type));
+  }
+}
+
+TEST_F(CudaBackend, CausalSoftmaxAndAttentionMatchTheCpu) {
+  for (auto type : {dtype::float32, dtype::float64}) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    // More keys than queries, fewer, as many; one row longer than a block.
+    for (auto shape : {dims{3, 5, 8}, dims{2, 6, 4}, dims{4, 7, 7}, dims{1, 3, 300}}) {
+      SCOPED_TRACE(fmt::format("scores {}", shape));
+      auto x = mul(sample(shape, 38, type), 4.0);
+      auto g = sample(shape, 39, type);
+      auto y = causal_softmax(x, 0.35);
+      expect_close(causal_softmax(x.to(gpu), 0.35), y, tolerance(type));
+      expect_close(causal_softmax_backward(g.to(gpu), y.to(gpu), 0.35), causal_softmax_backward(g, y, 0.35),
+                   tolerance(type));
+    }
+    const std::int64_t batch = 2, seq = 9, heads = 3, width = 12;
+    auto qkv = sample({batch, seq, 3 * width}, 40, type);
+    auto grad = sample({batch, seq, width}, 41, type);
+    generator gen{42, 0};
+    for (const auto& mask : {tensor{}, dropout_mask({batch * heads, seq, seq}, 0.2, gen, type)}) {
+      SCOPED_TRACE(mask.defined() ? "with a dropout mask" : "without dropout");
+      auto cpu = causal_attention(qkv, heads, 0.5, mask);
+      auto cuda = causal_attention(qkv.to(gpu), heads, 0.5, mask.defined() ? mask.to(gpu) : mask);
+      expect_close(cuda.output, cpu.output, 10 * tolerance(type));
+      expect_close(cuda.weights, cpu.weights, tolerance(type));
+      expect_close(causal_attention_backward(grad.to(gpu), qkv.to(gpu), cuda.weights, heads, 0.5,
+                                             mask.defined() ? mask.to(gpu) : mask),
+                   causal_attention_backward(grad, qkv, cpu.weights, heads, 0.5, mask), 10 * tolerance(type));
+    }
   }
 }
 

@@ -399,6 +399,35 @@ public:
                             out.raw_data(), d.stream());
   }
 
+  void causal_softmax(const tensor& a, std::int64_t queries, double scale, tensor& out) override {
+    on_device d("causal_softmax", out, a);
+    launch_causal_softmax(element_of(a), a.raw_data(), a.size(0), queries, a.size(1), scale, out.raw_data(),
+                          d.stream());
+  }
+
+  void causal_softmax_backward(const tensor& grad, const tensor& output, std::int64_t queries, double scale,
+                               tensor& out) override {
+    on_device d("causal_softmax_backward", out, grad, output);
+    launch_causal_softmax_backward(element_of(grad), grad.raw_data(), output.raw_data(), grad.size(0), queries,
+                                   grad.size(1), scale, out.raw_data(), d.stream());
+  }
+
+  void cross_entropy(const tensor& logits, const tensor& targets, tensor& loss, tensor& log_sum_exp) override {
+    on_device d("cross_entropy", loss, logits, targets, log_sum_exp);
+    launch_cross_entropy(element_of(logits), logits.raw_data(), static_cast<const std::int64_t*>(targets.raw_data()),
+                         targets.strides()[0], logits.size(0), logits.size(1), loss.raw_data(),
+                         log_sum_exp.raw_data(), d.stream());
+  }
+
+  void cross_entropy_backward(const tensor& grad, const tensor& logits, const tensor& targets,
+                              const tensor& log_sum_exp, tensor& out) override {
+    on_device d("cross_entropy_backward", out, grad, logits, targets, log_sum_exp);
+    launch_cross_entropy_backward(element_of(logits), grad.raw_data(), logits.raw_data(),
+                                  static_cast<const std::int64_t*>(targets.raw_data()), targets.strides()[0],
+                                  log_sum_exp.raw_data(), log_sum_exp.strides()[0], logits.size(0), logits.size(1),
+                                  out.raw_data(), d.stream());
+  }
+
   // -- indexing --------------------------------------------------------------------------
 
   void index_select(const tensor& a, std::int64_t dim, const tensor& index, tensor& out) override {

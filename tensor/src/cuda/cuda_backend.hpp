@@ -2,11 +2,13 @@
 // Private: the CUDA backend, registered for device_kind::cuda by
 // backend.cpp in builds with TROUPE_HAVE_CUDA.
 //
-// Implemented: device memory (stream-ordered), transfers to and from the
-// CPU and between devices, fill, copy with dtype conversion, every unary and
-// binary elementwise function, axpy, where, and GEMM (and so bmm) through
-// cuBLAS. Every other kernel throws usage_error "<op>: not implemented by
-// the cuda backend ..." — never a silently wrong result.
+// Every kernel of backend.hpp runs on the device: troupe's own kernels
+// (cuda_kernels.hpp) for elementwise functions, reductions, softmax (plain
+// and causal), cross entropy, layer norm, indexing, embedding bags, im2col,
+// col2im, pooling, Philox draws and the optimizer steps; cuBLAS for GEMM and
+// batched GEMM; cuDNN for convolutions where it is found
+// (cudnn_convolution.hpp). Causal attention is the backend's default: bmm
+// and the causal softmax, composed on the device.
 #include "troupe/tensor/backend.hpp"
 
 namespace troupe::detail {

@@ -1,8 +1,8 @@
 #pragma once
 // Private: the launchers of the CUDA kernels (cuda_kernels.cu: elementwise;
-// cuda_reduce.cu: rows, softmax, layer norm; cuda_index.cu: indexing and
-// embedding bags; cuda_conv.cu: im2col, col2im, pooling; cuda_random.cu:
-// Philox draws; cuda_optim.cu: fused optimizer steps).
+// cuda_reduce.cu: rows, softmax, cross entropy, layer norm; cuda_index.cu:
+// indexing and embedding bags; cuda_conv.cu: im2col, col2im, pooling;
+// cuda_random.cu: Philox draws; cuda_optim.cu: fused optimizer steps).
 // Plain C++ without troupe or fmt headers, so that nvcc compiles only the
 // kernels; cuda_backend.cpp turns tensors into these descriptions.
 //
@@ -67,7 +67,7 @@ void launch_axpy(const index_space& shape, const operand& a, const operand& b, d
 void launch_where(const index_space& shape, const operand& out, const operand& cond, const operand& a,
                   const operand& b, cudaStream_t stream);
 
-// -- rows: reductions, softmax, layer norm (cuda_reduce.cu) ---------------------------
+// -- rows: reductions, softmax, cross entropy, layer norm (cuda_reduce.cu) -------------
 //
 // A row is reduced by one block in a fixed tree order, so a result depends
 // only on the row's length and values (deterministic, like the CPU's
@@ -86,6 +86,26 @@ void launch_softmax(element type, const void* a, std::int64_t rows, std::int64_t
 /// dL/dx of (log-)softmax from contiguous dL/dy and y.
 void launch_softmax_backward(element type, const void* grad, const void* output, std::int64_t rows,
                              std::int64_t cols, bool log, void* out, cudaStream_t stream);
+/// Causal softmax of contiguous scores [rows, cols], rows being whole
+/// [queries, cols] matrices: row r keeps its first min(r % queries + 1,
+/// cols) columns, y = softmax(scale x) there and 0 under the mask.
+void launch_causal_softmax(element type, const void* a, std::int64_t rows, std::int64_t queries, std::int64_t cols,
+                           double scale, void* out, cudaStream_t stream);
+/// dL/dx of the causal softmax from contiguous dL/dy and y; `out` may be `grad`.
+void launch_causal_softmax_backward(element type, const void* grad, const void* output, std::int64_t rows,
+                                    std::int64_t queries, std::int64_t cols, double scale, void* out,
+                                    cudaStream_t stream);
+/// Mean cross entropy of contiguous logits [rows, cols] against int64
+/// targets (element stride target_step, validated on the host): each row's
+/// log Σ exp into log_sum_exp [rows], the mean into the scalar `loss`.
+void launch_cross_entropy(element type, const void* logits, const std::int64_t* targets, std::int64_t target_step,
+                          std::int64_t rows, std::int64_t cols, void* loss, void* log_sum_exp, cudaStream_t stream);
+/// out = grad (exp(logits - lse) - onehot(targets)) / rows, `grad` the
+/// scalar upstream gradient on the device, log_sum_exp with element stride
+/// lse_step.
+void launch_cross_entropy_backward(element type, const void* grad, const void* logits, const std::int64_t* targets,
+                                   std::int64_t target_step, const void* log_sum_exp, std::int64_t lse_step,
+                                   std::int64_t rows, std::int64_t cols, void* out, cudaStream_t stream);
 /// Layer norm of contiguous [rows, d]; weight, bias may be null.
 void launch_layer_norm(element type, const void* input, const void* weight, const void* bias, std::int64_t rows,
                        std::int64_t d, double eps, void* output, void* mean, void* rstd, cudaStream_t stream);

@@ -1,5 +1,6 @@
 // Row kernels of the CUDA backend (cuda_kernels.hpp): sums and maxima of
-// rows, softmax and its gradient, layer norm and its gradients. Each row
+// rows, softmax and its gradient (plain, and causal for attention), cross
+// entropy and its gradient, layer norm and its gradients. Each row
 // belongs to one block (cuda_device_common.cuh, "block reductions"), so
 // results are deterministic; they equal the CPU's (cpu_reduce.cpp,
 // cpu_nn.cpp) within float rounding, the order of additions being a tree
@@ -70,19 +71,30 @@ struct maximum {
   template <class T> __device__ T operator()(T a, T b) const { return b > a ? b : a; }
 };
 
+/// A row's maximum and the sum of exp(scale (x - maximum)) over its first
+/// `n` elements (n >= 1), computed by the whole block; every thread gets both.
+template <class T> struct exp_sum {
+  T top;
+  T total;
+};
+
+template <class T> __device__ exp_sum<T> exp_sum_of_row(const T* x, std::int64_t n, T scale) {
+  T top = x[0];
+  for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    top = maximum{}(top, x[j]);
+  top = block_reduce(top, maximum{}); // scale > 0: the maximum of scale x is scale top
+  T partial = T(0);
+  for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    partial += exp_of(T((x[j] - top) * scale));
+  return {top, block_reduce(partial, plus{})};
+}
+
 template <class T>
 __global__ void softmax_kernel(const T* a, std::int64_t rows, std::int64_t cols, bool log, T* out) {
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* x = a + r * cols;
     T* y = out + r * cols;
-    T top = x[0];
-    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      top = maximum{}(top, x[j]);
-    top = block_reduce(top, maximum{});
-    T partial = T(0);
-    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      partial += exp_of(T(x[j] - top));
-    const T total = block_reduce(partial, plus{});
+    const auto [top, total] = exp_sum_of_row(x, cols, T(1));
     if (log) {
       const T shift = top + log_of(total);
       for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
@@ -109,6 +121,98 @@ __global__ void softmax_backward_kernel(const T* grad, const T* output, std::int
     // log softmax: dx = g - softmax(x) * sum(g); softmax: dx = y * (g - <g, y>).
     for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       dx[j] = log ? T(g[j] - exp_of(y[j]) * total) : T(y[j] * (g[j] - total));
+  }
+}
+
+/// Row r of a causal [.., queries, cols] score matrix keeps its first
+/// min(r % queries + 1, cols) columns; what lies under the mask is never read.
+__device__ inline std::int64_t causal_kept(std::int64_t r, std::int64_t queries, std::int64_t cols) {
+  const auto kept = r % queries + 1;
+  return kept < cols ? kept : cols;
+}
+
+// y = softmax(scale x) over the kept columns, 0 under the mask: one kernel
+// instead of the default's mask, scale, where and softmax.
+template <class T>
+__global__ void causal_softmax_kernel(const T* a, std::int64_t rows, std::int64_t queries, std::int64_t cols,
+                                      T scale, T* out) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = a + r * cols;
+    T* y = out + r * cols;
+    const auto kept = causal_kept(r, queries, cols);
+    const auto [top, total] = exp_sum_of_row(x, kept, scale);
+    const T inv = T(1) / total;
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      y[j] = j < kept ? T(exp_of(T((x[j] - top) * scale)) * inv) : T(0);
+  }
+}
+
+// dx = scale y (g - <g, y>) over the kept columns, 0 under the mask. `out`
+// may be `grad` (the attention's backward works in place): each thread
+// reads the elements it writes, and the dot product is complete (a block
+// barrier) before any is written.
+template <class T>
+__global__ void causal_softmax_backward_kernel(const T* grad, const T* output, std::int64_t rows,
+                                               std::int64_t queries, std::int64_t cols, T scale, T* out) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* g = grad + r * cols;
+    const T* y = output + r * cols;
+    T* dx = out + r * cols;
+    const auto kept = causal_kept(r, queries, cols);
+    T partial = T(0);
+    for (std::int64_t j = threadIdx.x; j < kept; j += blockDim.x)
+      partial += g[j] * y[j];
+    const T dot = block_reduce(partial, plus{});
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      dx[j] = j < kept ? T(y[j] * (g[j] - dot) * scale) : T(0);
+  }
+}
+
+// Each row's log sum exp, and its loss term lse - x[target] in double for
+// the second pass.
+template <class T>
+__global__ void cross_entropy_rows_kernel(const T* logits, const std::int64_t* targets, std::int64_t target_step,
+                                          std::int64_t rows, std::int64_t cols, T* log_sum_exp, double* terms) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = logits + r * cols;
+    const auto [top, total] = exp_sum_of_row(x, cols, T(1));
+    const T lse = top + log_of(total);
+    if (threadIdx.x == 0) {
+      log_sum_exp[r] = lse;
+      terms[r] = static_cast<double>(lse) - static_cast<double>(x[targets[r * target_step]]);
+    }
+  }
+}
+
+// loss = the mean of the terms, summed in double by one block in a fixed
+// order (as the CPU sums them in double).
+template <class T> __global__ void cross_entropy_mean_kernel(const double* terms, std::int64_t rows, T* loss) {
+  double partial = 0;
+  for (std::int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+    partial += terms[r];
+  const double total = block_reduce(partial, plus{});
+  if (threadIdx.x == 0)
+    *loss = static_cast<T>(total / static_cast<double>(rows));
+}
+
+// dx = grad (exp(x - lse) - onehot(target)) / rows, with grad read on the
+// device (no wait for the loss on the host).
+template <class T>
+__global__ void cross_entropy_backward_kernel(const T* grad, const T* logits, const std::int64_t* targets,
+                                              std::int64_t target_step, const T* log_sum_exp, std::int64_t lse_step,
+                                              std::int64_t rows, std::int64_t cols, T* out) {
+  const T scale = static_cast<T>(static_cast<double>(*grad) / static_cast<double>(rows));
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = logits + r * cols;
+    T* dx = out + r * cols;
+    const T shift = log_sum_exp[r * lse_step];
+    const auto target = targets[r * target_step];
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      T value = exp_of(T(x[j] - shift)) * scale;
+      if (j == target)
+        value -= scale;
+      dx[j] = value;
+    }
   }
 }
 
@@ -255,6 +359,59 @@ void launch_softmax_backward(element type, const void* grad, const void* output,
     using T = typename decltype(t)::type;
     launch_blocks(softmax_backward_kernel<T>, rows, threads_for(cols), stream, static_cast<const T*>(grad),
                   static_cast<const T*>(output), rows, cols, log, static_cast<T*>(out));
+  });
+}
+
+void launch_causal_softmax(element type, const void* a, std::int64_t rows, std::int64_t queries, std::int64_t cols,
+                           double scale, void* out, cudaStream_t stream) {
+  if (cols == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_blocks(causal_softmax_kernel<T>, rows, threads_for(cols), stream, static_cast<const T*>(a), rows, queries,
+                  cols, static_cast<T>(scale), static_cast<T*>(out));
+  });
+}
+
+void launch_causal_softmax_backward(element type, const void* grad, const void* output, std::int64_t rows,
+                                    std::int64_t queries, std::int64_t cols, double scale, void* out,
+                                    cudaStream_t stream) {
+  if (cols == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_blocks(causal_softmax_backward_kernel<T>, rows, threads_for(cols), stream, static_cast<const T*>(grad),
+                  static_cast<const T*>(output), rows, queries, cols, static_cast<T>(scale), static_cast<T*>(out));
+  });
+}
+
+void launch_cross_entropy(element type, const void* logits, const std::int64_t* targets, std::int64_t target_step,
+                          std::int64_t rows, std::int64_t cols, void* loss, void* log_sum_exp, cudaStream_t stream) {
+  if (rows == 0 || cols == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    // Stream-ordered scratch: freed once the second pass has run.
+    double* terms = nullptr;
+    TROUPE_CUDA_CHECK(cudaMallocAsync(&terms, static_cast<std::size_t>(rows) * sizeof(double), stream));
+    launch_blocks(cross_entropy_rows_kernel<T>, rows, threads_for(cols), stream, static_cast<const T*>(logits),
+                  targets, target_step, rows, cols, static_cast<T*>(log_sum_exp), terms);
+    launch_blocks(cross_entropy_mean_kernel<T>, 1, threads_for(rows), stream, static_cast<const double*>(terms), rows,
+                  static_cast<T*>(loss));
+    TROUPE_CUDA_CHECK(cudaFreeAsync(terms, stream));
+  });
+}
+
+void launch_cross_entropy_backward(element type, const void* grad, const void* logits, const std::int64_t* targets,
+                                   std::int64_t target_step, const void* log_sum_exp, std::int64_t lse_step,
+                                   std::int64_t rows, std::int64_t cols, void* out, cudaStream_t stream) {
+  if (cols == 0)
+    return;
+  dispatch_floating(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_blocks(cross_entropy_backward_kernel<T>, rows, threads_for(cols), stream, static_cast<const T*>(grad),
+                  static_cast<const T*>(logits), targets, target_step, static_cast<const T*>(log_sum_exp), lse_step,
+                  rows, cols, static_cast<T*>(out));
   });
 }
 
