@@ -33,14 +33,16 @@ __device__ inline indexed_offsets offsets_of(std::int64_t i, const index_space& 
   return out;
 }
 
-/// Index strides by value (kernel parameters cannot point to host arrays).
+/// Index strides by value (kernel parameters cannot point to host arrays);
+/// __grid_constant__ where a kernel takes it, as it is indexed at run time.
 struct index_layout {
   std::int64_t strides[max_rank];
 };
 
 template <class T>
-__global__ void indexed_read_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out, const __grid_constant__ operand source, const std::int64_t* index,
-                                    index_layout layout, std::int64_t dim_stride) {
+__global__ void indexed_read_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out,
+                                    const __grid_constant__ operand source, const std::int64_t* index,
+                                    const __grid_constant__ index_layout layout, std::int64_t dim_stride) {
   TROUPE_FOR_EACH_INDEX(i, shape) {
     // `source` has its dim stride zeroed: the position there comes from the index.
     const auto o = offsets_of(i, shape, source, layout.strides);
@@ -49,8 +51,10 @@ __global__ void indexed_read_kernel(const __grid_constant__ index_space shape, c
 }
 
 template <class T>
-__global__ void indexed_accumulate_kernel(const __grid_constant__ index_space shape, std::int64_t length, const __grid_constant__ operand target, const __grid_constant__ operand source,
-                                          const std::int64_t* index, index_layout layout, int dim,
+__global__ void indexed_accumulate_kernel(const __grid_constant__ index_space shape, std::int64_t length,
+                                          const __grid_constant__ operand target,
+                                          const __grid_constant__ operand source, const std::int64_t* index,
+                                          const __grid_constant__ index_layout layout, int dim,
                                           std::int64_t target_dim_stride) {
   // `shape` has dim collapsed to 1: i names one line along dim.
   TROUPE_FOR_EACH_INDEX(i, shape) {

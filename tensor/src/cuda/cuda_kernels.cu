@@ -12,13 +12,17 @@ namespace troupe::detail::cuda {
 
 namespace {
 
-template <class T> __global__ void fill_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out, double value) {
+template <class T>
+__global__ void fill_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out,
+                            double value) {
   const T v = convert<T>(value);
   TROUPE_FOR_EACH_INDEX(i, shape)
   at<T>(out, offset_of(i, shape, out)) = v;
 }
 
-template <class D, class S> __global__ void copy_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out, const __grid_constant__ operand in) {
+template <class D, class S>
+__global__ void copy_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out,
+                            const __grid_constant__ operand in) {
   TROUPE_FOR_EACH_INDEX(i, shape)
   at<D>(out, offset_of(i, shape, out)) = convert<D>(at<S>(in, offset_of(i, shape, in)));
 }
@@ -124,20 +128,25 @@ template <class T> __device__ inline T binary_value(binary_kernel op, T x, T y) 
 }
 
 template <class T>
-__global__ void unary_kernel_of(unary_kernel op, const __grid_constant__ index_space shape, const __grid_constant__ operand out, const __grid_constant__ operand a, double scalar) {
+__global__ void unary_kernel_of(unary_kernel op, const __grid_constant__ index_space shape,
+                                const __grid_constant__ operand out, const __grid_constant__ operand a, double scalar) {
   const T s = static_cast<T>(scalar);
   TROUPE_FOR_EACH_INDEX(i, shape)
   at<T>(out, offset_of(i, shape, out)) = unary_value<T>(op, at<T>(a, offset_of(i, shape, a)), s);
 }
 
 template <class T>
-__global__ void binary_kernel_of(binary_kernel op, const __grid_constant__ index_space shape, const __grid_constant__ operand out, const __grid_constant__ operand a, const __grid_constant__ operand b) {
+__global__ void binary_kernel_of(binary_kernel op, const __grid_constant__ index_space shape,
+                                 const __grid_constant__ operand out, const __grid_constant__ operand a,
+                                 const __grid_constant__ operand b) {
   TROUPE_FOR_EACH_INDEX(i, shape)
   at<T>(out, offset_of(i, shape, out)) =
     binary_value<T>(op, at<T>(a, offset_of(i, shape, a)), at<T>(b, offset_of(i, shape, b)));
 }
 
-template <class T> __global__ void axpy_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand a, const __grid_constant__ operand b, double alpha) {
+template <class T>
+__global__ void axpy_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand a,
+                            const __grid_constant__ operand b, double alpha) {
   const T s = static_cast<T>(alpha);
   const bool plain = alpha == 1.0;
   TROUPE_FOR_EACH_INDEX(i, shape) {
@@ -148,7 +157,9 @@ template <class T> __global__ void axpy_kernel(const __grid_constant__ index_spa
 }
 
 template <class T, class C>
-__global__ void where_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out, const __grid_constant__ operand cond, const __grid_constant__ operand a, const __grid_constant__ operand b) {
+__global__ void where_kernel(const __grid_constant__ index_space shape, const __grid_constant__ operand out,
+                             const __grid_constant__ operand cond, const __grid_constant__ operand a,
+                             const __grid_constant__ operand b) {
   TROUPE_FOR_EACH_INDEX(i, shape) {
     const bool pick = convert<double>(at<C>(cond, offset_of(i, shape, cond))) != 0.0;
     at<T>(out, offset_of(i, shape, out)) =
