@@ -30,7 +30,8 @@ done
 command -v patchelf >/dev/null || { echo "gpu_bundle.sh: needs patchelf (apt-get install patchelf)" >&2; exit 1; }
 
 # The same list as gpu_check.sh runs: tests, demos, the launcher, the benchmarks.
-binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading_test tests/tensor/tensor.vector_isa_test
+binaries=(tests/tensor/tensor.cuda_backend_test tests/tensor/tensor.cuda_loading_test
+          tests/tensor/tensor.cudnn_descriptors_test tests/tensor/tensor.vector_isa_test
           tests/autograd/autograd.cuda_training_test
           tests/parallel/parallel.cuda_pipeline_test tests/parallel/parallel.nccl_communicator_test
           tests/parallel/parallel.data_parallel_test tests/actors/actors.tensor_router_test

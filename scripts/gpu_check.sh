@@ -48,7 +48,8 @@ fi
 # Every test binary with CUDA cases; each skips, naming why, what its machine lacks.
 # And the CPU kernels' AVX2 / AVX-512 comparison: the device machine's CPU
 # is one more on which it runs.
-tests=(tensor/tensor.cuda_backend_test tensor/tensor.cuda_loading_test tensor/tensor.vector_isa_test
+tests=(tensor/tensor.cuda_backend_test tensor/tensor.cuda_loading_test tensor/tensor.cudnn_descriptors_test
+       tensor/tensor.vector_isa_test
        autograd/autograd.cuda_training_test
        parallel/parallel.cuda_pipeline_test parallel/parallel.nccl_communicator_test
        parallel/parallel.data_parallel_test actors/actors.tensor_router_test

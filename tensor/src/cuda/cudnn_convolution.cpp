@@ -145,6 +145,19 @@ private:
   const cudnn_library& lib_;
 };
 
+/// The output shape cuDNN computes from the descriptors.
+std::array<int, 4> output_dims(const cudnn_library& lib, const descriptors& d) {
+  std::array<int, 4> dims{};
+  TROUPE_CUDNN_CHECK(lib.forward_output_dim(d.convolution, d.input, d.weight, &dims[0], &dims[1], &dims[2], &dims[3]));
+  return dims;
+}
+
+/// troupe's output shape of a convolution cuDNN takes (sizes_of checked
+/// that it fits an int).
+std::array<int, 4> troupe_output_dims(const conv_sizes& s, const conv_geometry& g) {
+  return {s[0], s[4], static_cast<int>(g.out_h), static_cast<int>(g.out_w)};
+}
+
 /// Set when cuDNN could not make a handle on a device (a library built
 /// for another CUDA, a device it does not support): convolutions run on
 /// troupe's kernels from then on, everywhere in the process.
@@ -274,6 +287,7 @@ struct call {
   cudnnHandle_t handle;
   const descriptors& d;
   algorithm_key key;
+  std::array<int, 4> output; ///< troupe's output shape
   double alpha64 = 1.0, beta64 = 0.0;
   float alpha32 = 1.0f, beta32 = 0.0f;
 
@@ -281,9 +295,15 @@ struct call {
   const void* beta() const { return key.type == CUDNN_DATA_DOUBLE ? static_cast<const void*>(&beta64) : &beta32; }
 };
 
-/// The algorithm of c's pass and shape, chosen on first use.
+/// The algorithm of c's pass and shape, chosen on first use: none where
+/// cuDNN reads the descriptors as another output shape than troupe's.
 int algorithm_for(const call& c) {
   return choices().get(c.key, [&] {
+    if (const auto dims = output_dims(c.lib, c.d); dims != c.output) {
+      say_declined(c.key, fmt::format("cuDNN's output shape [{}] is not troupe's [{}]", fmt::join(dims, ", "),
+                                      fmt::join(c.output, ", ")));
+      return -1;
+    }
     const int chosen = choose(c.lib, c.handle, c.d, c.key.which);
     if (chosen < 0)
       say_declined(c.key, "no deterministic algorithm without TF32");
@@ -345,7 +365,7 @@ bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& we
     return false;
   const auto& [lib, handle, sizes, type] = *taken;
   const descriptors d(*lib, type, sizes, g);
-  call c{*lib, handle, d, {out.where().index, type, sizes, pass::forward}};
+  call c{*lib, handle, d, {out.where().index, type, sizes, pass::forward}, troupe_output_dims(sizes, g)};
   return run_pass(
     c, out,
     [&](int algorithm, std::size_t& bytes) {
@@ -368,8 +388,9 @@ bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const te
   // Both passes are chosen before either runs, so that a decline leaves
   // both gradients to troupe's kernels, not one of each.
   const descriptors d(*lib, type, sizes, g);
-  call data{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_data}};
-  call filter{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_filter}};
+  call data{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_data}, troupe_output_dims(sizes, g)};
+  call filter{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_filter},
+              troupe_output_dims(sizes, g)};
   const bool input_grad = grad_input.defined();
   if ((input_grad && algorithm_for(data) < 0) || algorithm_for(filter) < 0)
     return false;
@@ -403,6 +424,17 @@ bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const te
   // A weight pass declined after the input pass ran: troupe's kernels
   // compute both again (they overwrite both), so the two stay consistent.
   return weight_done;
+}
+
+std::optional<std::array<int, 4>> cudnn_output_shape(const tensor& input, const tensor& weight,
+                                                     const conv_geometry& g) {
+  const auto* lib = wanted();
+  cudnnDataType_t type{};
+  conv_sizes sizes{};
+  if (lib == nullptr || !data_type_of(input.type(), type) || !sizes_of(input, weight, g, sizes))
+    return std::nullopt;
+  const descriptors d(*lib, type, sizes, g);
+  return output_dims(*lib, d);
 }
 
 std::string cudnn_convolution_summary() {

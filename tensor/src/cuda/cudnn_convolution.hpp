@@ -2,6 +2,8 @@
 // Private: conv2d and its gradients through cuDNN, for the CUDA backend
 // (cuda_backend.cpp), which runs troupe's own kernels (im2col, cuBLAS,
 // col2im) wherever these decline.
+#include <array>
+#include <optional>
 #include <string>
 
 #include "troupe/tensor/backend.hpp"
@@ -24,6 +26,14 @@ bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& we
 /// the input's only where grad_input is defined).
 bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const tensor& input, const tensor& weight,
                            const conv_geometry& geometry, tensor& grad_input, tensor& grad_weight);
+
+/// The output shape [n, outputs, out_h, out_w] that cuDNN computes from the
+/// descriptors troupe makes for this convolution (no device needed: the
+/// tests compare it with troupe's). nullopt where cuDNN is not to run it:
+/// not loaded or turned off, the dtype, a size beyond cuDNN's int. Before
+/// its first run of a shape, cudnn_conv2d declines it where the two differ.
+std::optional<std::array<int, 4>> cudnn_output_shape(const tensor& input, const tensor& weight,
+                                                     const conv_geometry& geometry);
 
 /// What runs conv2d on CUDA devices (troupe::cuda_convolution()).
 std::string cudnn_convolution_summary();

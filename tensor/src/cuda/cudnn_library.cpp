@@ -55,6 +55,7 @@ opened open_cudnn() {
   TROUPE_CUDNN_BIND(create_convolution, cudnnCreateConvolutionDescriptor);
   TROUPE_CUDNN_BIND(set_convolution, cudnnSetConvolution2dDescriptor);
   TROUPE_CUDNN_BIND(set_math_type, cudnnSetConvolutionMathType);
+  TROUPE_CUDNN_BIND(forward_output_dim, cudnnGetConvolution2dForwardOutputDim);
   TROUPE_CUDNN_BIND(destroy_convolution, cudnnDestroyConvolutionDescriptor);
   TROUPE_CUDNN_BIND(forward_algorithms, cudnnGetConvolutionForwardAlgorithm_v7);
   TROUPE_CUDNN_BIND(forward_workspace, cudnnGetConvolutionForwardWorkspaceSize);

@@ -26,6 +26,7 @@ struct cudnn_library {
   decltype(&::cudnnCreateConvolutionDescriptor) create_convolution;
   decltype(&::cudnnSetConvolution2dDescriptor) set_convolution;
   decltype(&::cudnnSetConvolutionMathType) set_math_type;
+  decltype(&::cudnnGetConvolution2dForwardOutputDim) forward_output_dim;
   decltype(&::cudnnDestroyConvolutionDescriptor) destroy_convolution;
   decltype(&::cudnnGetConvolutionForwardAlgorithm_v7) forward_algorithms;
   decltype(&::cudnnGetConvolutionForwardWorkspaceSize) forward_workspace;
