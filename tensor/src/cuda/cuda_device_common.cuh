@@ -110,7 +110,7 @@ inline int threads_for(std::int64_t length) {
 
 /// Shared scratch of the block reductions (256 slots of up to 16 bytes).
 __device__ inline void* reduction_scratch() {
-  __shared__ alignas(16) unsigned char scratch[256 * 16];
+  alignas(16) __shared__ unsigned char scratch[256 * 16];
   return scratch;
 }
 
@@ -167,13 +167,20 @@ inline unsigned blocks_for(const index_space& shape) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
 }
 
+// kernel<<<grid, block, 0, stream>>> as a macro, so that the kernels also
+// compile for the host, where CI runs them without a GPU
+// (tests/support/cuda_on_host/cuda_on_host.hpp defines it first).
+#ifndef TROUPE_LAUNCH
+#define TROUPE_LAUNCH(kernel, grid, block, stream) kernel<<<(grid), (block), 0, (stream)>>>
+#endif
+
 // A launch reports a bad configuration at once; a fault inside the kernel
 // surfaces at the next synchronising call, which is checked too.
 template <class... Params, class... Args>
 inline void launch(void (*kernel)(Params...), const index_space& shape, cudaStream_t stream, Args... args) {
   if (shape.numel == 0)
     return;
-  kernel<<<blocks_for(shape), block_size, 0, stream>>>(args...);
+  TROUPE_LAUNCH(kernel, blocks_for(shape), block_size, stream)(args...);
   TROUPE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -184,7 +191,7 @@ inline void launch_blocks(void (*kernel)(Params...), std::int64_t blocks, int th
                           Args... args) {
   if (blocks <= 0)
     return;
-  kernel<<<static_cast<unsigned>(blocks > max_blocks ? max_blocks : blocks), threads, 0, stream>>>(args...);
+  TROUPE_LAUNCH(kernel, static_cast<unsigned>(blocks > max_blocks ? max_blocks : blocks), threads, stream)(args...);
   TROUPE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -451,8 +451,9 @@ void launch_layer_norm_backward(element type, const void* grad, const void* inpu
     T* partial = nullptr;
     TROUPE_CUDA_CHECK(cudaMallocAsync(&partial, static_cast<std::size_t>(2 * chunks * d) * sizeof(T), stream));
     const dim3 grid(static_cast<unsigned>((d + block_size - 1) / block_size), static_cast<unsigned>(chunks));
-    layer_norm_param_grad_partial_kernel<T><<<grid, block_size, 0, stream>>>(g, x, mu, rs, rows, d, chunk_rows,
-                                                                             partial, partial + chunks * d);
+    TROUPE_LAUNCH(layer_norm_param_grad_partial_kernel<T>, grid, block_size, stream)(g, x, mu, rs, rows, d,
+                                                                                    chunk_rows, partial,
+                                                                                    partial + chunks * d);
     TROUPE_CUDA_CHECK(cudaGetLastError());
     launch_blocks(layer_norm_param_grad_sum_kernel<T>, (d + block_size - 1) / block_size, block_size, stream,
                   static_cast<const T*>(partial), static_cast<const T*>(partial + chunks * d), chunks, d,
