@@ -3,6 +3,7 @@
 // their indexing, masks, reductions and launch geometry, on every machine.
 // The kernels on a GPU are tensor.cuda_backend_test's (it skips without
 // one); this checks what a GPU is not needed for.
+#include <array>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -352,6 +353,75 @@ TEST(CudaKernelsOnHost, ElementwiseFunctionsAreTheCpus) {
       auto got = tensor::empty(a.shape(), to);
       kernels::launch_copy(space, operand_of(got), operand_of(a), nullptr);
       EXPECT_EQ(test::values(got), test::values(a.to(to)));
+    }
+  }
+}
+
+/// The strides of a 1-D index read along `dim` (cuda_backend.cpp's along).
+std::array<std::int64_t, kernels::max_rank> along(std::int64_t dim, const tensor& index) {
+  std::array<std::int64_t, kernels::max_rank> strides{};
+  strides[static_cast<std::size_t>(dim)] = index.strides()[0];
+  return strides;
+}
+
+/// `t`'s index space with `dim` collapsed to one position (cuda_backend.cpp's collapsed).
+kernels::index_space lines_of(const tensor& t, std::int64_t dim) {
+  auto space = space_of(t);
+  space.numel /= t.size(dim);
+  space.sizes[dim] = 1;
+  space.contiguous = false;
+  return space;
+}
+
+TEST(CudaKernelsOnHost, IndexedReadsAndAccumulationsAreTheCpus) {
+  for (auto type : floating) {
+    SCOPED_TRACE(fmt::format("{}", type));
+    const auto a = sample({4, 6}, 70, type);
+    const auto ids = tensor::from<std::int64_t>({5, 0, 5, 2, 3}, {5}); // repeated
+    auto operand_space = [](const tensor& t) {
+      auto space = space_of(t);
+      space.contiguous = false;
+      return space;
+    };
+    {
+      SCOPED_TRACE("index_select along 1");
+      auto want = index_select(a, 1, ids);
+      auto got = tensor::empty(want.shape(), type);
+      kernels::launch_indexed_read(operand_space(got), operand_of(got), operand_of(a), ids.data<std::int64_t>(),
+                                   along(1, ids).data(), 1, a.strides()[1], nullptr);
+      expect_close(got, want, 0.0);
+    }
+    {
+      SCOPED_TRACE("gather along 0");
+      const auto where = tensor::from<std::int64_t>({3, 0, 1, 1, 2, 0, 0, 3, 3, 2, 1, 0}, {2, 6});
+      auto want = gather(a, 0, where);
+      auto got = tensor::empty(want.shape(), type);
+      kernels::launch_indexed_read(operand_space(got), operand_of(got), operand_of(a), where.data<std::int64_t>(),
+                                   operand_of(where).strides, 0, a.strides()[0], nullptr);
+      expect_close(got, want, 0.0);
+    }
+    {
+      SCOPED_TRACE("scatter_add along 1");
+      const auto where = tensor::from<std::int64_t>({1, 1, 4, 0, 5, 5, 2, 2}, {2, 4});
+      const auto src = sample({2, 4}, 71, type);
+      auto want = scatter_add(a, 1, where, src);
+      auto got = a.clone();
+      kernels::launch_indexed_accumulate(lines_of(where, 1), where.size(1), operand_of(got), operand_of(src),
+                                         where.data<std::int64_t>(), operand_of(where).strides, 1, got.strides()[1],
+                                         nullptr);
+      expect_close(got, want, tolerance(type));
+    }
+    {
+      SCOPED_TRACE("index_add_ along 0");
+      const auto rows = tensor::from<std::int64_t>({2, 0, 2}, {3});
+      const auto src = sample({3, 6}, 72, type);
+      auto want = a.clone();
+      index_add_(want, 0, rows, src);
+      auto got = a.clone();
+      kernels::launch_indexed_accumulate(lines_of(src, 0), src.size(0), operand_of(got), operand_of(src),
+                                         rows.data<std::int64_t>(), along(0, rows).data(), 0, got.strides()[0],
+                                         nullptr);
+      expect_close(got, want, tolerance(type));
     }
   }
 }
