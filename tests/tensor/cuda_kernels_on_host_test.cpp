@@ -300,8 +300,9 @@ TEST(CudaKernelsOnHost, EmbeddingBagsAreTheCpus) {
   }
 }
 
-/// The index space and operand of a contiguous tensor as the CUDA backend
-/// describes it (cuda_backend.cpp's space_of and operand_of).
+/// The index space of a contiguous tensor and the operand of any view, as
+/// the CUDA backend describes them (cuda_backend.cpp's space_of and
+/// operand_of).
 kernels::index_space space_of(const tensor& t) {
   kernels::index_space space;
   space.rank = static_cast<int>(t.rank());
@@ -345,6 +346,21 @@ TEST(CudaKernelsOnHost, ElementwiseFunctionsAreTheCpus) {
       auto got = tensor::empty(a.shape(), type);
       kernels::launch_binary(static_cast<kernels::binary_kernel>(op), space, operand_of(got), operand_of(a),
                              operand_of(b), nullptr);
+      expect_close(got, want, 10 * tolerance(type));
+    }
+    // Strided operands: a transposed view, and a row broadcast down the
+    // columns (stride 0), as the backend passes them.
+    const auto at = sample({70, 5}, 69, type).t();
+    const auto row = sample({5, 1}, 73, type).expand({5, 70});
+    auto strided_space = space;
+    strided_space.contiguous = false;
+    for (auto op : {binary_op::add, binary_op::mul, binary_op::maximum, binary_op::gelu_backward}) {
+      SCOPED_TRACE(fmt::format("strided binary op {}", static_cast<int>(op)));
+      auto want = tensor::empty(a.shape(), type);
+      cpu.binary(op, at, row, want);
+      auto got = tensor::empty(a.shape(), type);
+      kernels::launch_binary(static_cast<kernels::binary_kernel>(op), strided_space, operand_of(got),
+                             operand_of(at), operand_of(row), nullptr);
       expect_close(got, want, 10 * tolerance(type));
     }
     // Conversions, bfloat16 included (rounding to nearest even).
