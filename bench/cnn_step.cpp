@@ -18,8 +18,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "interleaved_rounds.hpp"
 #include "training_step_options.hpp"
+#include "training_step_rounds.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/all.hpp"
@@ -123,32 +123,12 @@ int main(int argc, char** argv) {
     if (peers && !have_peer)
       out.note("PyTorch peer unavailable for {} on {} (needs torch under {}); troupe alone", size.name, device_name, python);
 
-    const double first_loss = train_step();
-    train_step(); // warm-up: the allocators' pools, cuDNN's algorithm choice
-    double last_loss = first_loss;
-    double torch_first = NAN;
-    if (have_peer) {
-      auto reply = torch->ask("steps 2", 300'000);
-      torch_first = reply ? bench::json_number(*reply, "first_loss").value_or(NAN) : NAN;
-    }
-    bench::peer_process* peer = have_peer ? &*torch : nullptr;
-    auto times = bench::interleaved_rounds(rounds, steps, [&] { last_loss = train_step(); }, peer, 600'000, out);
-    const double torch_last = bench::json_number(times.last_reply, "loss").value_or(NAN);
     const auto case_name = fmt::format("{} (channels {}-{}, batch {}) {:.2f}M params", size.name, size.channels,
                                        size.channels * 4, size.batch,
                                        static_cast<double>(main_run.parameter_count()) / 1e6);
-    const auto samples = static_cast<double>(size.batch);
-    auto check = fmt::format("loss {:.4f} -> {:.4f}{}", first_loss, last_loss,
-                             std::isfinite(last_loss) && last_loss < first_loss ? "" : " WRONG");
-    bench::row r{case_name, "samples/s", samples / bench::median(times.ours), "samples/s", "", {}, check};
-    if (!times.theirs.empty()) {
-      r.baseline = where.kind != device_kind::cpu ? "PyTorch CUDA"
-                   : threads == 1                  ? "PyTorch 1 thread"
-                                                   : fmt::format("PyTorch {} threads", threads);
-      r.baseline_value = samples / bench::median(times.theirs);
-      r.note += fmt::format("; torch loss {:.4f} -> {:.4f}", torch_first, torch_last);
-    }
-    out.add(r);
+    auto result = bench::time_training_steps(train_step, have_peer ? &*torch : nullptr, rounds, steps, case_name,
+                                             static_cast<double>(size.batch), where, threads, out);
+    out.add(result.samples);
   }
   out.print();
 }

@@ -29,9 +29,9 @@
 #include <cstdio>
 #include <memory>
 
-#include "interleaved_rounds.hpp"
 #include "models.hpp"
 #include "training_step_options.hpp"
+#include "training_step_rounds.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
 #include "troupe/autograd/nn/gpt.hpp"
@@ -117,34 +117,16 @@ int main(int argc, char** argv) {
     if (peers && !have_peer)
       out.note("PyTorch peer unavailable for {} on {} (needs torch under {}); troupe alone", size.name, device_name, python);
 
-    const double first_loss = train_step();
-    train_step(); // warm-up: the allocators' pools and cuBLAS's workspaces
-    double last_loss = first_loss;
-    double torch_first = NAN;
-    double torch_last = NAN;
-    if (have_peer) {
-      auto reply = torch->ask("steps 2", 300'000);
-      torch_first = reply ? bench::json_number(*reply, "first_loss").value_or(NAN) : NAN;
-    }
-    bench::peer_process* peer = have_peer ? &*torch : nullptr;
-    auto times = bench::interleaved_rounds(rounds, steps, [&] { last_loss = train_step(); }, peer, 600'000, out);
-    const auto& ours = times.ours;
-    const auto& theirs = times.theirs;
-    torch_last = bench::json_number(times.last_reply, "loss").value_or(NAN);
     const auto case_name = fmt::format("{} (w{} h{} b{} s{} x{}) {:.1f}M params", size.name, size.width, size.heads,
                                        size.blocks, size.sequence, size.batch,
                                        static_cast<double>(model.parameter_count()) / 1e6);
     const auto samples = static_cast<double>(size.batch);
-    auto check = fmt::format("loss {:.4f} -> {:.4f}{}", first_loss, last_loss,
-                             std::isfinite(last_loss) && last_loss < first_loss ? "" : " WRONG");
-    bench::row r{case_name, "samples/s", samples / bench::median(ours), "samples/s", "", {}, check};
-    if (!theirs.empty()) {
-      r.baseline = where.kind != device_kind::cpu ? "PyTorch CUDA"
-                   : threads == 1                  ? "PyTorch 1 thread"
-                                                   : fmt::format("PyTorch {} threads", threads);
-      r.baseline_value = samples / bench::median(theirs);
-      r.note += fmt::format("; torch loss {:.4f} -> {:.4f}", torch_first, torch_last);
-    }
+    auto result = bench::time_training_steps(train_step, have_peer ? &*torch : nullptr, rounds, steps, case_name,
+                                             samples, where, threads, out);
+    const auto& ours = result.times.ours;
+    const auto& theirs = result.times.theirs;
+    const auto& r = result.samples;
+    double last_loss = result.last_loss;
     out.add(r);
     const auto tokens = samples * static_cast<double>(size.sequence);
     out.add({case_name, "tokens/s", tokens / bench::median(ours), "tokens/s", r.baseline,
