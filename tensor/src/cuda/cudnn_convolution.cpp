@@ -335,21 +335,23 @@ bool run_pass(const call& c, const tensor& like, WorkspaceSize workspace_size, R
 }
 
 /// What cuDNN needs to run a convolution: the library, the stream's handle,
-/// the sizes and the data type.
+/// the sizes, the data type and troupe's output shape.
 struct taken_convolution {
   const cudnn_library* lib;
   cudnnHandle_t handle;
   conv_sizes sizes;
   cudnnDataType_t type;
+  std::array<int, 4> output;
 };
 
 /// The convolution as cuDNN takes it; nullopt when cuDNN is not to run it
 /// (cudnn_convolution.hpp lists why).
 std::optional<taken_convolution> take(execution_stream& queue, const tensor& input, const tensor& weight,
                                       const conv_geometry& g) {
-  taken_convolution taken{wanted(), nullptr, {}, {}};
+  taken_convolution taken{wanted(), nullptr, {}, {}, {}};
   if (taken.lib == nullptr || !data_type_of(input.type(), taken.type) || !sizes_of(input, weight, g, taken.sizes))
     return std::nullopt;
+  taken.output = troupe_output_dims(taken.sizes, g);
   taken.handle = handle_of(queue, *taken.lib);
   if (taken.handle == nullptr)
     return std::nullopt;
@@ -363,9 +365,9 @@ bool cudnn_conv2d(execution_stream& queue, const tensor& input, const tensor& we
   const auto taken = take(queue, input, weight, g);
   if (!taken)
     return false;
-  const auto& [lib, handle, sizes, type] = *taken;
+  const auto& [lib, handle, sizes, type, output] = *taken;
   const descriptors d(*lib, type, sizes, g);
-  call c{*lib, handle, d, {out.where().index, type, sizes, pass::forward}, troupe_output_dims(sizes, g)};
+  call c{*lib, handle, d, {out.where().index, type, sizes, pass::forward}, output};
   return run_pass(
     c, out,
     [&](int algorithm, std::size_t& bytes) {
@@ -384,13 +386,12 @@ bool cudnn_conv2d_backward(execution_stream& queue, const tensor& grad, const te
   const auto taken = take(queue, input, weight, g);
   if (!taken)
     return false;
-  const auto& [lib, handle, sizes, type] = *taken;
+  const auto& [lib, handle, sizes, type, output] = *taken;
   // Both passes are chosen before either runs, so that a decline leaves
   // both gradients to troupe's kernels, not one of each.
   const descriptors d(*lib, type, sizes, g);
-  call data{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_data}, troupe_output_dims(sizes, g)};
-  call filter{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_filter},
-              troupe_output_dims(sizes, g)};
+  call data{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_data}, output};
+  call filter{*lib, handle, d, {grad.where().index, type, sizes, pass::backward_filter}, output};
   const bool input_grad = grad_input.defined();
   if ((input_grad && algorithm_for(data) < 0) || algorithm_for(filter) < 0)
     return false;
