@@ -558,9 +558,18 @@ TEST_F(CudaBackend, ATensorHandedToAnotherThreadCarriesItsWrites) {
   busy_operands in;
   std::promise<tensor> handed;
   auto arriving = handed.get_future();
+  std::promise<void> consumer_has_a_stream;
   tensor doubled;
-  std::thread consumer([&] { doubled = mul(arriving.get(), 2.0).to(device::cpu()); });
+  std::thread consumer([&] {
+    // The consumer takes its stream before the producer starts: streams are
+    // pooled, and one taken after the producer's thread ended could be the
+    // producer's own, which needs no wait.
+    tensor::zeros({1}, dtype::float32, gpu);
+    consumer_has_a_stream.set_value();
+    doubled = mul(arriving.get(), 2.0).to(device::cpu());
+  });
   std::thread producer([&] {
+    consumer_has_a_stream.get_future().wait();
     // Handed on while its GEMMs are still queued: no synchronisation here.
     handed.set_value(averaged_slowly(in.x, in.averaging));
   });
@@ -574,13 +583,15 @@ TEST_F(CudaBackend, MemoryFreedByOneThreadOutlivesAnotherThreadsRead) {
   auto owned = matmul(in.x, in.averaging);
   std::promise<tensor> handed;
   std::promise<void> read_queued;
+  std::promise<void> owner_let_go;
   tensor doubled;
-  std::thread reader([&, arriving = handed.get_future()]() mutable {
+  std::thread reader([&, arriving = handed.get_future(), let_go = owner_let_go.get_future()]() mutable {
     auto y = arriving.get();
     auto busy = averaged_slowly(in.x, in.averaging); // the reader's stream is busy...
     auto z = mul(y, 2.0);                             // ...so this read of y is queued behind it
     y = tensor();
     read_queued.set_value();
+    let_go.wait(); // the read is still queued when the owner drops the block
     doubled = z.to(device::cpu());
   });
   handed.set_value(owned);
@@ -592,6 +603,9 @@ TEST_F(CudaBackend, MemoryFreedByOneThreadOutlivesAnotherThreadsRead) {
   std::vector<tensor> scribbles;
   for (int i = 0; i < 4; ++i)
     scribbles.push_back(tensor::full({busy_width, busy_width}, -7.0, dtype::float32, gpu));
+  // And this thread's stream runs all it queued, a free on it included.
+  cuda_synchronize(gpu);
+  owner_let_go.set_value();
   reader.join();
   expect_close(doubled, in.doubled_row_means(), 1e-4);
 }

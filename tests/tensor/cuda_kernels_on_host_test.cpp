@@ -16,14 +16,12 @@
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
 
-#define troupe troupe_on_host
 #include "cuda/cuda_kernels.hpp"
-#undef troupe
 
 namespace troupe {
 namespace {
 
-namespace kernels = troupe_on_host::detail::cuda;
+namespace kernels = troupe::detail::cuda;
 
 using test::expect_close;
 using test::sample;

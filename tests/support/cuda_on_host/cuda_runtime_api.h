@@ -1,11 +1,21 @@
 #pragma once
-// Stands in for CUDA's runtime header where the CUDA backend's kernels are
-// compiled for the host (cuda_on_host.hpp): the few types and calls their
-// launchers use. Device memory is host memory, a stream is nothing, and
-// every call completes before it returns.
+// Stands in for CUDA's runtime API where the CUDA backend is built to run
+// on the host (troupe_tensor_cuda_on_host, tests/support/cuda_on_host/):
+// the types and calls the backend and its kernels use, implemented by
+// cuda_runtime_on_host.cpp. Declared with C++ linkage, so that they never
+// meet the real runtime's C symbols in a process that has both.
+//
+// How it behaves (cuda_runtime_on_host.cpp says why):
+// - "device" memory is host memory, known to the runtime by its device;
+//   a fresh allocation is filled with 0xff bytes (a NaN in every float);
+// - work queued on a stream runs only when something waits for it: a
+//   stream or event synchronisation, a wait of another stream that runs,
+//   or a copy to pageable host memory. So work ordered wrongly runs in
+//   the wrong order, every time;
+// - the null stream runs its work at once (the kernel tests launch there).
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
+#include <functional>
 
 struct uint3 {
   unsigned x, y, z;
@@ -16,34 +26,88 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+// The real runtime's values.
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+};
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMemoryPoolsSupported = 115 };
+enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
+
+inline constexpr unsigned cudaStreamNonBlocking = 0x01;
+inline constexpr unsigned cudaEventDisableTiming = 0x02;
+inline constexpr unsigned cudaHostAllocDefault = 0x00;
 
 struct cuda_on_host_stream;
+struct cuda_on_host_event;
+struct cuda_on_host_pool;
 using cudaStream_t = cuda_on_host_stream*;
+using cudaEvent_t = cuda_on_host_event*;
+using cudaMemPool_t = cuda_on_host_pool*;
 
-inline cudaError_t cudaGetLastError() {
-  return cudaSuccess;
-}
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t status);
 
-inline const char* cudaGetErrorString(cudaError_t status) {
-  return status == cudaSuccess ? "no error" : "out of memory";
-}
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device);
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attribute, void* value);
+cudaError_t cudaDeviceSynchronize();
 
-inline cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t) {
-  *pointer = std::malloc(bytes == 0 ? 1 : bytes);
-  return *pointer != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
-}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+
+cudaError_t cudaMalloc(void** pointer, std::size_t bytes);
+cudaError_t cudaFree(void* pointer);
+cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream);
+cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* pointer);
+
+cudaError_t cudaMemcpyAsync(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaMemcpyPeerAsync(void* destination, int destination_device, const void* source,
+                                int source_device, std::size_t bytes, cudaStream_t stream);
+cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t stream);
+
+// The templates of CUDA's C++ header (cuda_runtime.h).
 template <class T> cudaError_t cudaMallocAsync(T** pointer, std::size_t bytes, cudaStream_t stream) {
   return cudaMallocAsync(reinterpret_cast<void**>(pointer), bytes, stream);
 }
-
-inline cudaError_t cudaFreeAsync(void* pointer, cudaStream_t) {
-  std::free(pointer);
-  return cudaSuccess;
+template <class T> cudaError_t cudaMalloc(T** pointer, std::size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(pointer), bytes);
 }
 
-inline cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t) {
-  std::memset(pointer, value, bytes);
-  return cudaSuccess;
-}
+namespace cuda_on_host {
+
+/// Queues `work` on `stream` (the kernel launches of cuda_on_host.hpp and
+/// the stand-in cuBLAS); the null stream runs it at once.
+void enqueue(cudaStream_t stream, std::function<void()> work);
+/// Makes cudaGetLastError report `status` (a refused launch).
+void set_last_error(cudaError_t status);
+
+} // namespace cuda_on_host
