@@ -2,13 +2,15 @@
 // CUDA C++ on the host, so that CI can run the CUDA backend's kernels
 // (tensor/src/cuda/*.cu) on a machine without a GPU: in the CUDA backend
 // built on the stand-in runtime (troupe_tensor_cuda_on_host; its
-// conformance test is tensor.cuda_backend_test.on_host), and directly
+// conformance test is tensor.cuda_backend_on_host_test), and directly
 // against the CPU backend (tests/tensor/cuda_kernels_on_host_test.cpp).
 //
 // A launch is queued on its stream (cuda_runtime_api.h); when it runs, its
-// grid's blocks run one after another, a block's threads are host threads,
-// __syncthreads() a barrier among them, and __shared__ memory a static
-// that the block in flight owns (the runtime runs one launch at a time).
+// grid's blocks run one after another on the thread that runs the stream,
+// a block's threads are fibers of that thread, __syncthreads() a switch
+// back to the fiber that resumes them all once each has reached it, and
+// __shared__ memory a static that the block in flight owns (the runtime
+// runs one launch at a time).
 // What this checks: the kernels' indexing, masks, reductions, strides and
 // launch geometry. What it cannot: anything of the GPU itself (warps, the
 // memory model, nvcc's floating-point contractions and math library,
@@ -17,16 +19,17 @@
 // Included first by each generated translation unit, which then includes
 // one kernel file.
 #include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
-#include <thread>
+#include <memory>
 #include <vector>
+
+#include <ucontext.h>
 
 #include "cuda_runtime_api.h"
 
@@ -43,46 +46,105 @@ inline thread_local uint3 thread_index{0, 0, 0};
 inline thread_local uint3 block_index{0, 0, 0};
 inline thread_local dim3 block_dim;
 inline thread_local dim3 grid_dim;
-inline thread_local std::barrier<>* block_barrier = nullptr;
-/// Set by __syncthreads() in a launch run on a team of threads.
-inline std::atomic<bool> barrier_called{false};
+/// Whether the calling thread runs a block's threads as fibers.
+inline thread_local bool in_fibers = false;
+/// Set by __syncthreads() in a launch run on fibers.
+inline bool barrier_called = false;
 
-/// Kernels whose first launch, run on a team of threads, never called
-/// __syncthreads(): their later launches run on the calling thread alone,
-/// thread after thread, instead of switching among 256 host threads at
-/// every block (seconds for one elementwise kernel over a million
-/// elements). Used under the runtime's lock, which runs one launch at a
-/// time.
+/// Kernels whose first launch, run on fibers, never called
+/// __syncthreads(): their later launches run thread after thread, without
+/// the fibers (a fiber started per element of an elementwise kernel costs
+/// seconds over a few million). Used under the runtime's lock, which runs
+/// one launch at a time.
 inline std::map<const void*, bool>& barrier_free_kernels() {
   static std::map<const void*, bool> kernels;
   return kernels;
 }
 
-/// Runs the whole grid of `kernel` with `args`. On a team: one host thread
-/// per thread of a block runs that thread of every block in turn, and a
-/// barrier ends each block, so the next reuses its shared memory only after
-/// all of it ran.
-template <class... Params, class... Args>
-void run_grid_on_team(void (*kernel)(Params...), dim3 grid, dim3 block, const Args&... args) {
-  const unsigned threads = block.x * block.y * block.z;
-  const unsigned blocks = grid.x * grid.y * grid.z;
-  std::barrier<> barrier(threads);
-  std::vector<std::thread> team;
-  team.reserve(threads);
-  for (unsigned t = 0; t < threads; ++t)
-    team.emplace_back([&, t] {
-      thread_index = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
-      block_dim = block;
-      grid_dim = grid;
-      block_barrier = &barrier;
-      for (unsigned b = 0; b < blocks; ++b) {
-        block_index = {b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
-        kernel(args...);
-        barrier.arrive_and_wait();
+/// A block's threads as fibers on the calling thread: each runs until it
+/// reaches __syncthreads() or returns, then the next; when all have, those
+/// waiting go on together. No host threads, so a block of 256 costs no
+/// context switches of the machine (host threads made every barrier wake
+/// 256 of them on two cores).
+struct block_fibers {
+  static constexpr std::size_t stack_bytes = std::size_t{128} << 10;
+
+  struct fiber {
+    ucontext_t context;
+    uint3 index;
+    bool finished = false;
+  };
+
+  ucontext_t scheduler;
+  std::vector<fiber> fibers;
+  std::unique_ptr<char[]> stacks; // not value-initialised: pages are touched only as used
+  std::size_t stack_count = 0;
+  fiber* running = nullptr;
+  const std::function<void()>* body = nullptr;
+
+  static block_fibers& of_this_thread() {
+    static thread_local block_fibers instance;
+    return instance;
+  }
+
+  static void entry() {
+    auto& self = of_this_thread();
+    (*self.body)();
+    self.running->finished = true; // returns to `scheduler` (uc_link)
+  }
+
+  /// Runs one block of `threads` threads (block_index already set).
+  void run_block(dim3 block, const std::function<void()>& work) {
+    const unsigned threads = block.x * block.y * block.z;
+    if (stack_count < threads) {
+      stacks.reset(new char[threads * stack_bytes]);
+      stack_count = threads;
+    }
+    fibers.resize(threads);
+    body = &work;
+    for (unsigned t = 0; t < threads; ++t) {
+      auto& f = fibers[t];
+      f.index = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+      f.finished = false;
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = stacks.get() + t * stack_bytes;
+      f.context.uc_stack.ss_size = stack_bytes;
+      f.context.uc_link = &scheduler;
+      makecontext(&f.context, &block_fibers::entry, 0);
+    }
+    for (unsigned remaining = threads; remaining > 0;) {
+      for (auto& f : fibers) {
+        if (f.finished)
+          continue;
+        running = &f;
+        thread_index = f.index;
+        swapcontext(&scheduler, &f.context);
+        if (f.finished)
+          --remaining;
       }
-    });
-  for (auto& thread : team)
-    thread.join();
+    }
+    running = nullptr;
+  }
+
+  /// __syncthreads() of the running fiber: back to the scheduler.
+  void wait_at_barrier() { swapcontext(&running->context, &scheduler); }
+};
+
+/// Runs the whole grid of `kernel` with `args`, block after block, each
+/// block's threads as fibers (block_fibers).
+template <class... Params, class... Args>
+void run_grid_on_fibers(void (*kernel)(Params...), dim3 grid, dim3 block, const Args&... args) {
+  const unsigned blocks = grid.x * grid.y * grid.z;
+  block_dim = block;
+  grid_dim = grid;
+  auto& fibers = block_fibers::of_this_thread();
+  const std::function<void()> work = [&] { kernel(args...); };
+  in_fibers = true;
+  for (unsigned b = 0; b < blocks; ++b) {
+    block_index = {b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
+    fibers.run_block(block, work);
+  }
+  in_fibers = false;
 }
 
 /// The grid on the calling thread, block after block and thread after
@@ -93,7 +155,6 @@ void run_grid_alone(void (*kernel)(Params...), dim3 grid, dim3 block, const Args
   const unsigned blocks = grid.x * grid.y * grid.z;
   block_dim = block;
   grid_dim = grid;
-  block_barrier = nullptr;
   for (unsigned b = 0; b < blocks; ++b) {
     block_index = {b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
     for (unsigned t = 0; t < threads; ++t) {
@@ -112,7 +173,7 @@ void run_grid(void (*kernel)(Params...), dim3 grid, dim3 block, const Args&... a
     return;
   }
   barrier_called = false;
-  run_grid_on_team(kernel, grid, block, args...);
+  run_grid_on_fibers(kernel, grid, block, args...);
   known[key] = !barrier_called;
 }
 
@@ -145,14 +206,14 @@ using std::max;
 using std::min;
 
 inline void __syncthreads() {
-  if (cuda_on_host::block_barrier == nullptr) {
+  if (!cuda_on_host::in_fibers) {
     std::fputs("cuda_on_host: a kernel called __syncthreads() in a launch run on one thread, though its first "
                "launch never did (cuda_on_host.hpp, barrier_free_kernels)\n",
                stderr);
     std::abort();
   }
-  cuda_on_host::barrier_called.store(true, std::memory_order_relaxed);
-  cuda_on_host::block_barrier->arrive_and_wait();
+  cuda_on_host::barrier_called = true;
+  cuda_on_host::block_fibers::of_this_thread().wait_at_barrier();
 }
 
 inline float __uint_as_float(unsigned bits) {
