@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 
 struct uint3 {
   unsigned x, y, z;
@@ -35,6 +36,7 @@ enum cudaError_t {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
 };
 
 enum cudaMemcpyKind {
@@ -74,6 +76,7 @@ cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
@@ -107,7 +110,15 @@ namespace cuda_on_host {
 /// Queues `work` on `stream` (the kernel launches of cuda_on_host.hpp and
 /// the stand-in cuBLAS); the null stream runs it at once.
 void enqueue(cudaStream_t stream, std::function<void()> work);
+/// Queues `work` on `stream`, to run only once `ready()` holds (the stand-in
+/// NCCL's collectives, which wait for the other members). Waiting for it
+/// under the runtime's lock before then would wait forever: that aborts,
+/// saying so; cudaStreamQuery instead reports it not ready.
+void enqueue_when(cudaStream_t stream, std::function<bool()> ready, std::function<void()> work);
 /// Makes cudaGetLastError report `status` (a refused launch).
 void set_last_error(cudaError_t status);
+/// The lock that serialises every call and the work it runs, for stand-ins
+/// of other libraries to share.
+std::recursive_mutex& runtime_lock();
 
 } // namespace cuda_on_host

@@ -25,6 +25,7 @@
 // the backend's threads may call at once, as actors do.
 #include "cuda_runtime_api.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -36,8 +37,12 @@
 #include <vector>
 
 struct cuda_on_host_stream {
+  struct work {
+    std::function<bool()> ready; // empty: ready at once
+    std::function<void()> run;
+  };
   int device = 0;
-  std::deque<std::function<void()>> pending;
+  std::deque<work> pending;
   std::uint64_t queued = 0; // work ever queued
   std::uint64_t done = 0;   // of which has run
 };
@@ -130,7 +135,14 @@ bool pinned(const void* pointer, std::size_t bytes) {
 /// that in turn waits on this one asks only for work queued before it.
 void run_until(cudaStream_t stream, std::uint64_t position) {
   while (stream->done < position) {
-    auto work = std::move(stream->pending.front());
+    auto& front = stream->pending.front();
+    if (front.ready && !front.ready()) {
+      std::fputs("cuda_on_host: work that waits for another thread (a NCCL collective whose members have not all "
+                 "called) was waited for under the runtime's lock, which would wait forever\n",
+                 stderr);
+      std::abort();
+    }
+    auto work = std::move(front.run);
     stream->pending.pop_front();
     work();
     ++stream->done;
@@ -189,8 +201,18 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
     work();
     return;
   }
-  stream->pending.push_back(std::move(work));
+  stream->pending.push_back({nullptr, std::move(work)});
   ++stream->queued;
+}
+
+void enqueue_when(cudaStream_t stream, std::function<bool()> ready, std::function<void()> work) {
+  std::lock_guard lock(state().mutex);
+  stream->pending.push_back({std::move(ready), std::move(work)});
+  ++stream->queued;
+}
+
+std::recursive_mutex& runtime_lock() {
+  return state().mutex;
 }
 
 void set_last_error(cudaError_t status) {
@@ -227,6 +249,8 @@ const char* cudaGetErrorString(cudaError_t status) {
     return "invalid device ordinal";
   case cudaErrorInvalidResourceHandle:
     return "invalid resource handle";
+  case cudaErrorNotReady:
+    return "device not ready";
   }
   return "unrecognized error code";
 }
@@ -311,6 +335,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   else
     drain(stream);
   return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  // Runs what is ready, as a device makes progress, and says whether all is.
+  std::lock_guard lock(state().mutex);
+  if (stream == nullptr)
+    return fail(cudaErrorInvalidResourceHandle);
+  while (!stream->pending.empty() && (!stream->pending.front().ready || stream->pending.front().ready()))
+    run_until(stream, stream->done + 1);
+  return stream->pending.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
