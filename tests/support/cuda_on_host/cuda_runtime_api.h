@@ -47,7 +47,7 @@ enum cudaMemcpyKind {
   cudaMemcpyDefault = 4,
 };
 
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrMemoryPoolsSupported = 115 };
+enum cudaDeviceAttr { cudaDevAttrMemoryPoolsSupported = 115 };
 enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
 
 inline constexpr unsigned cudaStreamNonBlocking = 0x01;
@@ -62,7 +62,6 @@ using cudaEvent_t = cuda_on_host_event*;
 using cudaMemPool_t = cuda_on_host_pool*;
 
 cudaError_t cudaGetLastError();
-cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorString(cudaError_t status);
 
 cudaError_t cudaGetDeviceCount(int* count);
@@ -71,7 +70,6 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attribute, void* value);
-cudaError_t cudaDeviceSynchronize();
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
@@ -97,12 +95,9 @@ cudaError_t cudaMemcpyPeerAsync(void* destination, int destination_device, const
                                 int source_device, std::size_t bytes, cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t stream);
 
-// The templates of CUDA's C++ header (cuda_runtime.h).
+// The template of CUDA's C++ header (cuda_runtime.h) that the kernels use.
 template <class T> cudaError_t cudaMallocAsync(T** pointer, std::size_t bytes, cudaStream_t stream) {
   return cudaMallocAsync(reinterpret_cast<void**>(pointer), bytes, stream);
-}
-template <class T> cudaError_t cudaMalloc(T** pointer, std::size_t bytes) {
-  return cudaMalloc(reinterpret_cast<void**>(pointer), bytes);
 }
 
 namespace cuda_on_host {

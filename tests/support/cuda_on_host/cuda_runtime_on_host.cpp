@@ -229,10 +229,6 @@ cudaError_t cudaGetLastError() {
   return status;
 }
 
-cudaError_t cudaPeekAtLastError() {
-  return last_error;
-}
-
 const char* cudaGetErrorString(cudaError_t status) {
   switch (status) {
   case cudaSuccess:
@@ -278,15 +274,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
   std::lock_guard lock(state().mutex);
   if (!valid_device(device))
     return fail(cudaErrorInvalidDevice);
-  switch (attribute) {
-  case cudaDevAttrMultiProcessorCount:
-    *value = 4;
-    return cudaSuccess;
-  case cudaDevAttrMemoryPoolsSupported:
-    *value = state().memory_pools ? 1 : 0;
-    return cudaSuccess;
-  }
-  return fail(cudaErrorInvalidValue);
+  if (attribute != cudaDevAttrMemoryPoolsSupported)
+    return fail(cudaErrorInvalidValue);
+  *value = state().memory_pools ? 1 : 0;
+  return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
@@ -300,14 +291,6 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attribute, void* value) {
   if (pool == nullptr || value == nullptr || attribute != cudaMemPoolAttrReleaseThreshold)
     return fail(cudaErrorInvalidValue);
-  return cudaSuccess;
-}
-
-cudaError_t cudaDeviceSynchronize() {
-  std::lock_guard lock(state().mutex);
-  for (auto& stream : state().streams)
-    if (stream->device == current_device)
-      drain(stream.get());
   return cudaSuccess;
 }
 
