@@ -170,9 +170,9 @@ void backend::copy(const tensor& source, tensor& out) {
                                 source.where(), out.where()));
 }
 
-void backend::transfer(const tensor& source, tensor& out) {
+tensor backend::transfer(const tensor& source, device target) {
   throw usage_error(fmt::format("to: not implemented by the {} backend ({} to {})", name(), source.where(),
-                                out.where()));
+                                target));
 }
 
 // The optimizer steps as whole-tensor ops, in the parameter's precision

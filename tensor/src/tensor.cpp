@@ -437,11 +437,9 @@ tensor tensor::to(device target) const {
   // The backend of the side that is not the CPU moves the bytes; the source
   // is made contiguous on its own device first.
   auto& kernels = backend_for(target.kind != device_kind::cpu ? target : where(), "to");
-  auto source = contiguous();
-  auto out = empty(shape_, dtype_, target);
-  if (numel_ > 0)
-    kernels.transfer(source, out);
-  return out;
+  if (numel_ == 0)
+    return empty(shape_, dtype_, target);
+  return kernels.transfer(contiguous(), target);
 }
 
 void tensor::copy_from(const tensor& source) {

@@ -189,6 +189,26 @@ TEST_F(NcclTwoRanks, ReduceScatterAllGatherAndBroadcast) {
   }
 }
 
+TEST_F(NcclTwoRanks, AllreduceWaitsForTheWritesOfTheThreadThatMadeItsInput) {
+  // The inputs are made by this thread and handed to the ranks' threads
+  // while the kernels that write them may still be queued: NCCL, on a
+  // stream of its own, must still read what they write.
+  const std::int64_t count = 4099;
+  std::vector<tensor> data(n);
+  for (std::uint32_t k = 0; k < n; ++k)
+    data[k] = mul(input(k, count, dtype::float32).to(device::cuda(static_cast<std::int32_t>(k))), 2.0);
+  ring_->each([&](std::uint32_t k) {
+    auto ok = comms_[k]->allreduce(data[k]);
+    EXPECT_TRUE(ok) << "rank " << k << ": " << (ok ? "" : ok.error().message());
+  });
+  for (std::uint32_t k = 0; k < n; ++k) {
+    auto got = data[k].to_vector<double>();
+    for (std::int64_t i = 0; i < count; ++i)
+      ASSERT_NEAR(got[static_cast<std::size_t>(i)], 2.0 * reference_sum(n, i), 1e-5 * reference_sum(n, i))
+        << "rank " << k << " element " << i;
+  }
+}
+
 TEST_F(NcclTwoRanks, ReduceScatterOfAnUnevenCountIsAnError) {
   auto odd = input(0, 7, dtype::float32).to(device::cuda(0));
   auto got = comms_[0]->reduce_scatter(odd);

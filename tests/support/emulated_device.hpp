@@ -192,9 +192,11 @@ public:
     auto view = on_host(out);
     view.copy_from(on_host(source));
   }
-  void transfer(const tensor& source, tensor& out) override {
+  tensor transfer(const tensor& source, device target) override {
+    auto out = tensor::empty(source.shape(), source.type(), target);
     std::memcpy(host_address(out), host_address(source), source.nbytes()); // both contiguous, same size
     ++transfers_;
+    return out;
   }
 
   // -- every kernel: the CPU backend's, on host views ----------------------------

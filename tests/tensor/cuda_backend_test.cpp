@@ -629,6 +629,30 @@ TEST_F(CudaBackend, CopiesToTheDeviceKeepTheBytesOfTheMomentTheyWereMade) {
   expect_close(mul(busy, 2.0).to(device::cpu()), in.doubled_row_means(), 1e-4);
 }
 
+TEST_F(CudaBackend, LargeCopiesToTheDeviceKeepTheBytesOfTheMomentTheyWereMade) {
+  // A copy larger than all pinned slots together goes through them in turn
+  // and returns once its last piece is staged: the host tensor is then
+  // rewritten while pieces may still be on their way.
+  busy_operands in;
+  auto busy = averaged_slowly(in.x, in.averaging);
+  const std::int64_t count = 9 * (std::int64_t{1} << 20) + 3; // 36 MiB and 12 bytes of float32
+  auto host = tensor::empty({count}, dtype::float32);
+  auto* data = static_cast<float*>(host.raw_data());
+  for (std::int64_t i = 0; i < count; ++i)
+    data[i] = static_cast<float>(i % 1000003);
+  auto expected = host.clone();
+  auto first = host.to(gpu);
+  host.fill(-1.0);
+  auto second = host.to(gpu);
+  host.fill(-2.0);
+  auto first_back = first.to(device::cpu());
+  auto second_back = second.to(device::cpu());
+  auto minus_one = tensor::full({count}, -1.0, dtype::float32);
+  EXPECT_EQ(std::memcmp(first_back.raw_data(), expected.raw_data(), expected.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(second_back.raw_data(), minus_one.raw_data(), minus_one.nbytes()), 0);
+  expect_close(mul(busy, 2.0).to(device::cpu()), in.doubled_row_means(), 1e-4);
+}
+
 // -- without a device ------------------------------------------------------------------
 
 TEST(CudaWithoutDevice, CountIsZeroWithAReasonAndNothingCrashes) {

@@ -121,6 +121,10 @@ device_memory* tracked_memory(const tensor& t) {
   return static_cast<device_memory*>(t.memory()->backend_state());
 }
 
+/// Selects the calling thread's stream of copies instead of its kernels'.
+struct copy_stream_t {};
+constexpr copy_stream_t copy_stream;
+
 /// One op on out's device: the device made current, the calling thread's
 /// stream, and every operand's memory ordered before the op (its last user
 /// waited for) and after it (cuda_context.hpp's thread model). Lists every
@@ -129,11 +133,19 @@ class on_device {
 public:
   template <class... Operands>
   on_device(const char* op, const tensor& out, const Operands&... operands)
-      : context_(context_for(out.where(), op)), guard_(context_.ordinal()), queue_(context_.this_thread()) {
+      : context_(context_for(out.where(), op)), guard_(context_.ordinal()), queue_(context_.this_thread()),
+        stream_(queue_.stream) {
     track(out);
     (track(operands), ...);
-    for (std::size_t i = 0; i < count_; ++i)
-      memory_[i]->before_use(stream());
+    order_before();
+  }
+
+  /// A copy between `operand` and the host, on the thread's copy stream.
+  on_device(copy_stream_t, const char* op, const tensor& operand)
+      : context_(context_for(operand.where(), op)), guard_(context_.ordinal()), queue_(context_.this_thread()),
+        stream_(queue_.copies) {
+    track(operand);
+    order_before();
   }
 
   ~on_device() {
@@ -150,10 +162,15 @@ public:
   on_device& operator=(const on_device&) = delete;
 
   execution_stream& queue() const { return queue_; }
-  cudaStream_t stream() const { return queue_.stream.get(); }
-  void synchronize() const { queue_.stream.synchronize(); }
+  cudaStream_t stream() const { return stream_.get(); }
+  void synchronize() const { stream_.synchronize(); }
 
 private:
+  void order_before() {
+    for (std::size_t i = 0; i < count_; ++i)
+      memory_[i]->before_use(stream());
+  }
+
   void track(const tensor& t) {
     auto* memory = tracked_memory(t);
     if (memory == nullptr || std::find(memory_.begin(), memory_.begin() + count_, memory) != memory_.begin() + count_)
@@ -165,6 +182,7 @@ private:
   device_context& context_;
   device_guard guard_;
   execution_stream& queue_;
+  const cuda_stream& stream_;
   std::array<device_memory*, 8> memory_{};
   std::size_t count_ = 0;
 };
@@ -248,6 +266,16 @@ void strided_gemm(execution_stream& queue, const blas_operand& a, const blas_ope
   }
 }
 
+/// `bytes` on `where` (context's device, current), allocated in the order
+/// of `stream`, one of the calling thread's streams on it.
+std::shared_ptr<storage> allocate_in_order(std::size_t bytes, device where, device_context& context,
+                                           cudaStream_t stream) {
+  auto memory = std::make_shared<device_memory>(bytes, context, stream);
+  void* data = memory->data();
+  void* state = memory.get();
+  return storage::wrap(data, bytes, where, [memory](void*) mutable { memory.reset(); }, state);
+}
+
 class cuda_backend final : public backend {
 public:
   std::string_view name() const override { return "cuda"; }
@@ -256,10 +284,8 @@ public:
 
   std::shared_ptr<storage> allocate(std::size_t bytes, device where) override {
     auto& context = context_for(where, "storage::allocate");
-    auto memory = std::make_shared<device_memory>(bytes, context);
-    void* data = memory->data();
-    void* state = memory.get();
-    return storage::wrap(data, bytes, where, [memory](void*) mutable { memory.reset(); }, state);
+    device_guard guard(context.ordinal());
+    return allocate_in_order(bytes, where, context, context.this_thread().stream.get());
   }
 
   void fill(tensor& out, double value) override {
@@ -273,33 +299,43 @@ public:
                 operand_of(source), d.stream());
   }
 
-  void transfer(const tensor& source, tensor& out) override {
+  tensor transfer(const tensor& source, device target) override {
     const auto bytes = source.nbytes();
     const auto from = source.where();
-    const auto to = out.where();
     if (from.kind == device_kind::cpu) {
-      // The caller may free the host memory when we return: small copies
-      // are staged through pinned memory at once, larger ones wait.
-      on_device d("to", out);
-      if (d.queue().staging.copy_to_device(out.raw_data(), source.raw_data(), bytes, d.stream()))
-        return;
-      TROUPE_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), source.raw_data(), bytes, cudaMemcpyHostToDevice, d.stream()));
-      d.synchronize();
-      return;
+      // On the thread's copy stream, into memory allocated in its order
+      // (cuda_context.hpp). The caller may free the host memory when we
+      // return: the bytes are staged through pinned memory at once, or,
+      // without pinned memory, the copy is waited for.
+      auto& context = context_for(target, "to");
+      device_guard guard(context.ordinal());
+      auto& queue = context.this_thread();
+      const auto copies = queue.copies.get();
+      auto out =
+        tensor::from_storage(allocate_in_order(bytes, target, context, copies), source.shape(), source.strides(), 0,
+                             source.type());
+      if (!queue.staging.copy_to_device(out.raw_data(), source.raw_data(), bytes, copies)) {
+        TROUPE_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), source.raw_data(), bytes, cudaMemcpyHostToDevice, copies));
+        queue.copies.synchronize();
+      }
+      return out;
     }
-    if (to.kind == device_kind::cpu) {
+    auto out = tensor::empty(source.shape(), source.type(), target);
+    if (target.kind == device_kind::cpu) {
       // In stream order after the kernels, of any thread, that wrote `source`.
-      on_device d("to", source);
+      on_device d(copy_stream, "to", source);
       TROUPE_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), source.raw_data(), bytes, cudaMemcpyDeviceToHost, d.stream()));
       d.synchronize();
-      return;
+      return out;
     }
     // Device to device: the source's work must be done, the copy then runs
     // in the destination's stream order.
     cuda_synchronize(source);
     on_device d("to", out);
-    TROUPE_CUDA_CHECK(cudaMemcpyPeerAsync(out.raw_data(), to.index, source.raw_data(), from.index, bytes, d.stream()));
+    TROUPE_CUDA_CHECK(
+      cudaMemcpyPeerAsync(out.raw_data(), target.index, source.raw_data(), from.index, bytes, d.stream()));
     d.synchronize();
+    return out;
   }
 
   // -- elementwise --------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include "cudnn_convolution.hpp"
 #endif
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -124,7 +125,7 @@ host_staging::~host_staging() {
 }
 
 bool host_staging::copy_to_device(void* destination, const void* source, std::size_t bytes, cudaStream_t stream) {
-  if (bytes > slot_bytes || unavailable_)
+  if (unavailable_)
     return false;
   if (pinned_ == nullptr) {
     // Pinned memory is a limited resource of the machine: without it the
@@ -138,14 +139,18 @@ bool host_staging::copy_to_device(void* destination, const void* source, std::si
     for (auto& event : drained_)
       TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
-  const auto slot = next_;
-  next_ = (next_ + 1) % slot_count;
-  // The slot's previous DMA must have read it (usually long ago).
-  TROUPE_CUDA_CHECK(cudaEventSynchronize(drained_[slot]));
-  auto* staged = static_cast<std::byte*>(pinned_) + slot * slot_bytes;
-  std::memcpy(staged, source, bytes);
-  TROUPE_CUDA_CHECK(cudaMemcpyAsync(destination, staged, bytes, cudaMemcpyHostToDevice, stream));
-  TROUPE_CUDA_CHECK(cudaEventRecord(drained_[slot], stream));
+  for (std::size_t done = 0; done < bytes; done += slot_bytes) {
+    const auto piece = std::min(slot_bytes, bytes - done);
+    const auto slot = next_;
+    next_ = (next_ + 1) % slot_count;
+    // The slot's previous DMA must have read it (usually long ago).
+    TROUPE_CUDA_CHECK(cudaEventSynchronize(drained_[slot]));
+    auto* staged = static_cast<std::byte*>(pinned_) + slot * slot_bytes;
+    std::memcpy(staged, static_cast<const std::byte*>(source) + done, piece);
+    TROUPE_CUDA_CHECK(
+      cudaMemcpyAsync(static_cast<std::byte*>(destination) + done, staged, piece, cudaMemcpyHostToDevice, stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(drained_[slot], stream));
+  }
   return true;
 }
 
@@ -248,9 +253,8 @@ void order_after(cudaStream_t waiter, cudaStream_t producer) {
     throw_cuda_error(waited, "cudaStreamWaitEvent(waiting stream)", __FILE__, __LINE__);
 }
 
-device_memory::device_memory(std::size_t bytes, device_context& context) : context_(context) {
+device_memory::device_memory(std::size_t bytes, device_context& context, cudaStream_t stream) : context_(context) {
   device_guard guard(context.ordinal());
-  auto stream = context.this_thread().stream.get();
   last_user_.store(stream, std::memory_order_relaxed);
   if (bytes == 0)
     return;
@@ -346,7 +350,9 @@ std::string cuda_convolution() {
 void cuda_synchronize(device where) {
   auto& context = detail::cuda::context_for(where, "cuda_synchronize");
   detail::cuda::device_guard guard(context.ordinal());
-  context.this_thread().stream.synchronize();
+  auto& queue = context.this_thread();
+  queue.copies.synchronize();
+  queue.stream.synchronize();
 }
 
 void cuda_synchronize(const tensor& t) {

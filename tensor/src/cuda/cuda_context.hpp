@@ -18,6 +18,13 @@
 // stream-ordered (cudaMallocAsync/cudaFreeAsync) is never reused while a
 // kernel of any stream may still read it. Streams are pooled and never
 // destroyed, because memory may name them after their thread has ended.
+//
+// Copies from the host run on a second stream of the thread's, into memory
+// allocated in that stream's order: the copy is then the memory's last
+// user, so the DMA starts at once instead of queueing behind the kernels
+// the thread queued before, and the first kernel that reads the tensor
+// waits for the copy alone (the event of the rule above). A stage thus
+// receives its next micro-batch while it still computes on the last one.
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -80,13 +87,14 @@ private:
   cublasHandle_t handle_ = nullptr;
 };
 
-/// Pinned host memory that small host-to-device copies go through, so that
-/// they return without waiting for the stream: the caller's bytes are
-/// copied into a slot at once (the caller may free them), the DMA out of
-/// the slot is queued, and a slot is refilled only after its last DMA ran
-/// (an event per slot). Without it a copy from pageable memory waits for
-/// everything queued before it, and a stage that receives one micro-batch
-/// after another would drain its stream at each.
+/// Pinned host memory that host-to-device copies go through, so that they
+/// return without waiting for the DMA: the caller's bytes are copied into a
+/// slot at once (the caller may free them), the DMA out of the slot is
+/// queued, and a slot is refilled only after its last DMA ran (an event per
+/// slot). A copy larger than a slot goes through the slots in turn, so the
+/// host fills one while the device reads another; the call returns once the
+/// last piece is staged. Without it a copy from pageable memory returns
+/// only once its DMA has run.
 class host_staging {
 public:
   static constexpr std::size_t slot_bytes = std::size_t{4} << 20;
@@ -97,9 +105,9 @@ public:
   host_staging(const host_staging&) = delete;
   host_staging& operator=(const host_staging&) = delete;
 
-  /// Queues the copy of `bytes` (at most slot_bytes) from `source` to
-  /// `destination` on `stream`; false when no pinned memory could be had
-  /// (the caller copies another way).
+  /// Queues the copy of `bytes` from `source` to `destination` on `stream`;
+  /// false when no pinned memory could be had (the caller copies another
+  /// way).
   bool copy_to_device(void* destination, const void* source, std::size_t bytes, cudaStream_t stream);
 
 private:
@@ -109,11 +117,13 @@ private:
   std::size_t next_ = 0;
 };
 
-/// A stream with the cuBLAS handle that issues to it and its host staging:
-/// what one thread uses for its work on one device.
+/// A stream with the cuBLAS handle that issues to it, and the stream and
+/// host staging of copies from the host: what one thread uses for its work
+/// on one device.
 struct execution_stream {
   cuda_stream stream;
   cublas_handle blas{stream.get()};
+  cuda_stream copies;
   host_staging staging;
   /// The cuDNN handle issuing to `stream`, made by the stream's first
   /// convolution (cudnn_convolution.cpp); held without its type so that
@@ -160,12 +170,12 @@ device_context& context_for(device where, const char* op);
 /// on `producer` so far.
 void order_after(cudaStream_t waiter, cudaStream_t producer);
 
-/// Owns `bytes` of memory on a context's device, allocated in the calling
-/// thread's stream order, and tracks the stream that used it last (see the
-/// thread model above).
+/// Owns `bytes` of memory on a context's device, allocated in the order of
+/// `stream` (a stream of the calling thread's on that device), and tracks
+/// the stream that used it last (see the thread model above).
 class device_memory {
 public:
-  device_memory(std::size_t bytes, device_context& context);
+  device_memory(std::size_t bytes, device_context& context, cudaStream_t stream);
   ~device_memory();
   device_memory(const device_memory&) = delete;
   device_memory& operator=(const device_memory&) = delete;

@@ -189,6 +189,7 @@ template <class... Params> auto launch(void (*kernel)(Params...), dim3 grid, dim
       set_last_error(cudaErrorInvalidConfiguration);
       return;
     }
+    launching();
     enqueue(stream, [=] { run_grid(kernel, grid, block, args...); });
   };
 }

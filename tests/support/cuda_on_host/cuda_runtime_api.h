@@ -12,7 +12,9 @@
 //   stream or event synchronisation, a wait of another stream that runs,
 //   or a copy to pageable host memory. So work ordered wrongly runs in
 //   the wrong order, every time;
-// - the null stream runs its work at once (the kernel tests launch there).
+// - the null stream runs its work at once (the kernel tests launch there);
+// - with TROUPE_CUDA_ON_HOST_PINNED=0, cudaHostAlloc fails (a machine out
+//   of pinned memory).
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -115,5 +117,15 @@ void set_last_error(cudaError_t status);
 /// The lock that serialises every call and the work it runs, for stand-ins
 /// of other libraries to share.
 std::recursive_mutex& runtime_lock();
+/// Runs `hook` on the calling thread when it next launches a kernel, just
+/// before the kernel is queued (once): for tests that make another thread
+/// act between an op's ordering and its launch.
+void before_next_launch(std::function<void()> hook);
+/// Called by each launch (cuda_on_host.hpp): runs and clears the hook.
+void launching();
+/// How many pieces of work (kernels, copies, waits, frees) are queued on
+/// every stream and have not run: what a test asks to see which work a
+/// synchronisation ran.
+std::uint64_t waiting_work();
 
 } // namespace cuda_on_host

@@ -11,6 +11,10 @@
 // not ordered after what it needs runs before it, on every run, and reads
 // the 0xff bytes of fresh memory or the host's newer bytes.
 //
+// Memory allocated in a stream's order (cudaMallocAsync) is filled with
+// 0xff again when that stream reaches the allocation: a copy or kernel on
+// another stream that is not ordered after it loses what it wrote.
+//
 // Freed memory is overwritten with 0xff when the free runs in its stream's
 // order, and kept a while before it goes back to the system: work that
 // reads a block after its free (a free queued on the wrong stream) reads
@@ -34,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct cuda_on_host_stream {
@@ -71,6 +76,7 @@ struct runtime {
   std::recursive_mutex mutex;
   int device_count = 0;
   bool memory_pools = true;
+  bool pinned_memory = true;
   std::vector<std::unique_ptr<cuda_on_host_pool>> pools;
   // Streams are kept after cudaStreamDestroy: a wait queued elsewhere may
   // still name them.
@@ -92,6 +98,10 @@ runtime& state() {
     // allocation (the backend then uses cudaMalloc/cudaFree).
     const char* pools = std::getenv("TROUPE_CUDA_ON_HOST_POOLS");
     r->memory_pools = pools == nullptr || std::string(pools) != "0";
+    // TROUPE_CUDA_ON_HOST_PINNED=0: cudaHostAlloc fails, as on a machine
+    // out of pinned memory (the backend then copies from pageable memory).
+    const char* pinned = std::getenv("TROUPE_CUDA_ON_HOST_PINNED");
+    r->pinned_memory = pinned == nullptr || std::string(pinned) != "0";
     for (int d = 0; d < r->device_count; ++d)
       r->pools.push_back(std::make_unique<cuda_on_host_pool>(cuda_on_host_pool{d}));
     return r;
@@ -209,6 +219,28 @@ void enqueue_when(cudaStream_t stream, std::function<bool()> ready, std::functio
   std::lock_guard lock(state().mutex);
   stream->pending.push_back({std::move(ready), std::move(work)});
   ++stream->queued;
+}
+
+namespace {
+thread_local std::function<void()> next_launch_hook;
+} // namespace
+
+void before_next_launch(std::function<void()> hook) {
+  next_launch_hook = std::move(hook);
+}
+
+void launching() {
+  // Outside the runtime's lock: the hook may start threads that call in.
+  if (auto hook = std::exchange(next_launch_hook, nullptr))
+    hook();
+}
+
+std::uint64_t waiting_work() {
+  std::lock_guard lock(state().mutex);
+  std::uint64_t waiting = 0;
+  for (const auto& stream : state().streams)
+    waiting += stream->queued - stream->done;
+  return waiting;
 }
 
 std::recursive_mutex& runtime_lock() {
@@ -387,10 +419,18 @@ cudaError_t cudaFree(void* pointer) {
   return release(pointer, false) ? cudaSuccess : fail(cudaErrorInvalidValue);
 }
 
-cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t) {
+cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t stream) {
   std::lock_guard lock(state().mutex);
   *pointer = allocate(bytes, current_device);
-  return *pointer != nullptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  if (*pointer == nullptr)
+    return fail(cudaErrorMemoryAllocation);
+  // The block is the caller's only in `stream`'s order (a real pool may
+  // hand out a block that work queued earlier on that stream still reads):
+  // it is filled again when the stream reaches this point, undoing what
+  // work on another stream, not ordered after it, wrote first.
+  if (stream != nullptr)
+    enqueue(stream, [p = *pointer, bytes] { std::memset(p, 0xff, bytes); });
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream) {
@@ -406,6 +446,8 @@ cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream) {
 
 cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned) {
   std::lock_guard lock(state().mutex);
+  if (!state().pinned_memory)
+    return fail(cudaErrorMemoryAllocation);
   *pointer = allocate(bytes, -1);
   return *pointer != nullptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }

@@ -116,10 +116,13 @@ public:
   /// out = source converted to out's dtype; source has out's shape (possibly
   /// broadcast) and lives on out's device.
   virtual void copy(const tensor& source, tensor& out);
-  /// Copies contiguous `source` into contiguous `out` of the same dtype and
-  /// numel on another device (the CPU, or another device of this kind); one
-  /// of the two is on this backend's kind. Returns when `out` holds the data.
-  virtual void transfer(const tensor& source, tensor& out);
+  /// A new contiguous tensor on `target` (the CPU, or a device of this kind)
+  /// with the shape, dtype and data of contiguous, non-empty `source` on
+  /// another device; one of the two is of this backend's kind. The backend
+  /// allocates the result, so that it can place it in the order of the
+  /// stream that copies into it. The caller may free or change `source`'s
+  /// host memory once it returns.
+  virtual tensor transfer(const tensor& source, device target);
 
   // -- elementwise -----------------------------------------------------------
 

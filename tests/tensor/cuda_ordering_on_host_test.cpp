@@ -1,0 +1,107 @@
+// Stream ordering that only the stand-in runtime (tests/support/cuda_on_host/)
+// can show, because its streams run queued work only when something waits
+// for it:
+// - copies from the host run on a stream of their own (cuda_context.hpp):
+//   a copy to the device must be ready while the kernels the thread queued
+//   before it have still not run. On a GPU that is the copy overlapping
+//   those kernels, which cannot be seen there without timing;
+// - two threads reading one tensor at once: the memory is freed only after
+//   both reads, which on a GPU fails once in many runs, if ever.
+#include <cstdint>
+#include <cstring>
+#include <thread>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "test_util.hpp"
+#include "troupe/tensor/cuda.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe {
+namespace {
+
+using test::expect_close;
+
+const device gpu = device::cuda(0);
+
+/// A host tensor of `count` float32 values that differ from element to
+/// element and from `seed` to `seed`.
+tensor numbered(std::int64_t count, int seed) {
+  auto t = tensor::empty({count}, dtype::float32);
+  auto* data = static_cast<float*>(t.raw_data());
+  for (std::int64_t i = 0; i < count; ++i)
+    data[i] = static_cast<float>((i * 7 + seed) % 1009);
+  return t;
+}
+
+bool same_bytes(const tensor& a, const tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// A copy of 16 KiB (one pinned slot) and one of 40 MiB (through every slot,
+// twice and more).
+class CopiesToTheDevice : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(CopiesToTheDevice, AreReadyWithoutRunningTheKernelsQueuedBeforeThem) {
+  const auto count = GetParam();
+  auto a = numbered(64 * 64, 1).reshape({64, 64}).to(gpu);
+  auto b = numbered(64 * 64, 2).reshape({64, 64}).to(gpu);
+  cuda_synchronize(gpu);
+  ASSERT_EQ(cuda_on_host::waiting_work(), 0u);
+
+  auto product = matmul(a, b); // queued on this thread's stream of kernels
+  const auto kernels_waiting = cuda_on_host::waiting_work();
+  ASSERT_GT(kernels_waiting, 0u);
+
+  auto host = numbered(count, 3);
+  const auto expected = host.clone();
+  auto copied = host.to(gpu);
+  host.fill(-1.0); // the caller may reuse its memory at once
+  cuda_synchronize(copied);
+  EXPECT_EQ(cuda_on_host::waiting_work(), kernels_waiting) << "the copy ran the kernels queued before it";
+  EXPECT_TRUE(same_bytes(copied.to(device::cpu()), expected));
+  EXPECT_EQ(cuda_on_host::waiting_work(), kernels_waiting) << "the copy back ran unrelated kernels";
+
+  // The first kernel that reads the copy waits for it, and the product is
+  // what it would have been.
+  EXPECT_TRUE(same_bytes(mul(copied, 2.0).to(device::cpu()), mul(expected, 2.0)));
+  expect_close(product.to(device::cpu()), matmul(a.to(device::cpu()), b.to(device::cpu())), 1e-5);
+  cuda_synchronize(gpu);
+  EXPECT_EQ(cuda_on_host::waiting_work(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(OfEverySize, CopiesToTheDevice,
+                         ::testing::Values(std::int64_t{4096}, std::int64_t{10} << 20));
+
+TEST(CopiesFromTheDevice, WaitForTheKernelsThatWroteTheTensor) {
+  auto a = numbered(128 * 128, 4).reshape({128, 128}).to(gpu);
+  cuda_synchronize(gpu);
+  auto doubled = mul(a, 2.0);
+  ASSERT_GT(cuda_on_host::waiting_work(), 0u);
+  expect_close(doubled.to(device::cpu()), mul(a.to(device::cpu()), 2.0), 0.0);
+}
+
+TEST(TwoThreadsReadingOneTensor, FreeItOnlyAfterBothReads) {
+  const auto host = numbered(4096, 5);
+  auto shared = host.to(gpu);
+  cuda_synchronize(gpu);
+  tensor by_a, by_b;
+  std::thread a([&] {
+    // Between a's ordering of its read and its launch, b reads the same
+    // tensor and becomes its last user, the stream it is freed on.
+    cuda_on_host::before_next_launch([&] {
+      std::thread b([&] { by_b = mul(shared, 3.0); });
+      b.join();
+    });
+    by_a = mul(shared, 2.0);
+  });
+  a.join();
+  shared = tensor(); // the last reference: the free is queued on b's stream
+  // Runs b's stream, the free included; a's read must run before it.
+  EXPECT_TRUE(same_bytes(by_b.to(device::cpu()), mul(host, 3.0)));
+  EXPECT_TRUE(same_bytes(by_a.to(device::cpu()), mul(host, 2.0))) << "a read the tensor after b's stream freed it";
+}
+
+} // namespace
+} // namespace troupe
