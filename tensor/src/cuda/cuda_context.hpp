@@ -19,12 +19,13 @@
 // kernel of any stream may still read it. Streams are pooled and never
 // destroyed, because memory may name them after their thread has ended.
 //
-// Copies from the host run on a second stream of the thread's, into memory
-// allocated in that stream's order: the copy is then the memory's last
-// user, so the DMA starts at once instead of queueing behind the kernels
-// the thread queued before, and the first kernel that reads the tensor
-// waits for the copy alone (the event of the rule above). A stage thus
-// receives its next micro-batch while it still computes on the last one.
+// Copies between the host and a device run on a second stream of the
+// thread's. One to the device goes into memory allocated in that stream's
+// order: the copy is then the memory's last user, so the DMA starts at
+// once instead of queueing behind the kernels the thread queued before,
+// and the first kernel that reads the tensor waits for the copy alone (the
+// event of the rule above). A stage thus receives its next micro-batch
+// while it still computes on the last one.
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -117,9 +118,9 @@ private:
   std::size_t next_ = 0;
 };
 
-/// A stream with the cuBLAS handle that issues to it, and the stream and
-/// host staging of copies from the host: what one thread uses for its work
-/// on one device.
+/// A stream with the cuBLAS handle that issues to it, the stream of copies
+/// between the host and the device, and the pinned staging of copies to
+/// the device: what one thread uses for its work on one device.
 struct execution_stream {
   cuda_stream stream;
   cublas_handle blas{stream.get()};
