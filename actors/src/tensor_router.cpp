@@ -292,6 +292,10 @@ struct tensor_router::impl {
             fail(failed, make_error(errc::io_error, "tensor to node {}: {}", node, id.error().message()));
             return;
           }
+          // Connected and drained in one critical section: a send() that
+          // finds the node connected goes straight to the data plane, and
+          // must not overtake what waits here from before.
+          refusals refused;
           {
             std::lock_guard guard(mutex);
             if (lost.count(node))
@@ -299,8 +303,11 @@ struct tensor_router::impl {
             connected[node] = *id;
             if (arena && !host.empty() && host == options.host_key)
               same_host.insert(node);
+            if (!stopped)
+              refused = drain_locked(self, node);
           }
-          route(self, node);
+          for (auto& [done, why] : refused)
+            done(why);
         },
         [this, self, node](caf::error& err) { retry_or_fail(self, node, system->render(err)); });
   }

@@ -548,6 +548,41 @@ TEST(TensorRouter, WithTlsTensorsTravelOverCafAndTheDataPlaneIsNotUsed) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(TensorRouter, SendsAcrossTheFirstConnectionKeepTheirOrder) {
+  // The first sends to a node wait while the router connects; the ones made
+  // once it is connected go straight to the data plane and must not
+  // overtake them. Sends continue, paced, until well after the first one
+  // went out. The echo answers over the worker's own first connection back,
+  // so both directions cross one. Fewer than max_queued_sends (256) in all:
+  // no send meets back-pressure.
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c));
+  auto echo = c.coordinator->spawn_remote(*place::parse("worker1/cpu/echo"), "echo");
+  ASSERT_TRUE(echo) << echo.error().message();
+  auto router = c.coordinator->router();
+  ASSERT_NE(router->plane(), nullptr);
+  constexpr std::uint64_t most = 240;
+  std::uint64_t sent = 0, sent_after_connecting = 0;
+  while (sent < most && sent_after_connecting < 60) {
+    tensor_message m;
+    m.meta.kind = message_kind::forward_activation;
+    m.meta.step = ++sent;
+    m.value = pattern(64, sent);
+    auto ok = router->send(*place::parse("worker1/cpu/echo"), std::move(m));
+    ASSERT_TRUE(ok) << "step " << sent << ": " << ok.error().message();
+    if (router->plane()->stats().messages_sent > 0)
+      ++sent_after_connecting;
+    std::this_thread::sleep_for(100us);
+  }
+  std::printf("%llu sends, %llu of them after the first went out\n", static_cast<unsigned long long>(sent),
+              static_cast<unsigned long long>(sent_after_connecting));
+  ASSERT_TRUE(c.box.wait_for_step(sent, 15s)) << c.worker.output();
+  std::lock_guard guard(c.box.mutex);
+  ASSERT_EQ(c.box.items.size(), sent);
+  for (std::uint64_t i = 0; i < sent; ++i)
+    ASSERT_EQ(c.box.items[i].step, i + 1) << "arrival " << i;
+}
+
 TEST(TensorRouter, SendsToAKilledNodeFailWithItsName) {
   cluster c;
   ASSERT_NO_FATAL_FAILURE(start_cluster(c));
