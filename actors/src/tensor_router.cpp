@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -46,6 +47,10 @@ struct tensor_router::impl {
   struct queued {
     tensor_message message;
     completion_callback done;
+    /// A device tensor staged to the host (start_copy_to_host): blocks until
+    /// message.value holds its bytes. Run by the router's actor, never with
+    /// `mutex` held; empty otherwise.
+    std::function<void()> staged;
   };
 
   caf::actor_system* system = nullptr;
@@ -61,6 +66,7 @@ struct tensor_router::impl {
   std::map<std::string, peer_id> connected;        // node -> data-plane peer
   std::map<std::string, caf::actor> agents;        // node -> its agent (TLS)
   std::map<std::string, std::deque<queued>> waiting; // node -> sends not yet handed on
+  std::set<std::string> handing_on;                 // nodes whose sends the router's actor is handing on
   std::map<std::string, std::size_t> in_flight;    // node -> TLS sends awaiting the peer's ok
   std::map<std::string, std::string> lost;         // node -> why
   std::map<std::string, trace::name_id> trace_names;
@@ -232,20 +238,19 @@ struct tensor_router::impl {
 
   // Runs on the router's actor (detached: connect() may block it briefly).
   void route(caf::event_based_actor* self, const std::string& node) {
-    refusals refused;
-    bool ready = false;
+    std::deque<queued> sends;
     {
       std::lock_guard guard(mutex);
-      if (stopped || lost.count(node) || waiting[node].empty())
+      if (stopped || lost.count(node) || waiting[node].empty() || handing_on.count(node))
         return;
-      ready = options.without_data_plane ? agents.count(node) != 0 : connected.count(node) != 0;
+      const bool ready = options.without_data_plane ? agents.count(node) != 0 : connected.count(node) != 0;
       if (ready)
-        refused = drain_locked(self, node);
+        sends = take_waiting_locked(node);
     }
-    for (auto& [done, why] : refused)
-      done(why);
-    if (ready)
+    if (!sends.empty()) {
+      hand_on(self, node, std::move(sends));
       return;
+    }
     if (!resolving.insert(node).second)
       return;
     if (options.without_data_plane) {
@@ -292,10 +297,11 @@ struct tensor_router::impl {
             fail(failed, make_error(errc::io_error, "tensor to node {}: {}", node, id.error().message()));
             return;
           }
-          // Connected and drained in one critical section: a send() that
-          // finds the node connected goes straight to the data plane, and
-          // must not overtake what waits here from before.
-          refusals refused;
+          // Connected, and what waits taken to be handed on, in one critical
+          // section: a send() that finds the node connected goes straight
+          // to the data plane once nothing waits, and must not overtake
+          // what waits here from before.
+          std::deque<queued> sends;
           {
             std::lock_guard guard(mutex);
             if (lost.count(node))
@@ -303,24 +309,89 @@ struct tensor_router::impl {
             connected[node] = *id;
             if (arena && !host.empty() && host == options.host_key)
               same_host.insert(node);
-            if (!stopped)
-              refused = drain_locked(self, node);
+            if (!stopped && !waiting[node].empty())
+              sends = take_waiting_locked(node);
           }
-          for (auto& [done, why] : refused)
-            done(why);
+          if (!sends.empty())
+            hand_on(self, node, std::move(sends));
         },
         [this, self, node](caf::error& err) { retry_or_fail(self, node, system->render(err)); });
   }
 
   using refusals = std::vector<std::pair<completion_callback, troupe::error>>;
 
-  // Hands everything waiting for `node` on, in order. Called with the mutex
-  // held (so a send() that finds the node connected cannot overtake what was
-  // queued before); returns the refused sends, whose completions the caller
-  // runs after releasing the mutex.
-  refusals drain_locked(caf::event_based_actor* self, const std::string& node) {
+  // Takes what waits for ready `node` to hand it on (hand_on); until that
+  // is done, send() queues behind it rather than going to the node
+  // directly, so nothing overtakes it. Called with the mutex held.
+  std::deque<queued> take_waiting_locked(const std::string& node) {
     std::deque<queued> sends;
     sends.swap(waiting[node]);
+    handing_on.insert(node);
+    return sends;
+  }
+
+  // Hands `sends` (taken by take_waiting_locked) on in order: first waits,
+  // without the mutex, for the device tensors among them to reach the host
+  // (the senders did not wait: a GPU stage goes on queueing its next
+  // micro-batch), then sends them; then what was queued meanwhile, until
+  // nothing waits.
+  void hand_on(caf::event_based_actor* self, const std::string& node, std::deque<queued> sends) {
+    while (true) {
+      refusals refused;
+      std::deque<queued> staged;
+      for (auto& q : sends) {
+        if (q.staged) {
+          try {
+            q.staged();
+          } catch (const std::exception& e) {
+            if (q.done)
+              refused.emplace_back(std::move(q.done),
+                                   make_error(errc::io_error, "tensor to {} on node {}: staging to the host failed: {}",
+                                              q.message.meta.destination, node, e.what()));
+            continue;
+          }
+          q.staged = nullptr;
+        }
+        staged.push_back(std::move(q));
+      }
+      sends = std::move(staged);
+      std::deque<queued> failed;
+      bool finished = false;
+      std::string why;
+      {
+        std::lock_guard guard(mutex);
+        if (stopped || lost.count(node)) {
+          why = stopped ? fmt::format("node {} stopped first", options.node_name)
+                        : fmt::format("node {} was lost: {}", node, lost[node]);
+          failed.swap(sends);
+          handing_on.erase(node);
+        } else {
+          for (auto& r : send_locked(self, node, std::move(sends)))
+            refused.push_back(std::move(r));
+          sends.clear();
+          if (waiting[node].empty()) {
+            handing_on.erase(node);
+            finished = true;
+          } else {
+            sends.swap(waiting[node]);
+          }
+        }
+      }
+      for (auto& [done, reason] : refused)
+        done(reason);
+      if (!failed.empty()) {
+        fail(failed, make_error(errc::io_error, "tensor to node {}: {}", node, why));
+        return;
+      }
+      if (finished)
+        return;
+    }
+  }
+
+  // Sends `sends` to ready `node` in order. Called with the mutex held;
+  // returns the refused sends, whose completions the caller runs after
+  // releasing it.
+  refusals send_locked(caf::event_based_actor* self, const std::string& node, std::deque<queued> sends) {
     refusals refused;
     if (!options.without_data_plane) {
       auto id = connected[node];
@@ -507,13 +578,19 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
   if (message.flow_id == 0)
     message.flow_id = trace::next_flow_id();
   // Both planes carry host memory: a device tensor leaving the process is
-  // staged through the host here (before the lock: the copy waits for the
-  // device). The device map for the destination says where it lands there.
+  // staged through the host. The copy is started here, after the kernels
+  // that write the tensor, and waited for by the router's actor, so the
+  // sender (a GPU stage) goes on queueing work meanwhile. The device map
+  // for the destination says where it lands there.
+  std::function<void()> staged;
   if (to.node != st.options.node_name && message.value.defined()) {
     if (auto map = st.options.device_maps.find(to.node); map != st.options.device_maps.end())
       message.meta.landing = map->second.find(message.value.where());
-    if (message.value.where().kind != device_kind::cpu)
-      message.value = message.value.to(device::cpu());
+    if (message.value.where().kind != device_kind::cpu) {
+      auto copy = start_copy_to_host(message.value);
+      message.value = std::move(copy.host);
+      staged = std::move(copy.wait);
+    }
   }
   std::unique_lock guard(st.mutex);
   if (trace::enabled()) {
@@ -556,7 +633,9 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
     return make_error(errc::io_error, "tensor to {}: node {} was lost: {}", message.meta.destination, to.node,
                       it->second);
   }
-  if (!st.options.without_data_plane) {
+  // Straight to a connected node, unless a send waits for the router's
+  // actor (it must not be overtaken) or this one does.
+  if (!st.options.without_data_plane && !staged && st.waiting[to.node].empty() && !st.handing_on.count(to.node)) {
     if (auto it = st.connected.find(to.node); it != st.connected.end()) {
       auto id = it->second;
       bool on_this_host = st.same_host.count(to.node) != 0;
@@ -574,13 +653,16 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
     }
   }
   auto& queue = st.waiting[to.node];
-  if (queue.size() + st.in_flight[to.node] >= st.options.max_queued_sends) {
+  // Bounded, except behind a staged send to a node the data plane is
+  // connected to: there they wait only for the device.
+  const bool bounded = st.options.without_data_plane || st.connected.count(to.node) == 0;
+  if (bounded && queue.size() + st.in_flight[to.node] >= st.options.max_queued_sends) {
     ++st.stats.refused;
     return make_error(errc::size_limit_exceeded,
                       "tensor to {}: {} sends already waiting for node {} (back-pressure; retry after a completion)",
                       message.meta.destination, queue.size() + st.in_flight[to.node], to.node);
   }
-  queue.push_back({std::move(message), std::move(done)});
+  queue.push_back({std::move(message), std::move(done), std::move(staged)});
   auto router_actor = st.actor;
   guard.unlock();
   caf::anon_send(router_actor, route_atom_v, to.node);

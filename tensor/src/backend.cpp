@@ -175,6 +175,10 @@ tensor backend::transfer(const tensor& source, device target) {
                                 target));
 }
 
+pending_host_copy backend::start_transfer_to_host(const tensor& source) {
+  return {transfer(source, device::cpu()), [] {}};
+}
+
 // The optimizer steps as whole-tensor ops, in the parameter's precision
 // (the element loops and fused kernels compute Adam in double per element).
 void backend::adam_step(tensor& param, const tensor& grad, tensor& m, tensor& v, const adam_step_args& s) {

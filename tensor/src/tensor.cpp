@@ -442,6 +442,13 @@ tensor tensor::to(device target) const {
   return kernels.transfer(contiguous(), target);
 }
 
+pending_host_copy start_copy_to_host(const tensor& t) {
+  require(t.defined(), "start_copy_to_host: undefined tensor");
+  if (t.where().kind == device_kind::cpu || t.numel() == 0)
+    return {t.to(device::cpu()).contiguous(), [] {}};
+  return backend_for(t.where(), "start_copy_to_host").start_transfer_to_host(t.contiguous());
+}
+
 void tensor::copy_from(const tensor& source) {
   require(defined() && source.defined(), "copy_from: undefined tensor");
   require(where() == source.where(), "copy_from: devices differ: {} and {} (move one with to(device))",

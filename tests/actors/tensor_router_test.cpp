@@ -25,6 +25,7 @@
 #include "troupe/actors/trace_reader.hpp"
 #include "troupe/actors/trace_report.hpp"
 #include "troupe/tensor/cuda.hpp"
+#include "troupe/tensor/ops.hpp"
 
 using namespace std::chrono_literals;
 using namespace troupe;
@@ -524,6 +525,35 @@ void check_device_maps(const tls_options& tls) {
 } // namespace
 
 TEST(TensorRouter, DeviceMapsPlaceTensorsAtTheReceiver) { check_device_maps({}); }
+
+TEST(TensorRouter, ADeviceTensorLeavingTheProcessCarriesTheWritesQueuedBeforeTheSend) {
+  // The sender does not wait for the kernels that write the tensor: the
+  // router's actor waits for its copy to the host. Sent while they may
+  // still be queued (nothing here waits for them), over UCX and through
+  // the arena, and the host bytes rewritten at once.
+  const test::cuda_or_emulated devices(1);
+  cluster_extras extras;
+  if (devices.emulated())
+    extras.worker_args.push_back("--emulate-devices");
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, {}, extras));
+  auto router = c.coordinator->router();
+  std::uint64_t step = 200;
+  for (std::size_t bytes : {std::size_t{4096}, std::size_t{1} << 20, std::size_t{4096}}) {
+    SCOPED_TRACE(bytes);
+    auto host = pattern(bytes, bytes + 1).to(dtype::float32);
+    const auto expected_sum = checksum(add(mul(host, 2.0), 1.0).to(dtype::uint8));
+    tensor_message m;
+    m.meta.kind = message_kind::forward_activation;
+    m.meta.step = ++step;
+    m.value = add(mul(host.to(device::cuda(0)), 2.0), 1.0).to(dtype::uint8);
+    host.fill(0.0);
+    ASSERT_TRUE(router->send(*place::parse("worker1/cpu/checker"), std::move(m)));
+    auto reply = c.box.wait_for_step(step, 15s);
+    ASSERT_TRUE(reply) << "no reply for step " << step << "; worker output:\n" << c.worker.output();
+    EXPECT_EQ(reply->context_id, expected_sum) << "the tensor left before its kernels had written it";
+  }
+}
 
 TEST(TensorRouter, DeviceMapsPlaceTensorsAtTheReceiverOverTls) {
   const auto& dir = cert_dir();

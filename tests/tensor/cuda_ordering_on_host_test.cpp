@@ -5,10 +5,14 @@
 //   a copy to the device must be ready while the kernels the thread queued
 //   before it have still not run. On a GPU that is the copy overlapping
 //   those kernels, which cannot be seen there without timing;
+// - a copy to the host started with start_copy_to_host runs only when
+//   waited for, and its pinned block is reused only after it ran;
 // - two threads reading one tensor at once: the memory is freed only after
 //   both reads, which on a GPU fails once in many runs, if ever.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include <cuda_runtime_api.h>
@@ -35,6 +39,13 @@ tensor numbered(std::int64_t count, int seed) {
   return t;
 }
 
+/// Runs what earlier tests left queued on any stream (frees on pooled
+/// streams of ended threads), so that waiting_work() counts this test's.
+void run_everything_queued() {
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  ASSERT_EQ(cuda_on_host::waiting_work(), 0u);
+}
+
 bool same_bytes(const tensor& a, const tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
@@ -47,8 +58,7 @@ TEST_P(CopiesToTheDevice, AreReadyWithoutRunningTheKernelsQueuedBeforeThem) {
   const auto count = GetParam();
   auto a = numbered(64 * 64, 1).reshape({64, 64}).to(gpu);
   auto b = numbered(64 * 64, 2).reshape({64, 64}).to(gpu);
-  cuda_synchronize(gpu);
-  ASSERT_EQ(cuda_on_host::waiting_work(), 0u);
+  ASSERT_NO_FATAL_FAILURE(run_everything_queued());
 
   auto product = matmul(a, b); // queued on this thread's stream of kernels
   const auto kernels_waiting = cuda_on_host::waiting_work();
@@ -67,8 +77,6 @@ TEST_P(CopiesToTheDevice, AreReadyWithoutRunningTheKernelsQueuedBeforeThem) {
   // what it would have been.
   EXPECT_TRUE(same_bytes(mul(copied, 2.0).to(device::cpu()), mul(expected, 2.0)));
   expect_close(product.to(device::cpu()), matmul(a.to(device::cpu()), b.to(device::cpu())), 1e-5);
-  cuda_synchronize(gpu);
-  EXPECT_EQ(cuda_on_host::waiting_work(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(OfEverySize, CopiesToTheDevice,
@@ -76,10 +84,56 @@ INSTANTIATE_TEST_SUITE_P(OfEverySize, CopiesToTheDevice,
 
 TEST(CopiesFromTheDevice, WaitForTheKernelsThatWroteTheTensor) {
   auto a = numbered(128 * 128, 4).reshape({128, 128}).to(gpu);
-  cuda_synchronize(gpu);
+  ASSERT_NO_FATAL_FAILURE(run_everything_queued());
   auto doubled = mul(a, 2.0);
   ASSERT_GT(cuda_on_host::waiting_work(), 0u);
   expect_close(doubled.to(device::cpu()), mul(a.to(device::cpu()), 2.0), 0.0);
+}
+
+/// Whether the stand-in refuses pinned memory in this run (the copies to
+/// the host then run at once).
+bool without_pinned_memory() {
+  const char* pinned = std::getenv("TROUPE_CUDA_ON_HOST_PINNED");
+  return pinned != nullptr && std::string(pinned) == "0";
+}
+
+TEST(StartedCopiesToTheHost, DoNotRunTheKernelsThatWriteTheTensorUntilWaitedFor) {
+  const auto host = numbered(4096, 6);
+  auto a = host.to(gpu);
+  ASSERT_NO_FATAL_FAILURE(run_everything_queued());
+  auto doubled = mul(a, 2.0);
+  auto pending = start_copy_to_host(doubled);
+  EXPECT_EQ(pending.host.where(), device::cpu());
+  if (without_pinned_memory())
+    EXPECT_EQ(cuda_on_host::waiting_work(), 0u) << "without pinned memory the copy runs at once";
+  else
+    EXPECT_GT(cuda_on_host::waiting_work(), 0u) << "starting the copy waited for the kernels";
+  pending.wait();
+  EXPECT_TRUE(same_bytes(pending.host, mul(host, 2.0)));
+
+  // A host tensor is its own copy.
+  auto on_cpu = numbered(16, 7);
+  auto same = start_copy_to_host(on_cpu);
+  same.wait();
+  EXPECT_TRUE(same.host.shares_storage_with(on_cpu));
+}
+
+TEST(StartedCopiesToTheHost, DroppedUnwaitedKeepTheirBlockUntilTheCopyRan) {
+  // A copy started on another thread and dropped before it ran: its pinned
+  // block must not serve the next copy while the first may still write it.
+  const auto first = numbered(4096, 8);
+  const auto second = numbered(4096, 9);
+  auto on_device = first.to(gpu);
+  cuda_synchronize(gpu);
+  std::thread dropper([&] {
+    auto doubled = mul(on_device, 1.0); // queued on this thread's stream
+    auto abandoned = start_copy_to_host(doubled);
+  });
+  dropper.join();
+  auto pending = start_copy_to_host(second.to(gpu));
+  pending.wait();
+  ASSERT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess); // what of the dropped copy had not run, runs now
+  EXPECT_TRUE(same_bytes(pending.host, second)) << "the dropped copy wrote into a block taken again";
 }
 
 TEST(TwoThreadsReadingOneTensor, FreeItOnlyAfterBothReads) {

@@ -123,6 +123,10 @@ public:
   /// stream that copies into it. The caller may free or change `source`'s
   /// host memory once it returns.
   virtual tensor transfer(const tensor& source, device target);
+  /// Starts copying contiguous, non-empty `source` (on this backend's kind)
+  /// to a new host tensor (start_copy_to_host). The default copies at once
+  /// with transfer and returns a wait that does nothing.
+  virtual pending_host_copy start_transfer_to_host(const tensor& source);
 
   // -- elementwise -----------------------------------------------------------
 

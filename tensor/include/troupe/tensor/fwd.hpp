@@ -9,6 +9,7 @@ enum class dtype : std::uint8_t;
 struct device;
 class storage;
 class tensor;
+struct pending_host_copy;
 class backend;
 struct generator;
 class usage_error;

@@ -1,6 +1,7 @@
 #pragma once
 // The tensor value handle: a typed, strided view of shared storage.
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -158,6 +159,22 @@ private:
   std::int64_t numel_ = 0;
   dtype dtype_ = dtype::float32;
 };
+
+/// A copy of a tensor on the host that may still be running: `host` holds
+/// the bytes once `wait()` has returned (until then they must not be read,
+/// and `host` must stay alive). Made by start_copy_to_host.
+struct pending_host_copy {
+  tensor host;
+  std::function<void()> wait;
+};
+
+/// Starts copying `t` to a new contiguous host tensor without waiting for
+/// the device: the copy is queued after the work, of any thread, that
+/// writes `t`, and `wait()` blocks until it has run. A thread that must not
+/// wait for its own kernels (a stage sending its output to another process)
+/// hands the waiting to another thread. For a CPU tensor: `t` itself (made
+/// contiguous) and a wait that returns at once.
+pending_host_copy start_copy_to_host(const tensor& t);
 
 /// Normalises a possibly negative dimension index for a tensor of `rank`;
 /// throws usage_error naming `op` when out of range.
