@@ -254,7 +254,6 @@ void order_after(cudaStream_t waiter, cudaStream_t producer) {
 }
 
 device_memory::device_memory(std::size_t bytes, device_context& context, cudaStream_t stream) : context_(context) {
-  device_guard guard(context.ordinal());
   last_user_.store(stream, std::memory_order_relaxed);
   if (bytes == 0)
     return;

@@ -173,7 +173,8 @@ void order_after(cudaStream_t waiter, cudaStream_t producer);
 
 /// Owns `bytes` of memory on a context's device, allocated in the order of
 /// `stream` (a stream of the calling thread's on that device), and tracks
-/// the stream that used it last (see the thread model above).
+/// the stream that used it last (see the thread model above). Made with
+/// the device current (the caller took `stream` under its device_guard).
 class device_memory {
 public:
   device_memory(std::size_t bytes, device_context& context, cudaStream_t stream);
