@@ -26,6 +26,9 @@
 #include "troupe/actors/trace_report.hpp"
 #include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
+#ifdef TROUPE_CUDA_ON_HOST
+#include <cuda_runtime_api.h>
+#endif
 
 using namespace std::chrono_literals;
 using namespace troupe;
@@ -548,7 +551,15 @@ TEST(TensorRouter, ADeviceTensorLeavingTheProcessCarriesTheWritesQueuedBeforeThe
     m.meta.step = ++step;
     m.value = add(mul(host.to(device::cuda(0)), 2.0), 1.0).to(dtype::uint8);
     host.fill(0.0);
+#ifdef TROUPE_CUDA_ON_HOST
+    // The stand-in's streams run work only when something waits for it: a
+    // sender that waited for its kernels would have run them itself.
+    const auto ran_before = cuda_on_host::work_run_on_this_thread();
+#endif
     ASSERT_TRUE(router->send(*place::parse("worker1/cpu/checker"), std::move(m)));
+#ifdef TROUPE_CUDA_ON_HOST
+    EXPECT_EQ(cuda_on_host::work_run_on_this_thread(), ran_before) << "the sender waited for its kernels";
+#endif
     auto reply = c.box.wait_for_step(step, 15s);
     ASSERT_TRUE(reply) << "no reply for step " << step << "; worker output:\n" << c.worker.output();
     EXPECT_EQ(reply->context_id, expected_sum) << "the tensor left before its kernels had written it";

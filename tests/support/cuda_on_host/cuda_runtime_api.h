@@ -127,5 +127,9 @@ void launching();
 /// every stream and have not run: what a test asks to see which work a
 /// synchronisation ran.
 std::uint64_t waiting_work();
+/// How many pieces of queued work the calling thread has run (waiting for
+/// them): what a test asks to see that a thread did not wait for its
+/// kernels.
+std::uint64_t work_run_on_this_thread();
 
 } // namespace cuda_on_host

@@ -111,6 +111,7 @@ runtime& state() {
 
 thread_local int current_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
+thread_local std::uint64_t work_run_here = 0;
 
 cudaError_t fail(cudaError_t status) {
   last_error = status;
@@ -156,6 +157,7 @@ void run_until(cudaStream_t stream, std::uint64_t position) {
     stream->pending.pop_front();
     work();
     ++stream->done;
+    ++work_run_here;
   }
 }
 
@@ -241,6 +243,10 @@ std::uint64_t waiting_work() {
   for (const auto& stream : state().streams)
     waiting += stream->queued - stream->done;
   return waiting;
+}
+
+std::uint64_t work_run_on_this_thread() {
+  return work_run_here;
 }
 
 std::recursive_mutex& runtime_lock() {
