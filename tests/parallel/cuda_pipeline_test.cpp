@@ -162,12 +162,20 @@ protected:
     expect_output_of_trained_reference(*pipe, want);
   }
 
-  test::cuda_or_emulated devices_{1}; // before job_: outlives it
+  test::cuda_or_emulated devices_{2}; // before job_: outlives it
   troupe::job job_ = troupe::job::local().value();
 };
 
 TEST_F(CudaPipeline, TwoStagesOnOneGpuEqualOneProcess) {
   train_and_compare({"worker0/cuda:0", "worker0/cuda:0"}, schedule_kind::one_f_one_b, 2);
+}
+
+TEST_F(CudaPipeline, StagesOnTwoGpusEqualOneProcess) {
+  // Activations and gradients cross from one device to the other; each
+  // stage's thread works on its own device.
+  if (devices_.ordinals() < 2)
+    GTEST_SKIP() << "needs two CUDA devices, this machine has " << devices_.ordinals();
+  train_and_compare({"worker0/cuda:0", "worker0/cuda:1"}, schedule_kind::one_f_one_b, 2);
 }
 
 TEST_F(CudaPipeline, ACpuStageFeedingAGpuStageEqualsOneProcess) {

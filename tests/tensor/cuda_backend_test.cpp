@@ -25,7 +25,7 @@ using test::values;
 using testing::AnyOf;
 using testing::HasSubstr;
 
-const device gpu = device::cuda(0);
+const device gpu = test::cuda_device_under_test();
 
 double tolerance(dtype type) {
   return type == dtype::float32 ? 1e-5 : 1e-12;
@@ -36,6 +36,9 @@ protected:
   void SetUp() override {
     if (cuda_device_count() == 0)
       GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+    if (gpu.index >= cuda_device_count())
+      GTEST_SKIP() << "the cases are to run on " << gpu.to_string() << ", this machine has " << cuda_device_count()
+                   << " CUDA device(s)";
   }
 };
 
@@ -230,8 +233,9 @@ TEST_F(CudaBackend, DeviceToDeviceCopy) {
   if (cuda_device_count() < 2)
     GTEST_SKIP() << "needs two CUDA devices, this machine has " << cuda_device_count();
   auto x = sample({100, 3}, 25, dtype::float32);
-  auto on_second = x.to(gpu).to(device::cuda(1));
-  EXPECT_EQ(on_second.where(), device::cuda(1));
+  const auto other = device::cuda(gpu.index == 0 ? 1 : 0);
+  auto on_second = x.to(gpu).to(other);
+  EXPECT_EQ(on_second.where(), other);
   expect_close(on_second, x, 0.0);
 }
 

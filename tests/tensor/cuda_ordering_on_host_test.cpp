@@ -27,7 +27,7 @@ namespace {
 
 using test::expect_close;
 
-const device gpu = device::cuda(0);
+const device gpu = test::cuda_device_under_test();
 
 /// A host tensor of `count` float32 values that differ from element to
 /// element and from `seed` to `seed`.

@@ -367,21 +367,21 @@ public:
     auto block = pinned_host_cache::instance().take(bytes);
     if (block.data == nullptr)
       return {transfer(source, device::cpu()), [] {}};
+    // In stream order after the kernels, of any thread, that wrote `source`.
+    on_device d(copy_stream, "start_copy_to_host", source);
+    // Made with the source's device current: an event is recorded only on
+    // a stream of the device it was made on.
+    auto copied = std::make_shared<device_event>();
     // The block goes back to the cache when the host tensor dies, once the
     // copy into it has run (a host tensor dropped unwaited, on an error
     // path, must not let the next copy into the block race this one).
-    auto copied = std::make_shared<device_event>();
     auto memory = storage::wrap(block.data, bytes, device::cpu(), [block, copied](void*) {
       copied->wait_quietly();
       pinned_host_cache::instance().give_back(block);
     });
     auto host = tensor::from_storage(memory, source.shape(), source.strides(), 0, source.type());
-    {
-      // In stream order after the kernels, of any thread, that wrote `source`.
-      on_device d(copy_stream, "start_copy_to_host", source);
-      TROUPE_CUDA_CHECK(cudaMemcpyAsync(block.data, source.raw_data(), bytes, cudaMemcpyDeviceToHost, d.stream()));
-      copied->record(d.stream());
-    }
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(block.data, source.raw_data(), bytes, cudaMemcpyDeviceToHost, d.stream()));
+    copied->record(d.stream());
     return {host, [copied] { copied->wait(); }};
   }
 

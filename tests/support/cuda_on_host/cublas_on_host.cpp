@@ -10,6 +10,7 @@
 #include <algorithm>
 
 struct cublasContext {
+  int device = 0; // current when it was made: the handle works only there
   cudaStream_t stream = nullptr;
 };
 
@@ -46,6 +47,11 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
   // stream runs the product.
   const T scale = *alpha;
   const T keep = *beta;
+  // Its kernels go to the handle's stream: a launch on a stream of another
+  // device than the current one fails, as does a handle used on another
+  // device than its own.
+  if (!cuda_on_host::may_launch_on(handle->stream) || cuda_on_host::device_of(handle->stream) != handle->device)
+    return CUBLAS_STATUS_EXECUTION_FAILED;
   cuda_on_host::enqueue(handle->stream, [=] {
     if (m == 0 || n == 0)
       return;
@@ -62,6 +68,8 @@ extern "C" {
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
   *handle = new cublasContext;
+  if (cudaGetDevice(&(*handle)->device) != cudaSuccess)
+    return CUBLAS_STATUS_NOT_INITIALIZED;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -89,6 +97,8 @@ const char* cublasGetStatusString(cublasStatus_t status) {
     return "the resource allocation failed";
   case CUBLAS_STATUS_INVALID_VALUE:
     return "an invalid numeric value was used as an argument";
+  case CUBLAS_STATUS_EXECUTION_FAILED:
+    return "the GPU program failed to execute";
   }
   return "unknown error";
 }

@@ -179,8 +179,8 @@ void run_grid(void (*kernel)(Params...), dim3 grid, dim3 block, const Args&... a
 
 /// kernel<<<grid, block, 0, stream>>>(args...) on the host: the returned
 /// callable takes the arguments and queues the grid on `stream`. A
-/// geometry CUDA refuses is refused here too, as cudaGetLastError then
-/// says.
+/// geometry CUDA refuses, or a stream of another device than the current
+/// one, is refused here too, as cudaGetLastError then says.
 template <class... Params> auto launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream) {
   return [=](auto... args) {
     const bool refused = block.x * block.y * block.z == 0 || block.x * block.y * block.z > 1024 || block.z > 64 ||
@@ -189,6 +189,8 @@ template <class... Params> auto launch(void (*kernel)(Params...), dim3 grid, dim
       set_last_error(cudaErrorInvalidConfiguration);
       return;
     }
+    if (!may_launch_on(stream))
+      return;
     launching();
     enqueue(stream, [=] { run_grid(kernel, grid, block, args...); });
   };

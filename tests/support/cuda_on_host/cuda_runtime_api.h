@@ -112,6 +112,15 @@ void enqueue(cudaStream_t stream, std::function<void()> work);
 /// under the runtime's lock before then would wait forever: that aborts,
 /// saying so; cudaStreamQuery instead reports it not ready.
 void enqueue_when(cudaStream_t stream, std::function<bool()> ready, std::function<void()> work);
+/// The device `stream` belongs to (the null stream: the current device's).
+int device_of(cudaStream_t stream);
+/// The device whose memory holds `pointer`; -1: pinned host memory; -2:
+/// neither (pageable host memory, or nothing allocated).
+int device_of_memory(const void* pointer);
+/// Whether a kernel may be launched on `stream`: only on a stream of the
+/// current device, as CUDA says; if not, cudaGetLastError then reports
+/// cudaErrorInvalidResourceHandle.
+bool may_launch_on(cudaStream_t stream);
 /// Makes cudaGetLastError report `status` (a refused launch).
 void set_last_error(cudaError_t status);
 /// The lock that serialises every call and the work it runs, for stand-ins

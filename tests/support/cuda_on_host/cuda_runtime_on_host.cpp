@@ -24,6 +24,13 @@
 // go unseen on the host: a copy's device side must lie in memory allocated
 // on a device (and its host side must not), a peer copy's pointers must be
 // on the devices it names, a freed pointer must have been allocated.
+// Streams and events belong to the device current when they were made, as
+// in CUDA's "Stream and Event Behavior": a kernel (cuBLAS's too) may be
+// launched only on a stream of the current device, an event recorded only
+// on a stream of its own device, and cudaMallocAsync takes the memory from
+// the stream's device. With two devices (the default), a thread that
+// forgot to make the right device current fails here as on a machine with
+// two GPUs.
 //
 // One lock serialises every call and the work it runs (kernels included):
 // the backend's threads may call at once, as actors do.
@@ -53,6 +60,7 @@ struct cuda_on_host_stream {
 };
 
 struct cuda_on_host_event {
+  int device = 0;
   cudaStream_t stream = nullptr; // of the last record; null: never recorded
   std::uint64_t position = 0;    // the stream's work queued at that record
 };
@@ -245,6 +253,23 @@ std::uint64_t waiting_work() {
   return waiting;
 }
 
+int device_of(cudaStream_t stream) {
+  return stream != nullptr ? stream->device : current_device;
+}
+
+int device_of_memory(const void* pointer) {
+  std::lock_guard lock(state().mutex);
+  const auto* found = find_block(pointer, 1);
+  return found != nullptr ? found->device : -2;
+}
+
+bool may_launch_on(cudaStream_t stream) {
+  if (device_of(stream) == current_device)
+    return true;
+  last_error = cudaErrorInvalidResourceHandle;
+  return false;
+}
+
 std::uint64_t work_run_on_this_thread() {
   return work_run_here;
 }
@@ -383,6 +408,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
   *event = new cuda_on_host_event;
+  (*event)->device = current_device;
   return cudaSuccess;
 }
 
@@ -394,7 +420,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   std::lock_guard lock(state().mutex);
-  if (event == nullptr)
+  if (event == nullptr || event->device != device_of(stream))
     return fail(cudaErrorInvalidResourceHandle);
   event->stream = stream;
   event->position = stream != nullptr ? stream->queued : 0;
@@ -427,7 +453,7 @@ cudaError_t cudaFree(void* pointer) {
 
 cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t stream) {
   std::lock_guard lock(state().mutex);
-  *pointer = allocate(bytes, current_device);
+  *pointer = allocate(bytes, device_of(stream));
   if (*pointer == nullptr)
     return fail(cudaErrorMemoryAllocation);
   // The block is the caller's only in `stream`'s order (a real pool may

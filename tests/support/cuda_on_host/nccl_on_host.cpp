@@ -12,6 +12,8 @@
 // runtime's lock guards the communicators too.
 // Members that differ in a collective's kind, count or type fail it with
 // ncclInvalidUsage; an aborted member leaves the others a remote error.
+// A communicator belongs to the device current at its initialisation: a
+// collective's stream and buffers must be on it (ncclInvalidArgument).
 #include "nccl.h"
 
 #include <unistd.h>
@@ -63,6 +65,7 @@ struct group {
 struct ncclComm {
   std::shared_ptr<group> members;
   int rank = 0;
+  int device = 0; // current at its initialisation
   std::uint64_t sequence = 0; // of this member's next collective
   ncclResult_t async = ncclSuccess;
   std::string last_error;
@@ -204,6 +207,13 @@ ncclResult_t join_collective(ncclComm_t comm, call asked, contribution part, cud
     return refuse(comm, ncclInvalidUsage, "the communicator was aborted");
   if (!supported(asked.type))
     return refuse(comm, ncclInvalidArgument, "unsupported data type");
+  // NCCL's argument checks: the stream and the buffers on the
+  // communicator's device.
+  if (cuda_on_host::device_of(stream) != comm->device)
+    return refuse(comm, ncclInvalidArgument, "the stream is not on the communicator's device");
+  for (const void* buffer : {part.send, static_cast<const void*>(part.receive)})
+    if (buffer != nullptr && cuda_on_host::device_of_memory(buffer) != comm->device)
+      return refuse(comm, ncclInvalidArgument, "a buffer is not on the communicator's device");
   auto& g = *comm->members;
   if (g.joined < g.ranks)
     return refuse(comm, ncclInvalidUsage, "the communicator is not initialised");
@@ -269,6 +279,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int ranks, ncclUniqueId id
   auto* made = new ncclComm;
   made->members = g;
   made->rank = rank;
+  made->device = device;
   g->members[static_cast<std::size_t>(rank)] = made;
   ++g->joined;
   *comm = made;
