@@ -8,7 +8,8 @@
 // - a copy to the host started with start_copy_to_host runs only when
 //   waited for, and its pinned block is reused only after it ran;
 // - two threads reading one tensor at once: the memory is freed only after
-//   both reads, which on a GPU fails once in many runs, if ever.
+//   both reads, which on a GPU fails once in many runs, if ever;
+// - ordering one thread's stream after another's reuses the thread's event.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -155,6 +156,24 @@ TEST(TwoThreadsReadingOneTensor, FreeItOnlyAfterBothReads) {
   // Runs b's stream, the free included; a's read must run before it.
   EXPECT_TRUE(same_bytes(by_b.to(device::cpu()), mul(host, 3.0)));
   EXPECT_TRUE(same_bytes(by_a.to(device::cpu()), mul(host, 2.0))) << "a read the tensor after b's stream freed it";
+}
+
+TEST(TensorsPassedBetweenThreads, AreOrderedWithoutMakingAnEventEachTime) {
+  // Each op here reads a tensor another thread wrote last: its stream is
+  // ordered after that thread's by an event the reading thread records
+  // anew each time (cuda_context.hpp, execution_stream::ordering).
+  const auto host = numbered(1024, 6);
+  auto t = host.to(gpu);
+  auto on_another_thread = [&] { std::thread([&] { t = mul(t, 1.0); }).join(); };
+  on_another_thread(); // the pooled streams and events of both threads exist from here on
+  t = add(t, 1.0);
+  const auto made = cuda_on_host::events_made();
+  for (int i = 0; i < 10; ++i) {
+    on_another_thread();
+    t = add(t, 1.0);
+  }
+  EXPECT_EQ(cuda_on_host::events_made(), made) << "events made for 20 orderings between two threads";
+  EXPECT_TRUE(same_bytes(t.to(device::cpu()), add(host, 11.0)));
 }
 
 } // namespace

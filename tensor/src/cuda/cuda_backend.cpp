@@ -154,7 +154,7 @@ public:
     // reports it, and a destructor must not throw.
     try {
       for (std::size_t i = 0; i < count_; ++i)
-        memory_[i]->after_use(stream());
+        memory_[i]->after_use(stream(), queue_.ordering.get());
     } catch (...) {
     }
   }
@@ -169,7 +169,7 @@ public:
 private:
   void order_before() {
     for (std::size_t i = 0; i < count_; ++i)
-      memory_[i]->before_use(stream());
+      memory_[i]->before_use(stream(), queue_.ordering.get());
   }
 
   void track(const tensor& t) {

@@ -86,6 +86,15 @@ device_guard::~device_guard() {
     static_cast<void>(cudaSetDevice(previous_));
 }
 
+cuda_event::cuda_event() {
+  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+}
+
+cuda_event::~cuda_event() {
+  // Waits already queued on it keep what they need.
+  static_cast<void>(cudaEventDestroy(event_));
+}
+
 cuda_stream::cuda_stream() {
   TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
@@ -239,18 +248,9 @@ device_context& context_for(device where, const char* op) {
   return *slot;
 }
 
-void order_after(cudaStream_t waiter, cudaStream_t producer) {
-  cudaEvent_t event = nullptr;
-  TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  auto recorded = cudaEventRecord(event, producer);
-  auto waited = recorded == cudaSuccess ? cudaStreamWaitEvent(waiter, event, 0) : recorded;
-  // Destroying an event that a stream still waits for is allowed: the wait
-  // keeps what it needs.
-  static_cast<void>(cudaEventDestroy(event));
-  if (recorded != cudaSuccess)
-    throw_cuda_error(recorded, "cudaEventRecord(producer stream)", __FILE__, __LINE__);
-  if (waited != cudaSuccess)
-    throw_cuda_error(waited, "cudaStreamWaitEvent(waiting stream)", __FILE__, __LINE__);
+void order_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t event) {
+  TROUPE_CUDA_CHECK(cudaEventRecord(event, producer));
+  TROUPE_CUDA_CHECK(cudaStreamWaitEvent(waiter, event, 0));
 }
 
 device_memory::device_memory(std::size_t bytes, device_context& context, cudaStream_t stream) : context_(context) {
@@ -284,24 +284,24 @@ device_memory::~device_memory() {
 // The fast paths read last_user_ without the lock: a tensor handed to
 // another thread arrives through a message, whose queue orders the sender's
 // store before the receiver's load.
-void device_memory::before_use(cudaStream_t stream) {
+void device_memory::before_use(cudaStream_t stream, cudaEvent_t ordering) {
   if (last_user_.load(std::memory_order_acquire) == stream)
     return;
   std::lock_guard lock(mutex_);
   auto last = last_user_.load(std::memory_order_relaxed);
   if (last == stream)
     return;
-  order_after(stream, last);
+  order_after(stream, last, ordering);
   last_user_.store(stream, std::memory_order_release);
 }
 
-void device_memory::after_use(cudaStream_t stream) {
+void device_memory::after_use(cudaStream_t stream, cudaEvent_t ordering) {
   if (last_user_.load(std::memory_order_acquire) == stream)
     return;
   std::lock_guard lock(mutex_);
   auto last = last_user_.load(std::memory_order_relaxed);
   if (last != stream)
-    order_after(last, stream);
+    order_after(last, stream, ordering);
 }
 
 void device_memory::synchronize() {

@@ -75,6 +75,19 @@ private:
   cudaStream_t stream_ = nullptr;
 };
 
+/// An event (without timing) of the current device.
+class cuda_event {
+public:
+  cuda_event();
+  ~cuda_event();
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+  cudaEvent_t get() const noexcept { return event_; }
+
+private:
+  cudaEvent_t event_ = nullptr;
+};
+
 /// A cuBLAS handle on the current device, issuing its work to `stream`.
 class cublas_handle {
 public:
@@ -126,6 +139,10 @@ struct execution_stream {
   cublas_handle blas{stream.get()};
   cuda_stream copies;
   host_staging staging;
+  /// Recorded anew for each ordering of one of these streams after
+  /// another thread's (order_after): one event per thread and device
+  /// rather than one made and destroyed each time.
+  cuda_event ordering;
   /// The cuDNN handle issuing to `stream`, made by the stream's first
   /// convolution (cudnn_convolution.cpp); held without its type so that
   /// this header needs no cuDNN.
@@ -168,8 +185,10 @@ std::string unavailable_reason(device where);
 device_context& context_for(device where, const char* op);
 
 /// Makes `waiter` wait (on the device, not the host) for everything queued
-/// on `producer` so far.
-void order_after(cudaStream_t waiter, cudaStream_t producer);
+/// on `producer` so far, through `event` (of their device). A wait is for
+/// the event's record as of the wait call, so the caller may record the
+/// same event again at once: the calling thread passes its own.
+void order_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t event);
 
 /// Owns `bytes` of memory on a context's device, allocated in the order of
 /// `stream` (a stream of the calling thread's on that device), and tracks
@@ -184,12 +203,13 @@ public:
   void* data() const noexcept { return data_; }
 
   /// Before `stream` queues work on this memory: orders it after the last
-  /// user's work and makes `stream` the last user.
-  void before_use(cudaStream_t stream);
+  /// user's work and makes `stream` the last user. `ordering` is the
+  /// calling thread's event for order_after.
+  void before_use(cudaStream_t stream, cudaEvent_t ordering);
   /// After `stream` queued its work: when another thread became the last
   /// user meanwhile (two threads reading one tensor at once), orders that
   /// stream after this work too, so the memory is freed after both.
-  void after_use(cudaStream_t stream);
+  void after_use(cudaStream_t stream, cudaEvent_t ordering);
   /// Blocks the calling thread until the work queued on this memory so far
   /// has run.
   void synchronize();

@@ -140,5 +140,7 @@ std::uint64_t waiting_work();
 /// them): what a test asks to see that a thread did not wait for its
 /// kernels.
 std::uint64_t work_run_on_this_thread();
+/// How many events have been made (cudaEventCreateWithFlags) so far.
+std::uint64_t events_made();
 
 } // namespace cuda_on_host

@@ -36,6 +36,7 @@
 // the backend's threads may call at once, as actors do.
 #include "cuda_runtime_api.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -120,6 +121,7 @@ runtime& state() {
 thread_local int current_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local std::uint64_t work_run_here = 0;
+std::atomic<std::uint64_t> events_created{0};
 
 cudaError_t fail(cudaError_t status) {
   last_error = status;
@@ -270,6 +272,10 @@ bool may_launch_on(cudaStream_t stream) {
   return false;
 }
 
+std::uint64_t events_made() {
+  return events_created.load();
+}
+
 std::uint64_t work_run_on_this_thread() {
   return work_run_here;
 }
@@ -409,6 +415,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
   *event = new cuda_on_host_event;
   (*event)->device = current_device;
+  ++events_created;
   return cudaSuccess;
 }
 
