@@ -130,6 +130,7 @@ done
 # Every op again on cuda:1, the thread's current device left at cuda:0
 # (skips, saying so, on a machine with one GPU).
 run_test tensor/tensor.cuda_backend_test 'CudaBackend.*' TROUPE_TEST_CUDA_DEVICE=1
+run_test autograd/autograd.cuda_training_test 'CudaTraining.*' TROUPE_TEST_CUDA_DEVICE=1
 # The convolutions again on troupe's own kernels (the runs above used cuDNN
 # where the machine has it).
 run_test tensor/tensor.cuda_backend_test '*Convolution*' TROUPE_CUDNN=off

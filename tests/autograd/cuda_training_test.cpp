@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "cuda_device_under_test.hpp"
 #include "emulated_device.hpp"
 #include "troupe/autograd/backward.hpp"
 #include "troupe/autograd/functions.hpp"
@@ -22,7 +23,7 @@
 namespace troupe::nn {
 namespace {
 
-const device gpu = device::cuda(0);
+const device gpu = test::cuda_device_under_test();
 
 struct run_result {
   std::vector<double> losses;
@@ -62,7 +63,13 @@ run_result train_gpt(device where, dtype type, int steps) {
 
 class CudaTraining : public ::testing::Test {
 protected:
-  test::cuda_or_emulated devices_{1};
+  void SetUp() override {
+    if (devices_.ordinals() <= gpu.index)
+      GTEST_SKIP() << "the cases are to run on " << gpu.to_string() << ", this machine has " << devices_.ordinals()
+                   << " CUDA device(s)";
+  }
+
+  test::cuda_or_emulated devices_{gpu.index + 1};
 };
 
 void expect_same_results(const run_result& on_gpu, const run_result& on_cpu, double loss_tolerance,

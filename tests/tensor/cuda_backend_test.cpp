@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_device_under_test.hpp"
 #include "test_util.hpp"
 #include "troupe/tensor/backend.hpp"
 #include "troupe/tensor/cuda.hpp"

@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include "cuda_device_under_test.hpp"
 #include "test_util.hpp"
 #include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"

@@ -2,7 +2,6 @@
 // Helpers shared by the tensor tests: deterministic inputs, float64
 // references and finite differences.
 #include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -13,14 +12,6 @@
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::test {
-
-/// Where the CUDA cases run: cuda:0, or the device TROUPE_TEST_CUDA_DEVICE
-/// names. On cuda:1 they show that every op makes its device current
-/// itself: the test's thread leaves cuda:0 current throughout.
-inline device cuda_device_under_test() {
-  const char* ordinal = std::getenv("TROUPE_TEST_CUDA_DEVICE");
-  return device::cuda(ordinal != nullptr ? std::atoi(ordinal) : 0);
-}
 
 /// A tensor of the given shape and dtype holding `values` (row-major).
 inline tensor make(const std::vector<double>& values, const dims& shape,
