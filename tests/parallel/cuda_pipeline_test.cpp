@@ -225,14 +225,16 @@ bool is_stage_child(int argc, char** argv) { return argc > 1 && std::string_view
 
 /// worker1: a node with the stage factory, until stdin closes.
 int run_stage_child(int argc, char** argv) {
-  test::cuda_or_emulated devices(1); // as the parent has
+  test::cuda_or_emulated devices(2); // as the parent has
   return test::serve_as_child_node(argc, argv, [](actors::node& node) {
     register_stage_factory(node, recipe());
     return std::function<void()>{};
   });
 }
 
-TEST_F(CudaPipeline, StagesInTwoProcessesOnOneGpuEqualOneProcess) {
+/// Trains through stages at `places` in this process (worker0) and a child
+/// (worker1), and compares with the whole model trained on cuda:0.
+void train_in_two_processes_and_compare(const std::vector<std::string>& places) {
   const auto want = train_alone(device::cuda(0));
   test::cluster cluster;
   ASSERT_NO_FATAL_FAILURE(test::start_cluster(cluster, 2, "--stage-child"));
@@ -240,7 +242,7 @@ TEST_F(CudaPipeline, StagesInTwoProcessesOnOneGpuEqualOneProcess) {
   ASSERT_TRUE(cluster.workers[0].wait_for("READY", 30s)) << cluster.workers[0].output();
   {
     auto o = pipeline_options_from(recipe());
-    o.places = {"worker0/cuda:0", "worker1/cuda:0"};
+    o.places = places;
     o.micro_batches = 2;
     o.timeout = 60s;
     auto pipe = pipeline::create(*cluster.coordinator, o);
@@ -253,6 +255,17 @@ TEST_F(CudaPipeline, StagesInTwoProcessesOnOneGpuEqualOneProcess) {
     expect_equal_losses(want, losses);
     expect_output_of_trained_reference(*pipe, want);
   }
+}
+
+TEST_F(CudaPipeline, StagesInTwoProcessesOnOneGpuEqualOneProcess) {
+  train_in_two_processes_and_compare({"worker0/cuda:0", "worker1/cuda:0"});
+}
+
+TEST_F(CudaPipeline, StagesInTwoProcessesOnTwoGpusEqualOneProcess) {
+  // The activations leave cuda:0 through the host and land on cuda:1.
+  if (devices_.ordinals() < 2)
+    GTEST_SKIP() << "needs two CUDA devices, this machine has " << devices_.ordinals();
+  train_in_two_processes_and_compare({"worker0/cuda:0", "worker1/cuda:1"});
 }
 
 // -- without a device --------------------------------------------------------
