@@ -267,29 +267,6 @@ void strided_gemm(execution_stream& queue, const blas_operand& a, const blas_ope
   }
 }
 
-/// An event recorded once on a stream, waited for by the host: the end of
-/// a copy that start_transfer_to_host's caller waits for on another thread.
-class device_event {
-public:
-  device_event() { TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
-  ~device_event() { static_cast<void>(cudaEventDestroy(event_)); }
-  device_event(const device_event&) = delete;
-  device_event& operator=(const device_event&) = delete;
-
-  void record(cudaStream_t stream) { TROUPE_CUDA_CHECK(cudaEventRecord(event_, stream)); }
-  /// Blocks until the work before the record has run; throws cuda_error
-  /// when it failed. An event never recorded counts as done.
-  void wait() const { TROUPE_CUDA_CHECK(cudaEventSynchronize(event_)); }
-  /// As wait(), for destructors: a failure was reported to whoever waited.
-  void wait_quietly() const noexcept {
-    if (cudaEventSynchronize(event_) != cudaSuccess)
-      cudaGetLastError();
-  }
-
-private:
-  cudaEvent_t event_ = nullptr;
-};
-
 /// `bytes` on `where` (context's device, current), allocated in the order
 /// of `stream`, one of the calling thread's streams on it.
 std::shared_ptr<storage> allocate_in_order(std::size_t bytes, device where, device_context& context,
@@ -371,18 +348,20 @@ public:
     on_device d(copy_stream, "start_copy_to_host", source);
     // Made with the source's device current: an event is recorded only on
     // a stream of the device it was made on.
-    auto copied = std::make_shared<device_event>();
+    auto copied = std::make_shared<cuda_event>();
     // The block goes back to the cache when the host tensor dies, once the
     // copy into it has run (a host tensor dropped unwaited, on an error
-    // path, must not let the next copy into the block race this one).
+    // path, must not let the next copy into the block race this one). A
+    // failure there was reported to whoever waited.
     auto memory = storage::wrap(block.data, bytes, device::cpu(), [block, copied](void*) {
-      copied->wait_quietly();
+      if (cudaEventSynchronize(copied->get()) != cudaSuccess)
+        cudaGetLastError();
       pinned_host_cache::instance().give_back(block);
     });
     auto host = tensor::from_storage(memory, source.shape(), source.strides(), 0, source.type());
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(block.data, source.raw_data(), bytes, cudaMemcpyDeviceToHost, d.stream()));
-    copied->record(d.stream());
-    return {host, [copied] { copied->wait(); }};
+    TROUPE_CUDA_CHECK(cudaEventRecord(copied->get(), d.stream()));
+    return {host, [copied] { TROUPE_CUDA_CHECK(cudaEventSynchronize(copied->get())); }};
   }
 
   // -- elementwise --------------------------------------------------------------------
