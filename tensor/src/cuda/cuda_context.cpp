@@ -126,9 +126,6 @@ cublas_handle::~cublas_handle() {
 }
 
 host_staging::~host_staging() {
-  for (auto event : drained_)
-    if (event != nullptr)
-      static_cast<void>(cudaEventDestroy(event));
   if (pinned_ != nullptr)
     static_cast<void>(cudaFreeHost(pinned_));
 }
@@ -145,20 +142,18 @@ bool host_staging::copy_to_device(void* destination, const void* source, std::si
       unavailable_ = true;
       return false;
     }
-    for (auto& event : drained_)
-      TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
   for (std::size_t done = 0; done < bytes; done += slot_bytes) {
     const auto piece = std::min(slot_bytes, bytes - done);
     const auto slot = next_;
     next_ = (next_ + 1) % slot_count;
     // The slot's previous DMA must have read it (usually long ago).
-    TROUPE_CUDA_CHECK(cudaEventSynchronize(drained_[slot]));
+    TROUPE_CUDA_CHECK(cudaEventSynchronize(drained_[slot].get()));
     auto* staged = static_cast<std::byte*>(pinned_) + slot * slot_bytes;
     std::memcpy(staged, static_cast<const std::byte*>(source) + done, piece);
     TROUPE_CUDA_CHECK(
       cudaMemcpyAsync(static_cast<std::byte*>(destination) + done, staged, piece, cudaMemcpyHostToDevice, stream));
-    TROUPE_CUDA_CHECK(cudaEventRecord(drained_[slot], stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(drained_[slot].get(), stream));
   }
   return true;
 }

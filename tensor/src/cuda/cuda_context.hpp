@@ -127,7 +127,7 @@ public:
 private:
   void* pinned_ = nullptr;
   bool unavailable_ = false;
-  std::array<cudaEvent_t, slot_count> drained_{};
+  std::array<cuda_event, slot_count> drained_; // an event never recorded counts as done
   std::size_t next_ = 0;
 };
 
