@@ -343,7 +343,7 @@ public:
     const auto bytes = source.nbytes();
     auto block = pinned_host_cache::instance().take(bytes);
     if (block.data == nullptr)
-      return {transfer(source, device::cpu()), [] {}};
+      return backend::start_transfer_to_host(source); // copies at once, into pageable memory
     // In stream order after the kernels, of any thread, that wrote `source`.
     on_device d(copy_stream, "start_copy_to_host", source);
     // Made with the source's device current: an event is recorded only on
