@@ -7,10 +7,16 @@
 // cuda tensor where there is none is a usage_error that names the device —
 // never a crash or a silently wrong result.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
+#include <string_view>
 #include <thread>
 #include <vector>
+
+#ifdef TROUPE_CUDA_ON_HOST
+#include <cuda_runtime_api.h>
+#endif
 
 #include "cuda_device_under_test.hpp"
 #include "test_util.hpp"
@@ -407,9 +413,13 @@ TEST_F(CudaBackend, EmbeddingBagsMatchTheCpu) {
 // padding, a 5 x 5 kernel over a batch of 5, 64 -> 64 channels at 7 x 7, and
 // input that is a non-contiguous view. gpu_check.sh runs this once as the
 // machine has it (cuDNN where loaded) and once with TROUPE_CUDNN=off
-// (troupe's im2col kernels).
+// (troupe's im2col kernels). On the stand-in CUDA, its cuDNN runs every
+// pass, or none with TROUPE_CUDNN=off.
 TEST_F(CudaBackend, ConvolutionsOfManyShapesMatchTheCpu) {
   std::printf("conv2d on CUDA: %s\n", cuda_convolution().c_str());
+#ifdef TROUPE_CUDA_ON_HOST
+  const auto passes_before = cuda_on_host::library_passes();
+#endif
   struct conv_case {
     dims input, weight;
     conv2d_options options;
@@ -441,6 +451,29 @@ TEST_F(CudaBackend, ConvolutionsOfManyShapesMatchTheCpu) {
       EXPECT_FALSE(weight_only.input.defined());
       expect_close(weight_only.weight, want.weight, tol);
     }
+  }
+#ifdef TROUPE_CUDA_ON_HOST
+  // Per case and dtype: the forward, both gradients, the weight's alone.
+  const char* choice = std::getenv("TROUPE_CUDNN");
+  const bool cudnn_off = choice != nullptr && (std::string_view(choice) == "off" || std::string_view(choice) == "0");
+  EXPECT_EQ(cuda_on_host::library_passes() - passes_before, cudnn_off ? 0u : 2 * std::size(cases) * 4)
+    << "passes the stand-in cuDNN ran";
+#endif
+}
+
+// Distributed training is checked against one process bit for bit, so a
+// convolution's gradients must not depend on the run: cuDNN's algorithms
+// that sum with atomics (in a new order each time) are not taken.
+TEST_F(CudaBackend, ConvolutionGradientsAreTheSameBitsEveryTime) {
+  auto input = sample({6, 8, 9, 9}, 90, dtype::float32).to(gpu);
+  auto weight = sample({12, 8, 3, 3}, 91, dtype::float32).to(gpu);
+  const conv2d_options options{1, 1};
+  auto grad = sample({6, 12, 9, 9}, 92, dtype::float32).to(gpu);
+  const auto first = conv2d_backward(grad, input, weight, true, options);
+  for (int run = 0; run < 3; ++run) {
+    const auto again = conv2d_backward(grad, input, weight, true, options);
+    EXPECT_EQ(values(again.input), values(first.input)) << "run " << run;
+    EXPECT_EQ(values(again.weight), values(first.weight)) << "run " << run;
   }
 }
 

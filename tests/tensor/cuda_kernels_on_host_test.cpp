@@ -5,6 +5,7 @@
 // one); this checks what a GPU is not needed for.
 #include <array>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include "test_util.hpp"
 #include "troupe/tensor/backend.hpp"
+#include "troupe/tensor/cuda.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
 
@@ -438,6 +440,48 @@ TEST(CudaKernelsOnHost, IndexedReadsAndAccumulationsAreTheCpus) {
       expect_close(got, want, tolerance(type));
     }
   }
+}
+
+// The backend enables no peer access, so on a machine with two GPUs a
+// kernel given the other GPU's memory faults; the stand-in refuses it at
+// the launch, saying so (what shows a stage that forgot to move a tensor
+// onto its own device).
+TEST(CudaKernelsOnHost, AKernelGivenAnotherDevicesMemoryIsRefused) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2)
+    GTEST_SKIP() << "the stand-in runtime has " << devices << " devices";
+  void* mine = nullptr;
+  void* other = nullptr;
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&other, 64), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&mine, 64), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  kernels::index_space shape;
+  shape.rank = 1;
+  shape.sizes[0] = 16;
+  shape.numel = 16;
+  shape.contiguous = true;
+  kernels::operand out;
+  out.type = kernels::element::float32;
+  out.strides[0] = 1;
+  out.data = mine;
+  EXPECT_NO_THROW(kernels::launch_fill(shape, out, 1.0, stream));
+  out.data = other;
+  try {
+    kernels::launch_fill(shape, out, 1.0, stream);
+    ADD_FAILURE() << "a kernel on cuda:0 was launched with cuda:1's memory";
+  } catch (const cuda_error& e) {
+    EXPECT_NE(std::string(e.what()).find("illegal memory access"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  EXPECT_EQ(cudaFree(mine), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  EXPECT_EQ(cudaFree(other), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
 } // namespace

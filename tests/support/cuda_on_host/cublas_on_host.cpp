@@ -49,8 +49,9 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
   const T keep = *beta;
   // Its kernels go to the handle's stream: a launch on a stream of another
   // device than the current one fails, as does a handle used on another
-  // device than its own.
-  if (!cuda_on_host::may_launch_on(handle->stream) || cuda_on_host::device_of(handle->stream) != handle->device)
+  // device than its own, or matrices in another device's memory.
+  if (!cuda_on_host::may_launch_on(handle->stream) || cuda_on_host::device_of(handle->stream) != handle->device ||
+      !cuda_on_host::may_access_from(handle->stream, {a, b, c}))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   cuda_on_host::enqueue(handle->stream, [=] {
     if (m == 0 || n == 0)

@@ -21,12 +21,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include <ucontext.h>
@@ -177,10 +179,22 @@ void run_grid(void (*kernel)(Params...), dim3 grid, dim3 block, const Args&... a
   known[key] = !barrier_called;
 }
 
+/// The memory a kernel argument points into: a pointer's, or the `data`
+/// of a struct that carries one (the kernels' operand); null otherwise.
+template <class A> const void* memory_of(const A& argument) {
+  if constexpr (std::is_pointer_v<A>)
+    return argument;
+  else if constexpr (requires { { argument.data } -> std::convertible_to<const void*>; })
+    return argument.data;
+  else
+    return nullptr;
+}
+
 /// kernel<<<grid, block, 0, stream>>>(args...) on the host: the returned
 /// callable takes the arguments and queues the grid on `stream`. A
-/// geometry CUDA refuses, or a stream of another device than the current
-/// one, is refused here too, as cudaGetLastError then says.
+/// geometry CUDA refuses, a stream of another device than the current
+/// one, or an argument in another device's memory, is refused here too,
+/// as cudaGetLastError then says.
 template <class... Params> auto launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream) {
   return [=](auto... args) {
     const bool refused = block.x * block.y * block.z == 0 || block.x * block.y * block.z > 1024 || block.z > 64 ||
@@ -189,7 +203,7 @@ template <class... Params> auto launch(void (*kernel)(Params...), dim3 grid, dim
       set_last_error(cudaErrorInvalidConfiguration);
       return;
     }
-    if (!may_launch_on(stream))
+    if (!may_launch_on(stream) || !may_access_from(stream, {memory_of(args)...}))
       return;
     launching();
     enqueue(stream, [=] { run_grid(kernel, grid, block, args...); });

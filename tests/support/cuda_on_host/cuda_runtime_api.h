@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <mutex>
 
 struct uint3 {
@@ -39,6 +40,7 @@ enum cudaError_t {
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
 };
 
 enum cudaMemcpyKind {
@@ -121,6 +123,12 @@ int device_of_memory(const void* pointer);
 /// current device, as CUDA says; if not, cudaGetLastError then reports
 /// cudaErrorInvalidResourceHandle.
 bool may_launch_on(cudaStream_t stream);
+/// Whether a kernel on `stream` may be given `pointers` (its arguments'
+/// memory; null ones are skipped): not into another device's memory. The
+/// backend enables no peer access, so on a machine with two GPUs such a
+/// kernel faults; here it is refused, saying so on stderr, and
+/// cudaGetLastError reports cudaErrorIllegalAddress.
+bool may_access_from(cudaStream_t stream, std::initializer_list<const void*> pointers);
 /// Makes cudaGetLastError report `status` (a refused launch).
 void set_last_error(cudaError_t status);
 /// The lock that serialises every call and the work it runs, for stand-ins
@@ -142,5 +150,10 @@ std::uint64_t waiting_work();
 std::uint64_t work_run_on_this_thread();
 /// How many events have been made (cudaEventCreateWithFlags) so far.
 std::uint64_t events_made();
+/// Counts one queued pass of a stand-in library (the stand-in cuDNN's
+/// convolutions), for a test to see that it ran the op, not a fallback.
+void count_library_pass();
+/// How many passes count_library_pass has counted so far.
+std::uint64_t library_passes();
 
 } // namespace cuda_on_host

@@ -122,6 +122,7 @@ thread_local int current_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local std::uint64_t work_run_here = 0;
 std::atomic<std::uint64_t> events_created{0};
+std::atomic<std::uint64_t> library_passes_queued{0};
 
 cudaError_t fail(cudaError_t status) {
   last_error = status;
@@ -272,8 +273,33 @@ bool may_launch_on(cudaStream_t stream) {
   return false;
 }
 
+bool may_access_from(cudaStream_t stream, std::initializer_list<const void*> pointers) {
+  std::lock_guard lock(state().mutex);
+  const int device = device_of(stream);
+  for (const void* pointer : pointers) {
+    const auto* found = pointer != nullptr ? find_block(pointer, 1) : nullptr;
+    if (found != nullptr && found->device >= 0 && found->device != device) {
+      std::fprintf(stderr,
+                   "cuda_on_host: a kernel queued on a stream of cuda:%d was given a pointer into cuda:%d's memory: "
+                   "without peer access, a GPU faults there (cudaErrorIllegalAddress)\n",
+                   device, found->device);
+      last_error = cudaErrorIllegalAddress;
+      return false;
+    }
+  }
+  return true;
+}
+
 std::uint64_t events_made() {
   return events_created.load();
+}
+
+void count_library_pass() {
+  ++library_passes_queued;
+}
+
+std::uint64_t library_passes() {
+  return library_passes_queued.load();
 }
 
 std::uint64_t work_run_on_this_thread() {
@@ -316,6 +342,8 @@ const char* cudaGetErrorString(cudaError_t status) {
     return "invalid resource handle";
   case cudaErrorNotReady:
     return "device not ready";
+  case cudaErrorIllegalAddress:
+    return "an illegal memory access was encountered";
   }
   return "unrecognized error code";
 }
