@@ -3,18 +3,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <mutex>
 #include <set>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "blocking_worker.hpp"
 #include "troupe/actors/error_category.hpp"
 #include "troupe/actors/message_types.hpp"
 #include "troupe/tensor/streaming_copy.hpp"
@@ -48,8 +52,8 @@ struct tensor_router::impl {
     tensor_message message;
     completion_callback done;
     /// A device tensor staged to the host (start_copy_to_host): blocks until
-    /// message.value holds its bytes. Run by the router's actor, never with
-    /// `mutex` held; empty otherwise.
+    /// message.value holds its bytes. Run by `stager`, never with `mutex`
+    /// held; empty otherwise.
     std::function<void()> staged;
   };
 
@@ -67,6 +71,7 @@ struct tensor_router::impl {
   std::map<std::string, caf::actor> agents;        // node -> its agent (TLS)
   std::map<std::string, std::deque<queued>> waiting; // node -> sends not yet handed on
   std::set<std::string> handing_on;                 // nodes whose sends the router's actor is handing on
+  std::map<std::string, std::deque<queued>> staged_ready; // node -> sends on the host now, for the actor to hand on
   std::map<std::string, std::size_t> in_flight;    // node -> TLS sends awaiting the peer's ok
   std::map<std::string, std::string> lost;         // node -> why
   std::map<std::string, trace::name_id> trace_names;
@@ -85,6 +90,10 @@ struct tensor_router::impl {
   std::atomic<std::size_t> copy_min{SIZE_MAX};
   std::atomic<std::uint64_t> arena_sends{0}, arena_copies{0}, arena_fallbacks{0}, arena_receives{0},
       arena_refused{0};
+
+  // Waits for device tensors' copies to the host (hand_on). The last
+  // member: destroyed first, it finishes its jobs, which use the others.
+  blocking_worker stager;
 
   template <class... Ts> void log(fmt::format_string<Ts...> format, Ts&&... args) {
     fmt::print(stderr, "troupe router [{}]: {}\n", options.node_name,
@@ -241,6 +250,17 @@ struct tensor_router::impl {
     std::deque<queued> sends;
     {
       std::lock_guard guard(mutex);
+      if (auto ready = staged_ready.find(node); ready != staged_ready.end()) {
+        sends.swap(ready->second); // the node is still being handed on
+        staged_ready.erase(ready);
+      }
+    }
+    if (!sends.empty()) {
+      hand_on(self, node, std::move(sends));
+      return;
+    }
+    {
+      std::lock_guard guard(mutex);
       if (stopped || lost.count(node) || waiting[node].empty() || handing_on.count(node))
         return;
       const bool ready = options.without_data_plane ? agents.count(node) != 0 : connected.count(node) != 0;
@@ -330,39 +350,35 @@ struct tensor_router::impl {
     return sends;
   }
 
-  // Hands `sends` (taken by take_waiting_locked) on in order: first waits,
-  // without the mutex, for the device tensors among them to reach the host
-  // (the senders did not wait: a GPU stage goes on queueing its next
-  // micro-batch), then sends them; then what was queued meanwhile, until
-  // nothing waits.
+  // Why sends to `node` can no longer go (this node stopped, or that one
+  // was lost); empty while they can. Called with the mutex held.
+  std::string closed_locked(const std::string& node) {
+    if (stopped)
+      return fmt::format("node {} stopped first", options.node_name);
+    if (auto it = lost.find(node); it != lost.end())
+      return fmt::format("node {} was lost: {}", node, it->second);
+    return {};
+  }
+
+  // Hands `sends` (taken by take_waiting_locked) on in order, then what
+  // was queued meanwhile, until nothing waits. Device tensors among them
+  // are first waited for on the stager's thread (stage_then_hand_on): the
+  // senders did not wait (a GPU stage goes on queueing its next
+  // micro-batch), and neither does the router's actor, which goes on
+  // routing other nodes' sends.
   void hand_on(caf::event_based_actor* self, const std::string& node, std::deque<queued> sends) {
     while (true) {
-      refusals refused;
-      std::deque<queued> staged;
-      for (auto& q : sends) {
-        if (q.staged) {
-          try {
-            q.staged();
-          } catch (const std::exception& e) {
-            if (q.done)
-              refused.emplace_back(std::move(q.done),
-                                   make_error(errc::io_error, "tensor to {} on node {}: staging to the host failed: {}",
-                                              q.message.meta.destination, node, e.what()));
-            continue;
-          }
-          q.staged = nullptr;
-        }
-        staged.push_back(std::move(q));
+      if (std::any_of(sends.begin(), sends.end(), [](const queued& q) { return static_cast<bool>(q.staged); })) {
+        stage_then_hand_on(node, std::move(sends));
+        return;
       }
-      sends = std::move(staged);
+      refusals refused;
       std::deque<queued> failed;
       bool finished = false;
       std::string why;
       {
         std::lock_guard guard(mutex);
-        if (stopped || lost.count(node)) {
-          why = stopped ? fmt::format("node {} stopped first", options.node_name)
-                        : fmt::format("node {} was lost: {}", node, lost[node]);
+        if (why = closed_locked(node); !why.empty()) {
           failed.swap(sends);
           handing_on.erase(node);
         } else {
@@ -386,6 +402,57 @@ struct tensor_router::impl {
       if (finished)
         return;
     }
+  }
+
+  // On the stager's thread: waits for the copies of `sends` to reach the
+  // host, then gives them back to the router's actor (route) to hand on;
+  // the node stays in `handing_on`, so nothing overtakes them. A copy
+  // that failed fails its send alone.
+  void stage_then_hand_on(const std::string& node, std::deque<queued> sends) {
+    auto batch = std::make_shared<std::deque<queued>>(std::move(sends));
+    stager.post([this, node, batch] {
+      refusals refused;
+      std::deque<queued> ready;
+      for (auto& q : *batch) {
+        if (q.staged) {
+          try {
+            q.staged();
+          } catch (const std::exception& e) {
+            if (q.done)
+              refused.emplace_back(std::move(q.done),
+                                   make_error(errc::io_error, "tensor to {} on node {}: staging to the host failed: {}",
+                                              q.message.meta.destination, node, e.what()));
+            continue;
+          }
+          q.staged = nullptr;
+        }
+        ready.push_back(std::move(q));
+      }
+      batch->clear();
+      std::deque<queued> failed;
+      std::string why;
+      caf::actor router_actor;
+      {
+        std::lock_guard guard(mutex);
+        if (why = closed_locked(node); !why.empty()) {
+          failed.swap(ready);
+          handing_on.erase(node);
+        } else if (!ready.empty()) {
+          auto& slot = staged_ready[node];
+          std::move(ready.begin(), ready.end(), std::back_inserter(slot));
+          router_actor = actor;
+        } else {
+          router_actor = actor; // every copy failed: what waits behind still goes
+          handing_on.erase(node);
+        }
+      }
+      for (auto& [done, reason] : refused)
+        done(reason);
+      if (!failed.empty())
+        fail(failed, make_error(errc::io_error, "tensor to node {}: {}", node, why));
+      else if (router_actor)
+        caf::anon_send(router_actor, route_atom_v, node);
+    });
   }
 
   // Sends `sends` to ready `node` in order. Called with the mutex held;
@@ -579,8 +646,8 @@ expected<void> tensor_router::send(const place& to, tensor_message message, comp
     message.flow_id = trace::next_flow_id();
   // Both planes carry host memory: a device tensor leaving the process is
   // staged through the host. The copy is started here, after the kernels
-  // that write the tensor, and waited for by the router's actor, so the
-  // sender (a GPU stage) goes on queueing work meanwhile. The device map
+  // that write the tensor, and waited for on the router's staging thread,
+  // so the sender (a GPU stage) goes on queueing work meanwhile. The device map
   // for the destination says where it lands there.
   std::function<void()> staged;
   if (to.node != st.options.node_name && message.value.defined()) {
@@ -788,6 +855,9 @@ void tensor_router::stop() {
       return;
     st.stopped = true;
     failed.swap(st.waiting);
+    for (auto& [node, sends] : st.staged_ready)
+      std::move(sends.begin(), sends.end(), std::back_inserter(failed[node]));
+    st.staged_ready.clear();
     st.local.clear();
     st.agents.clear();
     // Our handle would keep the (detached) actor alive and the actor

@@ -8,11 +8,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <thread>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <mutex>
 #include <optional>
 
@@ -210,6 +212,7 @@ struct cluster {
 /// What a test adds to the two nodes' options.
 struct cluster_extras {
   std::map<std::string, device_map> coordinator_device_maps;
+  std::optional<std::chrono::milliseconds> coordinator_request_timeout;
   std::vector<std::string> worker_args;
 };
 
@@ -220,6 +223,8 @@ void start_cluster(cluster& c, const tls_options& tls = {}, const cluster_extras
   options.listen_address = "127.0.0.1";
   options.tls = tls;
   options.device_maps = extras.coordinator_device_maps;
+  if (extras.coordinator_request_timeout)
+    options.request_timeout = *extras.coordinator_request_timeout;
   auto started = node::start(options);
   ASSERT_TRUE(started) << started.error().message();
   c.coordinator = std::move(*started);
@@ -564,6 +569,67 @@ TEST(TensorRouter, ADeviceTensorLeavingTheProcessCarriesTheWritesQueuedBeforeThe
     ASSERT_TRUE(reply) << "no reply for step " << step << "; worker output:\n" << c.worker.output();
     EXPECT_EQ(reply->context_id, expected_sum) << "the tensor left before its kernels had written it";
   }
+}
+
+TEST(TensorRouter, AnUnfinishedCopyToTheHostHoldsUpOnlyItsOwnNode) {
+  // The router waits for a device tensor's copy to the host on a thread
+  // of its own, not on its actor: while the copy of a send to worker1 is
+  // held (the emulated device's hold), a send to another node is routed,
+  // here one to a node that never joins, which fails once the registry
+  // has not found it within the request timeout. A host tensor sent to
+  // worker1 after the device one waits behind it; once the copy is done,
+  // both arrive, in order.
+  test::cuda_or_emulated devices(1);
+  if (!devices.emulated())
+    GTEST_SKIP() << "copies to the host are held only on the emulated device";
+  cluster_extras extras;
+  extras.worker_args.push_back("--emulate-devices");
+  extras.coordinator_request_timeout = 1500ms;
+  cluster c;
+  ASSERT_NO_FATAL_FAILURE(start_cluster(c, {}, extras));
+  auto router = c.coordinator->router();
+  auto& emulated = devices.emulated_backend();
+  struct release_at_exit {
+    test::emulated_cuda_backend& backend;
+    ~release_at_exit() { backend.release_copies_to_host(); }
+  } release{emulated};
+  emulated.hold_copies_to_host();
+
+  const auto on_device = pattern(4096, 31), on_host = pattern(4096, 32);
+  auto message = [](std::uint64_t step, tensor value) {
+    tensor_message m;
+    m.meta.kind = message_kind::forward_activation;
+    m.meta.step = step;
+    m.value = std::move(value);
+    return m;
+  };
+  const auto checker = *place::parse("worker1/cpu/checker");
+  ASSERT_TRUE(router->send(checker, message(301, on_device.to(device::cuda(0)))));
+  ASSERT_TRUE(router->send(checker, message(302, on_host)));
+  std::promise<std::string> elsewhere;
+  ASSERT_TRUE(router->send(*place::parse("ghost/cpu/nobody"), message(303, pattern(64, 33)),
+                           [&elsewhere](expected<void> sent) {
+                             elsewhere.set_value(sent ? "sent" : sent.error().message());
+                           }));
+  auto outcome = elsewhere.get_future();
+  ASSERT_EQ(outcome.wait_for(15s), std::future_status::ready)
+    << "the send to another node waited for worker1's copy to the host";
+  const auto why = outcome.get();
+  EXPECT_NE(why.find("ghost"), std::string::npos) << why;
+  EXPECT_EQ(emulated.copy_waits_begun(), 1) << "the router was waiting for the copy meanwhile";
+  EXPECT_FALSE(c.box.wait_for_step(302, 0ms)) << "the host tensor overtook the device tensor sent before it";
+
+  emulated.release_copies_to_host();
+  auto first = c.box.wait_for_step(301, 15s);
+  auto second = c.box.wait_for_step(302, 15s);
+  ASSERT_TRUE(first && second) << "worker output:\n" << c.worker.output();
+  EXPECT_EQ(first->context_id, checksum(on_device));
+  EXPECT_EQ(second->context_id, checksum(on_host));
+  std::lock_guard guard(c.box.mutex);
+  auto position = [&](std::uint64_t step) {
+    return std::find_if(c.box.items.begin(), c.box.items.end(), [step](const auto& i) { return i.step == step; });
+  };
+  EXPECT_LT(position(301), position(302)) << "worker1 answered the host tensor first";
 }
 
 TEST(TensorRouter, DeviceMapsPlaceTensorsAtTheReceiverOverTls) {

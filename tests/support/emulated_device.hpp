@@ -24,6 +24,8 @@
 
 #include <atomic>
 #include <bit>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -197,6 +199,37 @@ public:
     std::memcpy(host_address(out), host_address(source), source.nbytes()); // both contiguous, same size
     ++transfers_;
     return out;
+  }
+  /// The bytes are copied at once; the wait returns once the copies are
+  /// not held (hold_copies_to_host), as a device still copying would.
+  pending_host_copy start_transfer_to_host(const tensor& source) override {
+    auto host = transfer(source, device::cpu());
+    return {std::move(host), [this] {
+              std::unique_lock guard(hold_mutex_);
+              ++held_waits_;
+              if (!released_.wait_for(guard, std::chrono::seconds(60), [this] { return !held_; }))
+                throw usage_error("emulated cuda: a copy to the host was held for 60 s and never released");
+            }};
+  }
+
+  /// Until release_copies_to_host(), whoever waits for a copy to the host
+  /// started with start_copy_to_host waits on: a device that is slow to
+  /// copy, for a test of what must go on meanwhile.
+  void hold_copies_to_host() {
+    std::lock_guard guard(hold_mutex_);
+    held_ = true;
+  }
+  void release_copies_to_host() {
+    {
+      std::lock_guard guard(hold_mutex_);
+      held_ = false;
+    }
+    released_.notify_all();
+  }
+  /// How many waits for such copies have begun.
+  int copy_waits_begun() {
+    std::lock_guard guard(hold_mutex_);
+    return held_waits_;
   }
 
   // -- every kernel: the CPU backend's, on host views ----------------------------
@@ -388,6 +421,10 @@ private:
   int devices_;
   std::atomic<int> allocations_{0};
   std::atomic<int> transfers_{0}; // a tensor router delivers on the data plane's thread
+  std::mutex hold_mutex_;
+  std::condition_variable released_;
+  bool held_ = false;
+  int held_waits_ = 0;
 };
 
 /// Installs an emulated CUDA backend of `devices` ordinals for its lifetime,
@@ -432,6 +469,8 @@ public:
   int ordinals() const noexcept { return emulated_ ? emulated_->backend().ordinals() : cuda_device_count(); }
   /// Blocks the emulated device has handed out so far; -1 on a real device.
   int emulated_allocations() const noexcept { return emulated_ ? emulated_->backend().allocations() : -1; }
+  /// The emulated backend; only where emulated().
+  emulated_cuda_backend& emulated_backend() { return emulated_->backend(); }
 
 private:
   std::optional<emulated_cuda_scope> emulated_;

@@ -71,7 +71,11 @@
 // errc::size_limit_exceeded (back-pressure; retry after a completion). The
 // completion runs once per accepted send, on the data plane's thread or the
 // router's actor thread: ok when the message left (data plane) or was handed
-// to the destination node (TLS), an error naming the node otherwise.
+// to the destination node (TLS), an error naming the node otherwise. A
+// device tensor's copy to the host is waited for on a staging thread of the
+// router's own (started by the first such send), never on the sender's or
+// the actor's; its sends, and those queued behind them for the same node,
+// go on in order once it is on the host.
 //
 // Failure. When the control plane reports a lost node (on_peer_lost) the
 // router disconnects its data-plane endpoint, fails what was queued for it,
