@@ -2,7 +2,9 @@
 // stand-in runtime, and batched GEMM queued there as OpenBLAS's, matrix by
 // matrix (the backend's tests keep a stream busy with 2048-wide products).
 // Column major, as cuBLAS; the arguments cuBLAS checks are checked, so that
-// a leading dimension the backend got wrong is an error here as on a GPU.
+// a leading dimension the backend got wrong is an error here as on a GPU,
+// and each matrix batch must lie within one block of the handle's
+// device's memory, where a GPU would read past its buffer.
 #include "cublas_v2.h"
 
 #include <cblas.h>
@@ -32,6 +34,17 @@ void product(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double
   cblas_dgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+/// Whether the `batch` matrices of `rows` x `cols` (leading dimension `ld`,
+/// `stride` apart) from `first` lie in one block of `device`'s memory.
+template <class T>
+bool within_device_block(const T* first, int rows, int cols, int ld, long long stride, int batch, int device) {
+  if (rows == 0 || cols == 0 || batch == 0)
+    return true;
+  const long long last = (batch - 1LL) * stride + (cols - 1LL) * ld + (rows - 1LL);
+  return cuda_on_host::device_of_memory(first) == device &&
+         cuda_on_host::device_memory_holds(first, static_cast<std::size_t>(last + 1) * sizeof(T));
+}
+
 template <class T>
 cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
                     const T* alpha, const T* a, int lda, long long stride_a, const T* b, int ldb, long long stride_b,
@@ -52,6 +65,10 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
   // device than its own, or matrices in another device's memory.
   if (!cuda_on_host::may_launch_on(handle->stream) || cuda_on_host::device_of(handle->stream) != handle->device ||
       !cuda_on_host::may_access_from(handle->stream, {a, b, c}))
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (!within_device_block(a, a_plain ? m : k, a_plain ? k : m, lda, stride_a, batch, handle->device) ||
+      !within_device_block(b, b_plain ? k : n, b_plain ? n : k, ldb, stride_b, batch, handle->device) ||
+      !within_device_block(c, m, n, ldc, stride_c, batch, handle->device))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   cuda_on_host::enqueue(handle->stream, [=] {
     if (m == 0 || n == 0)

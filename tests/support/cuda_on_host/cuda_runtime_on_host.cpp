@@ -266,6 +266,11 @@ int device_of_memory(const void* pointer) {
   return found != nullptr ? found->device : -2;
 }
 
+bool device_memory_holds(const void* pointer, std::size_t bytes) {
+  std::lock_guard lock(state().mutex);
+  return find_block(pointer, bytes) != nullptr;
+}
+
 bool may_launch_on(cudaStream_t stream) {
   if (device_of(stream) == current_device)
     return true;
