@@ -4,34 +4,44 @@
 
 namespace troupe::actors {
 
+blocking_worker::blocking_worker() : queue_(std::make_shared<queue>()) {}
+
 blocking_worker::~blocking_worker() {
+  std::thread thread;
   {
-    std::lock_guard guard(mutex_);
-    closing_ = true;
+    std::lock_guard guard(queue_->mutex);
+    queue_->closing = true;
+    thread = std::move(thread_);
   }
-  posted_.notify_one();
-  if (thread_.joinable())
-    thread_.join();
+  queue_->posted.notify_one();
+  if (!thread.joinable())
+    return;
+  if (thread.get_id() == std::this_thread::get_id())
+    thread.detach(); // a job of its own destroys it: the thread ends after its jobs
+  else
+    thread.join();
 }
 
 void blocking_worker::post(std::function<void()> job) {
   {
-    std::lock_guard guard(mutex_);
-    jobs_.push_back(std::move(job));
-    if (!thread_.joinable())
-      thread_ = std::thread([this] { run(); });
+    std::lock_guard guard(queue_->mutex);
+    queue_->jobs.push_back(std::move(job));
+    if (!queue_->started) {
+      queue_->started = true;
+      thread_ = std::thread([state = queue_] { run(*state); });
+    }
   }
-  posted_.notify_one();
+  queue_->posted.notify_one();
 }
 
-void blocking_worker::run() {
-  std::unique_lock guard(mutex_);
+void blocking_worker::run(queue& jobs) {
+  std::unique_lock guard(jobs.mutex);
   while (true) {
-    posted_.wait(guard, [this] { return closing_ || !jobs_.empty(); });
-    if (jobs_.empty())
+    jobs.posted.wait(guard, [&jobs] { return jobs.closing || !jobs.jobs.empty(); });
+    if (jobs.jobs.empty())
       return; // closing, and nothing left
-    auto job = std::move(jobs_.front());
-    jobs_.pop_front();
+    auto job = std::move(jobs.jobs.front());
+    jobs.jobs.pop_front();
     guard.unlock();
     job();
     guard.lock();

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -14,8 +15,10 @@ namespace troupe::actors {
 
 class blocking_worker {
 public:
-  blocking_worker() = default;
-  /// Runs every job already posted, then joins the thread.
+  blocking_worker();
+  /// Runs every job already posted, then joins the thread. Destroyed by one
+  /// of its own jobs (a completion that drops the last owner), it lets the
+  /// thread finish those jobs and end by itself instead.
   ~blocking_worker();
   blocking_worker(const blocking_worker&) = delete;
   blocking_worker& operator=(const blocking_worker&) = delete;
@@ -24,13 +27,19 @@ public:
   void post(std::function<void()> job);
 
 private:
-  void run();
+  /// What the thread uses: kept alive by the thread itself, so that it may
+  /// outlive the worker.
+  struct queue {
+    std::mutex mutex;
+    std::condition_variable posted;
+    std::deque<std::function<void()>> jobs;
+    bool closing = false;
+    bool started = false; // once: a job posted while closing runs on the same thread
+  };
+  static void run(queue& jobs);
 
-  std::mutex mutex_;
-  std::condition_variable posted_;
-  std::deque<std::function<void()>> jobs_;
-  bool closing_ = false;
-  std::thread thread_; // started by the first post
+  std::shared_ptr<queue> queue_;
+  std::thread thread_; // started by the first post, under queue_->mutex; moved out by the destructor
 };
 
 } // namespace troupe::actors

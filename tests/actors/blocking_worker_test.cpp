@@ -1,13 +1,14 @@
 // The router's staging thread (actors/src/blocking_worker.hpp): jobs run
 // one at a time, in the order posted, on one thread that is not the
-// poster's; a worker never posted to starts no thread; destroying it runs
-// what was posted first.
+// poster's; destroying it runs what was posted first, and one of its own
+// jobs may destroy it.
 #include "blocking_worker.hpp"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -62,6 +63,19 @@ TEST(BlockingWorker, AJobMayPostAnother) {
   auto value = done.get_future();
   ASSERT_EQ(value.wait_for(0s), std::future_status::ready) << "the job posted by a job was dropped";
   EXPECT_EQ(value.get(), 7);
+}
+
+// A completion run by a job may drop the last owner of the router, and
+// with it the worker: that must not join the thread from itself (which
+// throws, ending the process).
+TEST(BlockingWorker, MayBeDestroyedByOneOfItsJobs) {
+  auto worker = std::make_unique<blocking_worker>();
+  std::promise<void> destroyed;
+  worker->post([&] {
+    worker.reset();
+    destroyed.set_value();
+  });
+  EXPECT_EQ(destroyed.get_future().wait_for(10s), std::future_status::ready);
 }
 
 TEST(BlockingWorker, ANeverUsedWorkerIsDestroyedAtOnce) {
