@@ -91,8 +91,8 @@ struct tensor_router::impl {
   std::atomic<std::uint64_t> arena_sends{0}, arena_copies{0}, arena_fallbacks{0}, arena_receives{0},
       arena_refused{0};
 
-  // Waits for device tensors' copies to the host (hand_on). The last
-  // member: destroyed first, it finishes its jobs, which use the others.
+  // Waits for device tensors' copies to the host (hand_on). Declared after
+  // what its jobs use, so destroyed before it: it finishes its jobs first.
   blocking_worker stager;
 
   template <class... Ts> void log(fmt::format_string<Ts...> format, Ts&&... args) {
