@@ -41,8 +41,7 @@ bool within_device_block(const T* first, int rows, int cols, int ld, long long s
   if (rows == 0 || cols == 0 || batch == 0)
     return true;
   const long long last = (batch - 1LL) * stride + (cols - 1LL) * ld + (rows - 1LL);
-  return cuda_on_host::device_of_memory(first) == device &&
-         cuda_on_host::device_memory_holds(first, static_cast<std::size_t>(last + 1) * sizeof(T));
+  return cuda_on_host::device_memory_holds(device, first, static_cast<std::size_t>(last + 1) * sizeof(T));
 }
 
 template <class T>

@@ -119,9 +119,9 @@ int device_of(cudaStream_t stream);
 /// The device whose memory holds `pointer`; -1: pinned host memory; -2:
 /// neither (pageable host memory, or nothing allocated).
 int device_of_memory(const void* pointer);
-/// Whether [pointer, pointer + bytes) lies within one block of device (or
-/// pinned) memory.
-bool device_memory_holds(const void* pointer, std::size_t bytes);
+/// Whether [pointer, pointer + bytes) lies within one block of `device`'s
+/// memory (what a stand-in library checks a buffer against).
+bool device_memory_holds(int device, const void* pointer, std::size_t bytes);
 /// Whether a kernel may be launched on `stream`: only on a stream of the
 /// current device, as CUDA says; if not, cudaGetLastError then reports
 /// cudaErrorInvalidResourceHandle.

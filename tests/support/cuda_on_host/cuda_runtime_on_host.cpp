@@ -266,9 +266,10 @@ int device_of_memory(const void* pointer) {
   return found != nullptr ? found->device : -2;
 }
 
-bool device_memory_holds(const void* pointer, std::size_t bytes) {
+bool device_memory_holds(int device, const void* pointer, std::size_t bytes) {
   std::lock_guard lock(state().mutex);
-  return find_block(pointer, bytes) != nullptr;
+  const auto* found = pointer != nullptr ? find_block(pointer, bytes) : nullptr;
+  return found != nullptr && found->device == device && device >= 0;
 }
 
 bool may_launch_on(cudaStream_t stream) {

@@ -207,13 +207,6 @@ cudnnStatus_t workspace_size(pass which, const cudnnContext* handle, const geome
   return CUDNN_STATUS_SUCCESS;
 }
 
-/// Whether [pointer, pointer + bytes) lies in memory of `device`.
-bool spans(const void* pointer, std::size_t bytes, int device) {
-  const auto* first = static_cast<const std::byte*>(pointer);
-  return pointer != nullptr && cuda_on_host::device_of_memory(first) == device &&
-         cuda_on_host::device_of_memory(first + bytes - 1) == device;
-}
-
 /// A float rounded to TF32 (10 bits of mantissa, to nearest even), as
 /// tensor cores read float32 operands.
 float tf32(float value) {
@@ -301,9 +294,10 @@ cudnnStatus_t run(pass which, cudnnContext* handle, const geometry& g, int id, c
   // Queued only on a stream of the handle's device, that device current.
   if (!cuda_on_host::may_launch_on(stream) || cuda_on_host::device_of(stream) != handle->device)
     return CUDNN_STATUS_EXECUTION_FAILED_CUDART;
-  if (!spans(a, a_bytes, handle->device) || !spans(b, b_bytes, handle->device) ||
-      !spans(output, output_of(which, g), handle->device) ||
-      (needed > 0 && !spans(workspace, needed, handle->device)))
+  using cuda_on_host::device_memory_holds;
+  if (!device_memory_holds(handle->device, a, a_bytes) || !device_memory_holds(handle->device, b, b_bytes) ||
+      !device_memory_holds(handle->device, output, output_of(which, g)) ||
+      (needed > 0 && !device_memory_holds(handle->device, workspace, needed)))
     return CUDNN_STATUS_EXECUTION_FAILED;
   const std::uint32_t call = calls.fetch_add(1);
   const std::size_t count = output_of(which, g) / g.element();
