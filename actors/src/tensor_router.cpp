@@ -250,22 +250,16 @@ struct tensor_router::impl {
     std::deque<queued> sends;
     {
       std::lock_guard guard(mutex);
-      if (auto ready = staged_ready.find(node); ready != staged_ready.end()) {
-        sends.swap(ready->second); // the node is still being handed on
-        staged_ready.erase(ready);
+      if (auto staged = staged_ready.find(node); staged != staged_ready.end()) {
+        sends.swap(staged->second); // copies on the host; the node is still being handed on
+        staged_ready.erase(staged);
+      } else {
+        if (stopped || lost.count(node) || waiting[node].empty() || handing_on.count(node))
+          return;
+        const bool ready = options.without_data_plane ? agents.count(node) != 0 : connected.count(node) != 0;
+        if (ready)
+          sends = take_waiting_locked(node);
       }
-    }
-    if (!sends.empty()) {
-      hand_on(self, node, std::move(sends));
-      return;
-    }
-    {
-      std::lock_guard guard(mutex);
-      if (stopped || lost.count(node) || waiting[node].empty() || handing_on.count(node))
-        return;
-      const bool ready = options.without_data_plane ? agents.count(node) != 0 : connected.count(node) != 0;
-      if (ready)
-        sends = take_waiting_locked(node);
     }
     if (!sends.empty()) {
       hand_on(self, node, std::move(sends));
